@@ -1,0 +1,160 @@
+"""The ``sweep`` command: run | resume | plan | validate | status | report | dashboard | health check.
+
+``main(argv) -> int`` returns 0 on success, 1 for a stop verdict or a failed sweep, 2 for bad input (a
+:class:`~klsweep.errors.KlsweepError`, printed as one message without a traceback; ``--debug`` shows it).
+Heavy modules (Ray, Optuna, torch, verl) are imported inside each command, never at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from klsweep.errors import KlsweepError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    """Run a sweep file: Ray Tune schedules the trials, Optuna proposes them, health rules stop sick ones."""
+    from klsweep.orchestrate.sweep import run_sweep
+
+    return run_sweep(
+        args.sweep_file,
+        args.overrides,
+        out=args.out,
+        storage=args.storage,
+        address=args.address,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        launcher=args.launcher,
+        quiet=args.quiet,
+    )
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    """Continue a sweep after Ctrl-C or a killed driver, or extend a finished one (budget.trials=N)."""
+    from klsweep.orchestrate.sweep import resume_sweep
+
+    return resume_sweep(args.run_dir, args.overrides, address=args.address, quiet=args.quiet)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """Print the verl overrides of the first N trials without running anything."""
+    from klsweep.orchestrate.plan import plan
+
+    return plan(args.sweep_file, args.overrides, n=args.n)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    """Check a sweep file (schema, live/inert knobs, verl preflight); exit 2 with every problem listed."""
+    from klsweep.orchestrate.plan import validate
+
+    return validate(args.sweep_file, args.overrides)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    """Show what ran, what is running, what is left and the best trial so far, from stored state (no Ray)."""
+    from klsweep.orchestrate.status import status
+
+    return status(args.run_dir)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    """Write report.html and PNGs for a sweep directory."""
+    from klsweep.analysis.report import write_report
+
+    return write_report(args.run_dir, out=args.out)
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    """Start optuna-dashboard on the sweep's study storage (127.0.0.1 by default)."""
+    from klsweep.orchestrate.dashboard import serve
+
+    return serve(args.run_dir, host=args.host, port=args.port)
+
+
+def _cmd_health_check(args: argparse.Namespace) -> int:
+    """Replay a training log through a health rule set: 0 healthy, 1 stop verdict, 2 unreadable input."""
+    from klsweep.health.check import health_check
+
+    return health_check(args.trace, preset=args.preset, rules=args.rules, as_json=args.json)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn, **kw) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=fn.__doc__.splitlines()[0], description=fn.__doc__, **kw)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    r = add("run", _cmd_run)
+    r.add_argument("sweep_file")
+    r.add_argument("overrides", nargs="*", help="dotted sweep-file fields, e.g. budget.trials=4 budget.max_steps=20")
+    r.add_argument("--out", help="results directory (default runs/<name>)")
+    r.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db)")
+    r.add_argument("--address", help="Ray cluster address (default: a private local Ray)")
+    r.add_argument("--launcher", help="launch profile: local, ray-cluster, kuberay, slurm")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue the sweep already in the results directory")
+    g.add_argument("--overwrite", action="store_true", help="delete the results directory first")
+    r.add_argument("--quiet", action="store_true", help="no live table")
+
+    rs = add("resume", _cmd_resume)
+    rs.add_argument("run_dir")
+    rs.add_argument("overrides", nargs="*", help="e.g. budget.trials=32 to extend a finished sweep")
+    rs.add_argument("--address")
+    rs.add_argument("--quiet", action="store_true")
+
+    pl = add("plan", _cmd_plan)
+    pl.add_argument("sweep_file")
+    pl.add_argument("overrides", nargs="*")
+    pl.add_argument("-n", type=int, default=4, help="number of trials to show (default 4)")
+
+    v = add("validate", _cmd_validate)
+    v.add_argument("sweep_file")
+    v.add_argument("overrides", nargs="*")
+
+    st = add("status", _cmd_status)
+    st.add_argument("run_dir")
+
+    rp = add("report", _cmd_report)
+    rp.add_argument("run_dir")
+    rp.add_argument("--out", help="folder for report.html and PNGs (default <run_dir>/report)")
+
+    d = add("dashboard", _cmd_dashboard)
+    d.add_argument("run_dir")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8080)
+
+    h = sub.add_parser("health", help="health rules: check a log against a rule set")
+    hs = h.add_subparsers(dest="health_command", required=True)
+    hc = hs.add_parser("check", help=_cmd_health_check.__doc__, description=_cmd_health_check.__doc__)
+    hc.set_defaults(fn=_cmd_health_check)
+    hc.add_argument("trace", help="verl jsonl, verl console log, W&B CSV export, or Ray Tune progress.csv/result.json")
+    hg = hc.add_mutually_exclusive_group()
+    hg.add_argument("--preset", help="built-in preset: default, seed, conservative, aggressive (default: default)")
+    hg.add_argument("--rules", help="a YAML file of rules")
+    hc.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sweep`` console script. Returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except KlsweepError as e:
+        if args.debug:
+            raise
+        print(f"sweep {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
