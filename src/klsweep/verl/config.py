@@ -1,0 +1,237 @@
+"""verl 0.9.1's own configuration: compose it with a trial's overrides, and check values verl only rejects late.
+
+Every trial config klsweep produces, and every override the embedded trainer accepts, goes through :func:`compose`
+(verl's ``ppo_trainer`` Hydra config from the installed package, so unknown keys fail exactly as they would in
+``python -m verl.trainer.main_ppo``) and :func:`check_values` (verl's own ``core_algos`` functions called on tiny
+tensors, for values Hydra accepts but verl only rejects after the first rollout: card K03).
+
+Overrides are a flat mapping of dotted verl keys to Python values, e.g.
+``{"actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "algorithm.kl_ctrl.kl_coef": 0.002}``.
+A ``+`` is never added to a key on our own (card K07): a key verl lacks is an error, not a silently unused value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from klsweep.errors import OverrideError
+
+#: The KL estimators ``core_algos.kl_penalty`` computes in verl 0.9.1, with the ``+`` (straight-through k2 gradient)
+#: variants. ``full`` is accepted by verl's config but raises NotImplementedError in the loss, so it is not here.
+KL_ESTIMATORS: tuple[str, ...] = tuple(
+    name + plus for plus in ("", "+") for name in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+)
+
+#: ``core_algos.agg_loss`` modes in verl 0.9.1; any other string raises ValueError there.
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+#: Keys whose value names a KL estimator.
+KL_ESTIMATOR_KEYS = ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty")
+#: KL coefficients that must not be negative unless the sweep opts in (card K04).
+KL_COEF_KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef")
+
+_SAFE_BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
+_BARE_WORDS = {"true", "false", "null", "none", "nan", "inf", "on", "off", "yes", "no"}
+
+
+def format_value(value: Any) -> str:
+    """Render a Python value as a Hydra override value that verl parses back to the same value.
+
+    Strings are quoted unless they are plain identifiers, so YAML-ish words (``on``, ``off``, ``yes``, ``null``)
+    stay strings (card K07) and values such as ``k3+`` survive. Lists become ``[a,b]``.
+
+    Raises:
+        OverrideError: for values Hydra cannot represent (dicts, NaN).
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise OverrideError(f"value {value!r} cannot be passed to verl: use a finite number")
+        return repr(value)
+    if isinstance(value, str):
+        if _SAFE_BARE.match(value) and value.lower() not in _BARE_WORDS:
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    raise OverrideError(f"value {value!r} of type {type(value).__name__} cannot be passed to verl as an override")
+
+
+def format_overrides(overrides: Mapping[str, Any]) -> list[str]:
+    """``{"a.b": 1}`` → ``["a.b=1"]``, in the mapping's order; the command-line form of verl's main_ppo."""
+    return [f"{key}={format_value(value)}" for key, value in overrides.items()]
+
+
+def verl_command(overrides: Mapping[str, Any]) -> str:
+    """The shell command that runs these overrides on real verl: ``python -m verl.trainer.main_ppo k=v ...``."""
+    import shlex
+
+    return " ".join(["python3 -m verl.trainer.main_ppo", *(shlex.quote(o) for o in format_overrides(overrides))])
+
+
+def config_dir() -> str:
+    """Directory of verl's Hydra configs in the installed package (``<verl>/trainer/config``)."""
+    import verl
+
+    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+
+@functools.lru_cache(maxsize=1)
+def default_keys() -> frozenset[str]:
+    """Every dotted key of verl's default ``ppo_trainer`` config (leaves and empty mappings), ~900 keys."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(_compose_raw(()), resolve=False)
+    return frozenset(_flatten(container))
+
+
+def _flatten(node: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    for key, value in node.items():
+        if isinstance(value, Mapping) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def closest_key(key: str) -> str | None:
+    """The valid verl key most similar to ``key`` (difflib ratio ≥ 0.8), or None."""
+    keys = default_keys()
+    same_parent = [k for k in keys if k.rsplit(".", 1)[0] == key.rsplit(".", 1)[0]]
+    for pool in (same_parent, keys):
+        match = difflib.get_close_matches(key, pool, n=1, cutoff=0.8)
+        if match:
+            return match[0]
+    return None
+
+
+def _compose_raw(override_strings: tuple[str, ...]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        return hydra_compose("ppo_trainer", overrides=list(override_strings))
+
+
+def compose(overrides: Mapping[str, Any]):
+    """Compose verl's ``ppo_trainer`` config with ``overrides``, as ``main_ppo`` would on the command line.
+
+    Takes ~0.3 s (the first call ~1 s, importing Hydra). Keys may carry verl's own ``+`` (new key) or ``++`` prefix.
+
+    Returns:
+        omegaconf.DictConfig: the composed config (interpolations unresolved, as verl receives it).
+
+    Raises:
+        OverrideError: a key is not in verl's config (naming the closest valid key), or a value does not parse.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    strings = tuple(format_overrides(overrides))
+    try:
+        return _compose_raw(strings)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _explain(overrides, e) from None
+
+
+def _explain(overrides: Mapping[str, Any], error: Exception) -> OverrideError:
+    text = str(error)
+    for key in overrides:
+        bare = key.lstrip("+")
+        if key.startswith("+") or f"'{bare}'" not in text:
+            continue
+        if bare not in default_keys() and not any(k.startswith(bare + ".") for k in default_keys()):
+            hint = closest_key(bare)
+            fix = f"did you mean '{hint}'?" if hint else "check the key against verl's ppo_trainer.yaml"
+            return OverrideError(
+                f"'{bare}' is not a key of verl 0.9.1's ppo_trainer config: {fix} "
+                f"(klsweep never adds '+' on its own: a new key would be silently unused)"
+            )
+    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return OverrideError(f"verl's config rejects the overrides: {first_line}")
+
+
+def check_values(cfg, *, allow_negative_kl: bool = False) -> None:
+    """Check the values verl 0.9.1 accepts at compose time but rejects (or misuses) only after the first rollout.
+
+    Calls verl's own ``core_algos.kl_penalty`` for ``actor.kl_loss_type`` and ``algorithm.kl_penalty``,
+    ``get_adv_estimator_fn`` for ``algorithm.adv_estimator`` and ``agg_loss`` for ``actor.loss_agg_mode`` on tiny
+    tensors (card K03), and refuses negative KL coefficients unless ``allow_negative_kl`` (card K04).
+
+    Args:
+        cfg: a composed verl config (from :func:`compose`).
+
+    Raises:
+        OverrideError: one message listing every bad value with the valid values.
+    """
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    problems: list[str] = []
+    logprob = torch.tensor([[-1.0, -2.0]])
+    ref_logprob = torch.tensor([[-1.5, -1.0]])
+    for key in KL_ESTIMATOR_KEYS:
+        name = _select(cfg, key)
+        if name == "full" or name == "full+":
+            problems.append(
+                f"{key}={name} is accepted by verl's config but not implemented by core_algos.kl_penalty "
+                f"(NotImplementedError at the first update); use one of: {', '.join(KL_ESTIMATORS)}"
+            )
+            continue
+        try:
+            core_algos.kl_penalty(logprob, ref_logprob, kl_penalty=str(name))
+        except (NotImplementedError, AttributeError, TypeError):
+            problems.append(f"{key}={name!r} is not a KL estimator of verl 0.9.1; valid: {', '.join(KL_ESTIMATORS)}")
+
+    estimator = _select(cfg, "algorithm.adv_estimator")
+    try:
+        core_algos.get_adv_estimator_fn(str(estimator))
+    except ValueError:
+        valid = ", ".join(sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY))
+        extra = " (DrGRPO is grpo with norm_adv_by_std_in_grpo=False: use `algorithm: drgrpo`)" if estimator == "drgrpo" else ""
+        problems.append(f"algorithm.adv_estimator={estimator!r} is not registered in verl 0.9.1; valid: {valid}{extra}")
+
+    mode = _select(cfg, "actor_rollout_ref.actor.loss_agg_mode")
+    try:
+        core_algos.agg_loss(torch.ones(2, 3), torch.ones(2, 3), loss_agg_mode=str(mode))
+    except (ValueError, NotImplementedError):
+        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={mode!r} is not valid; use one of: {', '.join(LOSS_AGG_MODES)}")
+
+    if not allow_negative_kl:
+        for key in KL_COEF_KEYS:
+            value = _select(cfg, key)
+            if isinstance(value, (int, float)) and value < 0:
+                problems.append(
+                    f"{key}={value} is negative: it rewards drifting away from the reference policy. "
+                    f"Use a value >= 0, or set allow_negative_kl: true in the sweep file if you mean it"
+                )
+    if problems:
+        raise OverrideError("; ".join(problems))
+
+
+def _select(cfg, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, throw_on_missing=False)
+
+
+def to_json(overrides: Mapping[str, Any]) -> str:
+    """Overrides as a stable JSON object string (sorted keys), for trial attributes and result files."""
+    return json.dumps(dict(overrides), sort_keys=True)
