@@ -1,0 +1,171 @@
+"""Read a sweep directory into pandas: one row per trial (:func:`load`) or one row per trial step (:func:`load_history`).
+
+A sweep directory (``runs/<name>/``) holds ``sweep.json`` (the resolved sweep), the Optuna study (``study.db``
+unless another storage was given) and the Ray Tune experiment (``tune/``, one folder per trial with a
+``result.json`` of one JSON object per reported step). Nothing here needs Ray running.
+
+Columns of :func:`load` (the same as ``trials.csv``):
+
+- ``number`` (Optuna trial number), ``trial_id`` (Ray Tune trial id), ``state`` (COMPLETE, PRUNED, FAIL, RUNNING),
+  ``health`` (healthy | warned | stopped), ``stop_reason``, ``steps`` (training steps run), ``wall_s`` (seconds);
+- ``config/<verl key>``: every verl override of the trial (e.g. ``config/algorithm.kl_ctrl.kl_coef``);
+- ``value/<metric>``: the value told to Optuna for each objective (the last reported value; empty when PRUNED/FAIL);
+- ``last/<metric>`` and ``best/<metric>``: the **last** reported value and the best value over the run (by the
+  objective's direction) for each objective. Stock Ray dataframes give the best-ever row; the names here say which;
+- ``last/ref_kl``, ``max/ref_kl``, ``kl_metric``: the reference KL (``actor/kl_loss`` with KL in the loss,
+  ``actor/reward_kl_penalty`` with KL in the reward; ``kl_metric`` names which), last and peak;
+- ``last/entropy``, ``min/entropy``, ``last/score``, ``max/score``: policy entropy and training score
+  (``critic/score/mean``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from klsweep.errors import ResultsError
+from klsweep.verl.metrics import resolve
+
+SWEEP_FILE = "sweep.json"
+TUNE_DIR = "tune"
+
+
+def sweep_info(path: str | Path) -> dict[str, Any]:
+    """The resolved sweep stored in a sweep directory (``sweep.json``): name, storage, objectives, budget, ...
+
+    Raises:
+        ResultsError: the directory is not a klsweep sweep directory.
+    """
+    file = Path(path) / SWEEP_FILE
+    if not file.is_file():
+        raise ResultsError(f"{path} is not a sweep directory: {SWEEP_FILE} is missing (run `sweep run` first)")
+    return json.loads(file.read_text())
+
+
+def _study(info: dict[str, Any]):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=info["study_name"], storage=storage_from_url(info["storage"]))
+
+
+def storage_from_url(url: str):
+    """An Optuna storage object for a URL: ``sqlite:///…`` or any RDB URL, or ``journal:///path.log`` (journal file,
+    for sweeps whose trials run on several nodes without a database server)."""
+    import optuna
+
+    if url.startswith("journal://"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal://"):]))
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else None)
+
+
+def _tune_trials(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    tune_dir = path / TUNE_DIR
+    if not tune_dir.is_dir():
+        return
+    for result_file in sorted(tune_dir.glob("*/result.json")):
+        rows = []
+        with result_file.open() as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:  # the last line of a trial killed mid-write
+                        break
+        if rows:
+            yield rows[0].get("trial_id", result_file.parent.name), rows
+
+
+def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
+    out = []
+    for row in rows:
+        v = row.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def _summarise(rows: list[dict[str, Any]], objectives: list[dict[str, str]]) -> dict[str, Any]:
+    last = rows[-1]
+    out: dict[str, Any] = {
+        "steps": int(last.get("training_iteration", len(rows))),
+        "wall_s": float(last.get("time_total_s", float("nan"))),
+        "health": last.get("health"),
+        "stop_reason": last.get("stop_reason"),
+    }
+    for objective in objectives:
+        metric, values = objective["metric"], _numbers(rows, objective["metric"])
+        out[f"last/{metric}"] = values[-1] if values else None
+        out[f"best/{metric}"] = (max(values) if objective["mode"] == "max" else min(values)) if values else None
+    for alias, stat, reduce in (("ref_kl", "max", max), ("entropy", "min", min), ("score", "max", max)):
+        key = next((k for k in (resolve(r, alias) for r in rows) if k), None)
+        values = _numbers(rows, key) if key else []
+        out[f"last/{alias}"] = values[-1] if values else None
+        out[f"{stat}/{alias}"] = reduce(values) if values else None
+        if alias == "ref_kl":
+            out["kl_metric"] = key
+    return out
+
+
+def load(path: str | Path) -> pd.DataFrame:
+    """One row per trial of the sweep in ``path`` (columns: see the module docstring), ordered by trial number.
+
+    Raises:
+        ResultsError: ``path`` is not a sweep directory.
+    """
+    path = Path(path)
+    info = sweep_info(path)
+    objectives = info["objectives"]
+    histories = dict(_tune_trials(path))
+    rows = []
+    for trial in _study(info).get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        trial_id = attrs.get("ray_trial_id") or attrs.get("tune_trial_id")
+        row: dict[str, Any] = {"number": trial.number, "trial_id": trial_id, "state": trial.state.name}
+        overrides = attrs.get("verl_overrides")
+        if isinstance(overrides, str) and overrides.startswith("{"):
+            row.update({f"config/{k}": v for k, v in json.loads(overrides).items()})
+        else:
+            row.update({f"config/{k}": v for k, v in trial.params.items()})
+        history = histories.get(trial_id)
+        if history:
+            row.update(_summarise(history, objectives))
+        for key in ("health", "stop_reason", "steps"):
+            if attrs.get(key) is not None:
+                row[key] = attrs[key]
+        values = trial.values or []
+        for objective, value in zip(objectives, values):
+            row[f"value/{objective['metric']}"] = value
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load_history(path: str | Path) -> pd.DataFrame:
+    """Every reported step of every trial in long format: columns ``trial_id``, ``step``, ``metric``, ``value``.
+
+    Only numeric metrics are kept (strings such as ``stop_reason`` are in :func:`load`).
+
+    Raises:
+        ResultsError: ``path`` is not a sweep directory.
+    """
+    path = Path(path)
+    sweep_info(path)
+    records = []
+    skip = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "time_since_restore",
+            "iterations_since_restore", "pid", "done"}
+    for trial_id, rows in _tune_trials(path):
+        for row in rows:
+            step = row.get("training_iteration")
+            for key, value in row.items():
+                if key in skip or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                records.append((trial_id, step, key, float(value)))
+    return pd.DataFrame.from_records(records, columns=["trial_id", "step", "metric", "value"])

@@ -1,0 +1,130 @@
+"""Ray Tune's OptunaSearch, recording each trial's outcome in the Optuna study the way it really ended.
+
+Stock ``OptunaSearch`` (Ray 2.60 + Optuna 5) records a trial stopped by a Stopper or ASHA as COMPLETE with its last
+value, leaves a trial whose last value is NaN RUNNING forever, and raises KeyError on a result that lacks the metric
+(validation metrics come only every ``trainer.test_freq`` steps). See ../shared/ray-optuna-facts.md and card K20.
+:class:`KlsweepSearch` fixes all of that:
+
+============================================  ===============================================================
+what happened in Tune                          Optuna trial state
+============================================  ===============================================================
+ran its full budget, objectives finite         COMPLETE with the last reported value of each objective
+stopped by a health rule (single objective)    PRUNED (value = last intermediate value), reason in user attrs
+stopped by a health rule (multi-objective)     COMPLETE + constraint violated (infeasible), or FAIL if it
+                                               never reported every objective
+stopped early by ASHA                          PRUNED, stop_reason "scheduler"
+raised, or last objective NaN/inf/missing      FAIL, with the reason
+============================================  ===============================================================
+
+Every finished trial gets user attributes: ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
+``steps``, ``verl_overrides`` (JSON of the full trial config) and ``constraint`` (≤ 0 feasible, > 0 infeasible; read
+by :func:`health_constraint`, Optuna's ``constraints_func`` protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import optuna
+from ray.tune.search.optuna import OptunaSearch
+
+#: Trial user attribute holding the health constraint value (Optuna: ≤ 0 means feasible).
+CONSTRAINT_ATTR = "constraint"
+
+
+def health_constraint(trial: optuna.trial.FrozenTrial) -> tuple[float]:
+    """Optuna ``constraints_func``: 1.0 (infeasible) for a trial a health rule stopped, -1.0 otherwise.
+
+    Written by :class:`KlsweepSearch` as a user attribute before ``tell``, so samplers (TPE, NSGA-II, GP) learn
+    from the violation and ``study.best_trials`` holds healthy trials only.
+    """
+    return (float(trial.user_attrs.get(CONSTRAINT_ATTR, -1.0)),)
+
+
+class KlsweepSearch(OptunaSearch):
+    """OptunaSearch that records PRUNED/FAIL/infeasible trials correctly (see the module docstring).
+
+    Args:
+        overrides_of: maps a trial's suggested params to its full verl override dict (stored as a user attribute).
+        total_steps: the step budget of a trial; a trial that ended earlier without a health stop was stopped by
+            the scheduler.
+        **kwargs: passed to ``OptunaSearch`` (space, metric, mode, points_to_evaluate, sampler, study_name, storage).
+    """
+
+    def __init__(self, *, overrides_of: Callable[[Mapping[str, Any]], Mapping[str, Any]], total_steps: int, **kwargs):
+        super().__init__(**kwargs)
+        self._overrides_of = overrides_of
+        self._total_steps = total_steps
+        self._last_values: dict[str, dict[str, float]] = {}
+
+    @property
+    def _metrics(self) -> list[str]:
+        return self.metric if isinstance(self.metric, list) else [self.metric]
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        last = self._last_values.setdefault(trial_id, {})
+        for name in self._metrics:
+            value = _as_float(result.get(name))
+            if value is not None:
+                last[name] = value
+        value = last.get(self.metric) if not isinstance(self.metric, list) else None
+        if value is not None and self.metric in result and math.isfinite(value):
+            self._ot_trials[trial_id].report(value, result["training_iteration"])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        self._completed_trials.add(trial_id)
+        result = result or {}
+        ot_trial = self._ot_trials[trial_id]
+        last = self._last_values.pop(trial_id, {})
+        for name in self._metrics:  # the final result may carry values on_trial_result never saw (stopper's row)
+            value = _as_float(result.get(name))
+            if value is not None:
+                last[name] = value
+        values = [last.get(name) for name in self._metrics]
+        steps = int(result.get("training_iteration", 0) or 0)
+        health = str(result.get("health", "healthy") or "healthy")
+        stop_reason = str(result.get("stop_reason", "") or "")
+        state, stop_reason = self._outcome(error, health, stop_reason, steps, values)
+
+        ot_trial.set_user_attr("ray_trial_id", trial_id)
+        ot_trial.set_user_attr("health", health)
+        ot_trial.set_user_attr("stop_reason", stop_reason)
+        ot_trial.set_user_attr("steps", steps)
+        ot_trial.set_user_attr(CONSTRAINT_ATTR, 1.0 if health == "stopped" else -1.0)
+        try:
+            ot_trial.set_user_attr("verl_overrides", json.dumps(dict(self._overrides_of(ot_trial.params))))
+        except Exception as e:  # a broken config must not leave the trial RUNNING
+            ot_trial.set_user_attr("verl_overrides", f"unavailable: {e}")
+        told = values if len(values) > 1 else values[0]
+        self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+
+    def _outcome(
+        self, error: bool, health: str, stop_reason: str, steps: int, values: list[float | None]
+    ) -> tuple[optuna.trial.TrialState, str]:
+        State = optuna.trial.TrialState
+        finite = all(v is not None and math.isfinite(v) for v in values)
+        if error:
+            return State.FAIL, stop_reason or "trial raised an error (see its error.txt in the Tune directory)"
+        if health == "stopped":
+            if len(values) > 1 and finite:
+                return State.COMPLETE, stop_reason  # infeasible through the constraint
+            return (State.PRUNED if len(values) == 1 else State.FAIL), stop_reason
+        if not finite:
+            missing = [m for m, v in zip(self._metrics, values) if v is None or not math.isfinite(v)]
+            return State.FAIL, f"objective {', '.join(missing)} was never reported or is not finite"
+        if steps < self._total_steps:
+            if len(values) == 1:
+                return State.PRUNED, stop_reason or f"stopped by the scheduler at step {steps}"
+            return State.COMPLETE, stop_reason or f"stopped at step {steps}"
+        return State.COMPLETE, stop_reason
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
