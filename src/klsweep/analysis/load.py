@@ -47,7 +47,8 @@ def sweep_info(path: str | Path) -> dict[str, Any]:
     return json.loads(file.read_text())
 
 
-def _study(info: dict[str, Any]):
+def study_of(info: dict[str, Any]):
+    """The Optuna study of a sweep, from the ``study_name`` and ``storage`` of its ``sweep.json`` (see :func:`sweep_info`)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -126,7 +127,7 @@ def load(path: str | Path) -> pd.DataFrame:
     objectives = info["objectives"]
     histories = dict(_tune_trials(path))
     rows = []
-    for trial in _study(info).get_trials(deepcopy=False):
+    for trial in study_of(info).get_trials(deepcopy=False):
         attrs = trial.user_attrs
         trial_id = attrs.get("ray_trial_id") or attrs.get("tune_trial_id")
         row: dict[str, Any] = {"number": trial.number, "trial_id": trial_id, "state": trial.state.name}

@@ -59,6 +59,28 @@ class KlsweepSearch(OptunaSearch):
         self._overrides_of = overrides_of
         self._total_steps = total_steps
         self._last_values: dict[str, dict[str, float]] = {}
+        self._orphans: list[optuna.Trial] = []
+
+    def suggest(self, trial_id: str) -> dict | None:
+        """Optuna's ask (or an orphan adopted after a crash, see :meth:`restore`), tagged with the Tune trial id."""
+        if trial_id not in self._ot_trials and self._orphans:
+            self._ot_trials[trial_id] = self._orphans.pop(0)
+        params = super().suggest(trial_id)
+        self._ot_trials[trial_id].set_user_attr("ray_trial_id", trial_id)
+        return params
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Restore the saved searcher, then adopt the study's orphans.
+
+        After a SIGKILL of the driver the saved searcher state can be older than the study: trials asked from Optuna
+        after the last save are RUNNING in the study but unknown to Tune. They are handed to the next trials Tune
+        starts (their params were sampled already: re-suggesting returns the same values), so no trial is lost and
+        the study holds exactly one trial per Tune trial.
+        """
+        super().restore(checkpoint_path)
+        known = {t._trial_id for t in self._ot_trials.values()}
+        running = self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        self._orphans = [optuna.Trial(self._ot_study, t._trial_id) for t in running if t._trial_id not in known]
 
     @property
     def _metrics(self) -> list[str]:
@@ -80,6 +102,9 @@ class KlsweepSearch(OptunaSearch):
         self._completed_trials.add(trial_id)
         result = result or {}
         ot_trial = self._ot_trials[trial_id]
+        stored = self._ot_study._storage.get_trial(ot_trial._trial_id)
+        if stored.state.is_finished():  # told before the driver died; Tune's older state re-ran it: keep the first
+            return
         last = self._last_values.pop(trial_id, {})
         for name in self._metrics:  # the final result may carry values on_trial_result never saw (stopper's row)
             value = _as_float(result.get(name))

@@ -11,6 +11,7 @@ Results directory (``runs/<name>/`` or ``--out``): ``sweep.json`` (the resolved 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -80,6 +81,11 @@ def run_sweep(
 def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = None, quiet: bool = False) -> int:
     """Continue the sweep stored in ``run_dir`` (after Ctrl-C or a killed driver) or extend it (``budget.trials=N``).
 
+    Tune's saved experiment is restored (unfinished trials continue from their last checkpoint; trials Optuna had
+    proposed but Tune never started are adopted by the next trials, see ``KlsweepSearch.restore``); then, if the
+    budget asks for more trials than the study holds, a new Tuner on the same study runs the rest. Finally any trial
+    still RUNNING in the study (its Tune trial can no longer run) is marked FAIL with the reason.
+
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
     """
@@ -88,8 +94,8 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
 
     out_dir = Path(run_dir).resolve()
     info = sweep_info(out_dir)
-    sweep = load_sweep(info["sweep_file"], [*info.get("overrides", []), *overrides])
     info["overrides"] = [*info.get("overrides", []), *overrides]
+    sweep = load_sweep(info["sweep_file"], info["overrides"])
     info["sweep"] = sweep.model_dump(mode="json")
     (out_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
     return _fit(sweep, info, out_dir, address=address, quiet=quiet, restore=True)
@@ -117,68 +123,131 @@ def _init_ray(sweep, address: str | None) -> None:
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
 
 
-def _fit(sweep, info: dict, out_dir: Path, *, address: str | None, quiet: bool, restore: bool) -> int:
+def _searcher(sweep, info: dict, *, seed_trials: bool):
     import optuna
-    from ray import tune
 
-    from klsweep.health import HealthStopper, load_ruleset
-    from klsweep.orchestrate.progress import SweepProgress
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.orchestrate.searcher import KlsweepSearch
-    from klsweep.orchestrate.trainable import run_trial
     from klsweep.space import define_space, trial_overrides
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metrics = [o.metric for o in sweep.objectives]
     modes = [o.mode for o in sweep.objectives]
     single = len(metrics) == 1
-    searcher = KlsweepSearch(
+    return KlsweepSearch(
         space=define_space(sweep),
         metric=metrics[0] if single else metrics,
         mode=modes[0] if single else modes,
-        points_to_evaluate=None if restore else [dict(p) for p in sweep.seed_trials] or None,
+        points_to_evaluate=[dict(p) for p in sweep.seed_trials] if seed_trials and sweep.seed_trials else None,
         sampler=build_sampler(sweep),
         study_name=info["study_name"],
         storage=storage_from_url(info["storage"]),
-        overrides_of=lambda params: trial_overrides(sweep, params),
+        overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=sweep.budget.max_steps,
     )
+
+
+def _trainable(sweep):
+    from ray import tune
+
+    from klsweep.orchestrate.trainable import run_trial
+
+    resources = {"cpu": sweep.budget.resources.cpu, "gpu": sweep.budget.resources.gpu}
+    return tune.with_resources(tune.with_parameters(run_trial, sweep=sweep), resources)
+
+
+def _tuner(sweep, info: dict, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool):
+    from ray import tune
+
+    from klsweep.health import HealthStopper, load_ruleset
+    from klsweep.orchestrate.progress import SweepProgress
+    from klsweep.space import trial_overrides
+
+    objective = sweep.objectives[0]
     scheduler = None
     if sweep.scheduler.type == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
         scheduler = ASHAScheduler(
-            time_attr="training_iteration", metric=metrics[0], mode=modes[0], max_t=sweep.budget.max_steps,
-            grace_period=sweep.scheduler.grace_period, reduction_factor=sweep.scheduler.reduction_factor,
+            time_attr="training_iteration", metric=objective.metric, mode=objective.mode,
+            max_t=sweep.budget.max_steps, grace_period=sweep.scheduler.grace_period,
+            reduction_factor=sweep.scheduler.reduction_factor,
         )
-    resources = {"cpu": sweep.budget.resources.cpu, "gpu": sweep.budget.resources.gpu}
-    trainable = tune.with_resources(tune.with_parameters(run_trial, sweep=sweep), resources)
-    progress = SweepProgress(sweep.budget.trials, metrics, quiet=quiet)
-    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=lambda params: trial_overrides(sweep, params))
+    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(trial_overrides, sweep))
+    callbacks = [SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet)]
+    if sweep.wandb.mode != "disabled":
+        from klsweep.orchestrate.wandb_logging import wandb_callback
+
+        callbacks.append(wandb_callback(sweep))
+    return tune.Tuner(
+        _trainable(sweep),
+        tune_config=tune.TuneConfig(
+            search_alg=_searcher(sweep, info, seed_trials=seed_trials),
+            scheduler=scheduler,
+            num_samples=num_samples,
+            max_concurrent_trials=sweep.budget.max_concurrent,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=str(out_dir),
+            stop=stopper,
+            callbacks=callbacks,
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+
+
+def _fit(sweep, info: dict, out_dir: Path, *, address: str | None, quiet: bool, restore: bool) -> int:
+    from ray import tune
+
+    from klsweep.analysis.load import study_of
 
     _init_ray(sweep, address)
-    tune_config = tune.TuneConfig(
-        search_alg=searcher,
-        scheduler=scheduler,
-        num_samples=sweep.budget.trials,
-        max_concurrent_trials=sweep.budget.max_concurrent,
-        reuse_actors=True,
-    )
-    run_config = tune.RunConfig(
-        name=TUNE_DIR,
-        storage_path=str(out_dir),
-        stop=stopper,
-        callbacks=[progress],
-        verbose=0,
-        failure_config=tune.FailureConfig(max_failures=0),
-    )
-    tune_path = out_dir / TUNE_DIR
-    if restore and tune.Tuner.can_restore(str(tune_path)):
-        tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_errored=False, restart_errored=False)
-    else:
-        tuner = tune.Tuner(trainable, tune_config=tune_config, run_config=run_config)
-    tuner.fit()
+    tune_path = str(out_dir / TUNE_DIR)
+    if not restore:
+        _record_samples(info, out_dir, sweep.budget.trials)
+        _tuner(sweep, info, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
+        return _finish(sweep, out_dir)
+    if tune.Tuner.can_restore(tune_path) and not _tune_finished(tune_path, info.get("tune_num_samples", 0)):
+        tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
+                           resume_errored=False, restart_errored=False).fit()
+    study = study_of(info)
+    remaining = sweep.budget.trials - len(study.trials)
+    if remaining > 0:
+        _record_samples(info, out_dir, remaining)
+        _tuner(sweep, info, out_dir, num_samples=remaining, seed_trials=False, quiet=quiet).fit()
+    _fail_leftovers(study_of(info))
     return _finish(sweep, out_dir)
+
+
+def _record_samples(info: dict, out_dir: Path, num_samples: int) -> None:
+    """Remember how many trials the Tuner about to start will create (to tell later whether it finished)."""
+    info["tune_num_samples"] = num_samples
+    (out_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
+
+
+def _tune_finished(tune_path: str, num_samples: int) -> bool:
+    """Whether the saved Tune experiment created its ``num_samples`` trials and every one of them ended."""
+    states = sorted(Path(tune_path).glob("experiment_state-*.json"))
+    if not states:
+        return True
+    trial_data = json.loads(states[-1].read_text()).get("trial_data", [])
+    statuses = [json.loads(state).get("status") if isinstance(state, str) else state.get("status")
+                for state, _meta in trial_data]
+    return len(statuses) >= num_samples and all(s in ("TERMINATED", "ERROR") for s in statuses)
+
+
+def _fail_leftovers(study) -> None:
+    import optuna
+
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(
+            trial._trial_id, "stop_reason",
+            "in flight when the sweep driver stopped, and its Tune trial could not be resumed: marked FAIL on resume",
+        )
+        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
 
 
 def _finish(sweep, out_dir: Path) -> int:

@@ -1,0 +1,40 @@
+"""W&B: one run per trial, grouped by sweep, named by trial id, with the trial's verl overrides as its config.
+
+Ray Tune's ``WandbLoggerCallback`` does the logging from its own actor, so W&B never blocks a trial; offline mode is
+the default when W&B is on (cards K23, K24). ``WANDB_API_KEY`` is read from the environment by wandb itself and never
+written to any klsweep file.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ray.air.integrations.wandb import WandbLoggerCallback
+
+
+class VerlWandbCallback(WandbLoggerCallback):
+    """``WandbLoggerCallback`` whose run config is the trial's full verl override dict, not Optuna's params.
+
+    Args:
+        overrides_of: params → verl overrides (:func:`klsweep.space.trial_overrides` bound to the sweep).
+        **kwargs: ``WandbLoggerCallback`` arguments (project, group, entity, mode, ...).
+    """
+
+    def __init__(self, overrides_of, **kwargs):
+        super().__init__(**kwargs)
+        self._overrides_of = overrides_of
+
+    def log_trial_start(self, trial) -> None:
+        # WandbLoggerCallback passes self.kwargs to wandb.init after its own arguments, so this config wins.
+        self.kwargs["config"] = dict(self._overrides_of(trial.config))
+        super().log_trial_start(trial)
+
+
+def wandb_callback(sweep) -> VerlWandbCallback:
+    """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name)."""
+    from klsweep.space import trial_overrides
+
+    kwargs = {"project": sweep.wandb.project or sweep.name, "group": sweep.name, "mode": sweep.wandb.mode}
+    if sweep.wandb.entity:
+        kwargs["entity"] = sweep.wandb.entity
+    return VerlWandbCallback(functools.partial(trial_overrides, sweep), **kwargs)
