@@ -32,7 +32,7 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
         return _grid(sweep, options)
     if name == "cmaes":
         _refuse_if(multi, "cmaes optimises a single objective; use nsga2, tpe or gp for a Pareto sweep")
-        non_numeric = [k for k, p in sweep.parameters.items() if hasattr(p, "values") or getattr(p, "when", None)]
+        non_numeric = [k for k, p in sweep.parameters.items() if hasattr(p, "values") or p.when]
         _refuse_if(
             bool(non_numeric),
             f"cmaes samples numeric, unconditional ranges only, but {', '.join(non_numeric)} "
@@ -61,14 +61,15 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
 
 
 def _grid(sweep, options: dict[str, Any]) -> optuna.samplers.GridSampler:
+    from klsweep.space import parameters
     from klsweep.spec.schema import Choice, Constant
 
     space, problems = {}, []
-    for key, param in sweep.parameters.items():
+    for key, param in parameters(sweep).items():
         if isinstance(param, Choice):
             space[key] = list(param.values)
         elif isinstance(param, Constant):
-            space[key] = [param.value]
+            continue  # returned by the space as a constant, never suggested
         else:
             problems.append(f"parameters.{key}: sampler grid needs `values: [...]` lists, not a {param.distribution} "
                             "range — list the grid points, or use tpe/random")

@@ -102,10 +102,10 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
 
 
 def _preflight(sweep) -> None:
-    from klsweep.space import trial_overrides
+    from klsweep.space import seed_params, trial_overrides
     from klsweep.verl.preflight import preflight
 
-    for params in sweep.seed_trials or [{}]:
+    for params in seed_params(sweep) or [{}]:
         for warning in preflight(trial_overrides(sweep, params), trainer=sweep.trainer):
             print(f"warning: {warning}", file=sys.stderr)
 
@@ -128,7 +128,7 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
 
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.orchestrate.searcher import KlsweepSearch
-    from klsweep.space import define_space, trial_overrides
+    from klsweep.space import define_space, seed_params, trial_overrides
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metrics = [o.metric for o in sweep.objectives]
@@ -138,7 +138,7 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
         space=define_space(sweep),
         metric=metrics[0] if single else metrics,
         mode=modes[0] if single else modes,
-        points_to_evaluate=[dict(p) for p in sweep.seed_trials] if seed_trials and sweep.seed_trials else None,
+        points_to_evaluate=(seed_params(sweep) or None) if seed_trials else None,
         sampler=build_sampler(sweep),
         study_name=info["study_name"],
         storage=storage_from_url(info["storage"]),
