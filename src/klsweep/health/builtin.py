@@ -1,0 +1,296 @@
+"""Built-in checks: findings that need no rule and no threshold tuning (settings in :class:`BuiltinConfig`).
+
+- ``builtin.nonfinite_loss``: a NaN/inf actor or critic loss → stop (nonfinite). The update is already broken.
+- ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn; stop only after a streak
+  (card K11: verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer skips them).
+- ``builtin.no_signal``: every advantage 0 (``critic/advantages/max`` and ``/min`` are 0; verl whitens or
+  group-normalises advantages to mean 0, so max == 0 means all 0) or every score 0 → stop as no_signal (card K14,
+  rllm#54), not as divergence.
+- ``builtin.kl_dead``: reference KL exactly 0 after warm-up while a KL mechanism is on with a non-zero coefficient →
+  misconfigured (cards K05, K13: #1573, #2060). Never read from ``actor/ppo_kl`` (KL to the rollout policy, ~0 by
+  design). Not judged on logs printed with 3 decimals, where 0.000 only means < 0.0005.
+- ``builtin.kl_negative``: a negative batch mean from an estimator that is >= 0 per token (abs, k2/mse, k3/low_var_kl)
+  → misconfigured (card K12, #2928). ``kl``/``k1`` means may be slightly negative: normal.
+- ``builtin.kl_explosion``: reference KL mean at or above ``kl_explosion`` (default 9: k3 clamps each token to
+  [-10, 10] in verl's ``core_algos.kl_penalty``, so a mean near 10 means most tokens are at the clamp) → diverged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from klsweep.health.rules import BuiltinConfig
+from klsweep.health.signals import Signals, number
+from klsweep.health.verdict import Event
+from klsweep.verl.metrics import (
+    ADVANTAGE_METRICS,
+    CLAMPED_ESTIMATORS,
+    GRAD_NORM_METRICS,
+    K3_CLAMP,
+    KL_IN_LOSS_METRICS,
+    LOSS_METRICS,
+    NONNEGATIVE_ESTIMATORS,
+    SCORE_RANGE_METRICS,
+    base_estimator,
+)
+
+#: Half of the last digit verl's console logger prints (3 decimals): "0.000" is any |x| < 5e-4.
+ZERO = 5e-4
+
+Values = Mapping[str, tuple[str, float] | None]
+
+
+class BuiltinCheck:
+    """One built-in check. ``check`` returns a finding or None; ``judged`` says whether it could ever judge."""
+
+    name = "builtin"
+
+    def __init__(self) -> None:
+        self.judged = False
+
+    def check(self, step: int, metrics: Mapping[str, Any], values: Values) -> Event | None:
+        raise NotImplementedError
+
+    def why_not_applicable(self) -> str:
+        return "its metrics were never logged"
+
+
+class NonfiniteLoss(BuiltinCheck):
+    name = "builtin.nonfinite_loss"
+    _keys = (*LOSS_METRICS, "actor/reward_kl_penalty", "critic/kl")
+
+    def check(self, step, metrics, values):
+        bad = {}
+        for key in self._keys:
+            value = number(metrics.get(key))
+            if value is not None:
+                self.judged = True
+                if not math.isfinite(value):
+                    bad[key] = value
+        if not bad:
+            return None
+        return Event(
+            rule=self.name,
+            kind="nonfinite",
+            step=step,
+            values=bad,
+            advice="lower the learning rate or grad_clip; check for micro-batches larger than the per-GPU share (verl#2505)",
+            message=", ".join(f"{k} = {v}" for k, v in bad.items()),
+            action="stop",
+        )
+
+    def why_not_applicable(self):
+        return f"never logged (looked for {', '.join(self._keys)})"
+
+
+class NonfiniteGradNorm(BuiltinCheck):
+    name = "builtin.nonfinite_grad_norm"
+
+    def __init__(self, streak_to_stop: int):
+        super().__init__()
+        self.streak_to_stop = streak_to_stop
+        self.streak = 0
+        self.count = 0
+
+    def check(self, step, metrics, values):
+        norms = {k: v for k in GRAD_NORM_METRICS if (v := number(metrics.get(k))) is not None}
+        if not norms:
+            return None
+        self.judged = True
+        bad = {k: v for k, v in norms.items() if not math.isfinite(v)}
+        losses = [v for k in LOSS_METRICS if (v := number(metrics.get(k))) is not None]
+        if not bad or not all(math.isfinite(v) for v in losses):
+            self.streak = 0  # a non-finite loss is builtin.nonfinite_loss's finding
+            return None
+        self.streak += 1
+        self.count += 1
+        stop = 0 < self.streak_to_stop <= self.streak
+        what = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        return Event(
+            rule=self.name,
+            kind="nonfinite",
+            step=step,
+            values={**bad, "streak": float(self.streak), "count": float(self.count)},
+            advice="lower the learning rate or grad_clip" if stop else "",
+            message=f"{what} with finite losses ({self.streak} in a row, {self.count} in the run)",
+            action="stop" if stop else "warn",
+        )
+
+
+class NoSignal(BuiltinCheck):
+    name = "builtin.no_signal"
+
+    def __init__(self, reports: int):
+        super().__init__()
+        self.reports = reports
+        self.streak = 0
+
+    def check(self, step, metrics, values):
+        adv = {k: v for k in ADVANTAGE_METRICS if (v := number(metrics.get(k))) is not None}
+        score = {k: v for k in SCORE_RANGE_METRICS if (v := number(metrics.get(k))) is not None}
+        if not adv and not score:
+            return None
+        self.judged = True
+        adv_zero = bool(adv) and all(abs(v) < ZERO for v in adv.values())
+        score_zero = "critic/score/max" in score and all(abs(v) < ZERO for v in score.values())
+        if not (adv_zero or score_zero):
+            self.streak = 0
+            return None
+        self.streak += 1
+        if self.streak < self.reports:
+            return None
+        seen = {**adv, **score}
+        what = "every advantage is 0" if adv_zero else "every score is 0"
+        return Event(
+            rule=self.name,
+            kind="no_signal",
+            step=step,
+            values=seen,
+            advice="check the reward function and data; use an easier task or a larger rollout.n (more chances of "
+            "a non-zero group)",
+            message=f"{what} ({', '.join(f'{k} = {v:g}' for k, v in seen.items())}) for {self.streak} reports: "
+            "the policy gradient is 0",
+            action="stop",
+        )
+
+    def why_not_applicable(self):
+        return f"never logged (looked for {', '.join((*ADVANTAGE_METRICS, *SCORE_RANGE_METRICS))})"
+
+
+class KlDead(BuiltinCheck):
+    name = "builtin.kl_dead"
+
+    def __init__(self, signals: Signals, after: int, reports: int, rounded: bool):
+        super().__init__()
+        self.signals, self.after, self.reports, self.rounded = signals, after, reports, rounded
+        self.streak = 0
+        self.zero_coef = False
+
+    def check(self, step, metrics, values):
+        if self.rounded or self.signals.setup.kl_off:
+            return None
+        kl, coef = values.get("ref_kl"), values.get("kl_coef")
+        if kl is None or step <= self.after:
+            return None
+        if coef is not None and coef[1] == 0.0:
+            self.zero_coef = True  # card K05: KL on with coefficient 0 is a config warning, not a dead KL path
+            return None
+        self.judged = True
+        if kl[1] != 0.0:
+            self.streak = 0
+            return None
+        self.streak += 1
+        if self.streak < self.reports:
+            return None
+        return Event(
+            rule=self.name,
+            kind="misconfigured",
+            step=step,
+            values={kl[0]: kl[1]},
+            advice="the reference policy equals the actor or the KL term is not computed: check that the KL "
+            "mechanism you sweep is the one that is on (use_kl_loss vs use_kl_in_reward) and the reference model loads",
+            message=f"{kl[0]} is exactly 0 for {self.streak} reports after step {self.after} while KL is on",
+            action="stop",
+        )
+
+    def why_not_applicable(self):
+        if self.rounded:
+            return "the log prints rounded values (3 decimals): 0.000 is not exactly 0"
+        if self.signals.setup.kl_off:
+            return self.signals.why_absent("ref_kl")
+        if self.zero_coef:
+            return "the KL coefficient is 0 (card K05: KL on with coefficient 0)"
+        if "ref_kl" in self.signals.keys_seen:
+            return f"no report after the warm-up (step {self.after})"
+        return self.signals.why_absent("ref_kl")
+
+
+class KlNegative(BuiltinCheck):
+    name = "builtin.kl_negative"
+
+    def __init__(self, signals: Signals, tolerance: float):
+        super().__init__()
+        self.signals, self.tolerance = signals, tolerance
+
+    def _estimator(self, key: str) -> str | None:
+        s = self.signals.setup
+        return base_estimator(s.loss_estimator if key in KL_IN_LOSS_METRICS else s.reward_estimator)
+
+    def check(self, step, metrics, values):
+        kl = values.get("ref_kl")
+        if kl is None or not self.signals.setup.known or not math.isfinite(kl[1]):
+            return None
+        self.judged = True
+        estimator = self._estimator(kl[0])
+        if estimator not in NONNEGATIVE_ESTIMATORS or kl[1] >= -self.tolerance:
+            return None
+        return Event(
+            rule=self.name,
+            kind="misconfigured",
+            step=step,
+            values={kl[0]: kl[1]},
+            advice="the estimator is >= 0 per token, so a negative mean is a bug: check the reference log-probs "
+            "(same tokenizer and padding) and the loss aggregation",
+            message=f"{kl[0]} = {kl[1]:g} < 0 with estimator {estimator} (abs, k2, k3 are never negative)",
+            action="stop",
+        )
+
+    def why_not_applicable(self):
+        if not self.signals.setup.known:
+            return "needs the run config (kl_loss_type / kl_penalty) to know the estimator"
+        return self.signals.why_absent("ref_kl")
+
+
+class KlExplosion(BuiltinCheck):
+    name = "builtin.kl_explosion"
+
+    def __init__(self, signals: Signals, threshold: float):
+        super().__init__()
+        self.signals, self.threshold = signals, threshold
+
+    def check(self, step, metrics, values):
+        kl = values.get("ref_kl")
+        if kl is None or not math.isfinite(kl[1]):
+            return None
+        self.judged = True
+        if kl[1] < self.threshold:
+            return None
+        s = self.signals.setup
+        estimator = base_estimator(s.loss_estimator if kl[0] in KL_IN_LOSS_METRICS else s.reward_estimator)
+        clamp = (
+            f" (k3 clamps each token at {K3_CLAMP:g}: most tokens are at the clamp)"
+            if estimator in CLAMPED_ESTIMATORS
+            else ""
+        )
+        return Event(
+            rule=self.name,
+            kind="diverged",
+            step=step,
+            values={kl[0]: kl[1]},
+            advice="lower the learning rate, raise the KL coefficient, or lower target_kl",
+            message=f"{kl[0]} = {kl[1]:g} >= {self.threshold:g}{clamp}",
+            action="stop",
+        )
+
+    def why_not_applicable(self):
+        return self.signals.why_absent("ref_kl")
+
+
+def builtin_checks(config: BuiltinConfig, signals: Signals, rounded: bool) -> list[BuiltinCheck]:
+    """The enabled built-in checks, most fundamental first (the first stop in this order is the run's reason)."""
+    checks: list[BuiltinCheck] = []
+    if config.nonfinite_loss:
+        checks.append(NonfiniteLoss())
+    checks.append(NonfiniteGradNorm(config.nonfinite_grad_norm_streak))
+    if config.kl_explosion > 0:
+        checks.append(KlExplosion(signals, config.kl_explosion))
+    checks.append(KlNegative(signals, config.negative_kl_tolerance))
+    if config.kl_dead_for > 0:
+        checks.append(KlDead(signals, config.kl_dead_after, config.kl_dead_for, rounded))
+    if config.no_signal_for > 0:
+        checks.append(NoSignal(config.no_signal_for))
+    return checks
+
+

@@ -1,0 +1,360 @@
+"""The health engine: one per trial, fed one report at a time, O(window) work per report.
+
+    engine = HealthEngine(load_ruleset("default"), trial_overrides)
+    for step, metrics in stream:
+        verdict = engine.update(step, metrics)
+        if verdict.stop:
+            break
+    engine.summary()   # {"verdict": "stopped", "stop_reason": "no_signal at step 7 by builtin.no_signal: ...", ...}
+
+Anything in a report that is not a number (None, strings, missing keys) is ignored; NaN/inf reach only the
+non-finite checks. A rule whose metrics never appear is listed under ``not_applicable`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import islice
+from operator import mul
+from typing import Any
+
+from klsweep.health.builtin import builtin_checks
+from klsweep.health.rules import DropCondition, RatioCondition, Rule, RuleSet, WindowCondition
+from klsweep.health.signals import Signals
+from klsweep.health.verdict import Event, StopReason, Verdict
+from klsweep.verl.metrics import VAL_SCORE, KlSetup
+
+_BEST_SIGNALS = (VAL_SCORE, "score")
+_UNSET = object()
+
+
+class _Series:
+    """The finite values of one signal: the last ``maxlen`` (step, value) pairs, the first value and the run max."""
+
+    __slots__ = ("steps", "values", "first", "run_max", "count", "fresh")
+
+    def __init__(self, maxlen: int):
+        self.steps: deque[int] = deque(maxlen=maxlen)
+        self.values: deque[float] = deque(maxlen=maxlen)
+        self.first: float | None = None
+        self.run_max = -math.inf
+        self.count = 0
+        self.fresh = False  # has a value in the current report
+
+    def push(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        if self.first is None:
+            self.first = value
+        if value > self.run_max:
+            self.run_max = value
+        self.count += 1
+        self.fresh = True
+
+    def last(self, n: int) -> list[float] | None:
+        if len(self.values) < n:
+            return None
+        return list(islice(self.values, len(self.values) - n, None))
+
+    def last_steps(self, n: int) -> list[int]:
+        return list(islice(self.steps, len(self.steps) - n, None))
+
+
+def _statistic(condition, series: _Series) -> float | None:
+    """The condition's statistic over ``series`` (which holds this report's value), or None if undefined yet.
+
+    Window statistics use exactly rounded sums (``math.fsum``): variance = E[x²] − E[x]², population (ddof 0);
+    slope = least-squares slope of value against step (against position when steps repeat).
+    """
+    value = series.values[-1]
+    if isinstance(condition, WindowCondition):
+        xs = series.last(condition.window)
+        if xs is None:
+            return None
+        n = len(xs)
+        stat = condition.stat
+        if stat == "min":
+            return min(xs)
+        if stat == "max":
+            return max(xs)
+        mean = math.fsum(xs) / n
+        if stat == "mean":
+            return mean
+        if stat == "slope":
+            ts = series.last_steps(n)
+            if len(set(ts)) < n:
+                ts = list(range(n))
+            t_mean = math.fsum(ts) / n
+            sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
+            sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
+            return sxy / sxx
+        var = max(0.0, math.fsum(map(mul, xs, xs)) / n - mean * mean)
+        return var if stat == "var" else math.sqrt(var)
+    if isinstance(condition, DropCondition):
+        if condition.window is None:
+            peak = series.run_max
+        else:
+            xs = series.last(condition.window)
+            peak = max(xs) if xs is not None else max(series.values)
+        return (peak - value) / peak if peak > 0 else None
+    if isinstance(condition, RatioCondition):
+        return value / series.first if series.first else None
+    return value
+
+
+@dataclass
+class _RuleState:
+    """A rule, prepared once per engine, and its streak."""
+
+    rule: Rule
+    describe: str
+    conditions: tuple[tuple[Any, tuple[str, str, int | None]], ...]  # (condition, statistic cache key)
+    streak: int = 0
+    judged: bool = False
+
+    @classmethod
+    def of(cls, rule: Rule) -> _RuleState:
+        conditions = tuple((c, (c.metric, c.stat, getattr(c, "window", None))) for c in rule.conditions)
+        return cls(rule, rule.describe(), conditions)
+
+
+class HealthEngine:
+    """Judges one run's metric stream against a rule set, report by report.
+
+    Args:
+        ruleset: from :func:`~klsweep.health.load_ruleset`.
+        run_config: the trial's flat verl override dict (``{"actor_rollout_ref.actor.use_kl_loss": True, ...}``);
+            missing keys mean verl 0.9.1's defaults. None or {} for a log backtest: the KL mechanism is then inferred
+            from which metrics are logged, and rules that need the config are reported not applicable.
+        rounded: the values were printed rounded (verl's console logger: 3 decimals); "exactly 0" checks are off.
+    """
+
+    def __init__(self, ruleset: RuleSet, run_config: Mapping[str, Any] | None = None, *, rounded: bool = False):
+        self.ruleset = ruleset
+        self.setup = KlSetup.from_overrides(run_config)
+        names = [m for rule in ruleset.rules for m in rule.metrics]
+        self._signals = Signals(self.setup, [*names, "ref_kl", "kl_coef", *_BEST_SIGNALS])
+        self._series: dict[str, _Series] = {}
+        for name in self._signals.names:
+            self._series[name] = _Series(_window_need(ruleset.rules, name))
+        self._builtins = builtin_checks(ruleset.builtin, self._signals, rounded)
+        self._states = [_RuleState.of(rule) for rule in ruleset.rules]
+        self._fired: dict[str, dict[str, Any]] = {}  # rule or check -> action, kind, count, first/last step
+        self._reason: StopReason | None = None
+        self._warned = False
+        self._reports = 0
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+        self._best: dict[str, tuple[int, float, str]] = {}  # signal -> (step, value, verl key), before the stop
+
+    # ------------------------------------------------------------------ feeding
+    def update(self, step: int | None, metrics: Mapping[str, Any]) -> Verdict:
+        """Judge one report.
+
+        Args:
+            step: the training step (verl counts from 1); None or a non-integer uses the report's position.
+            metrics: verl metric names → values; anything non-numeric is ignored.
+
+        Returns:
+            the :class:`Verdict` for the run so far (``stop`` stays True once set).
+        """
+        self._reports += 1
+        step = _as_step(step, self._reports)
+        if self._first_step is None:
+            self._first_step = step
+        self._last_step = step
+        if not isinstance(metrics, Mapping):
+            metrics = {}
+        values = self._signals.read(metrics)
+        for name, series in self._series.items():
+            hit = values[name]
+            series.fresh = False
+            if hit is not None and math.isfinite(hit[1]):
+                series.push(step, hit[1])
+
+        events: list[Event] = []
+        for check in self._builtins:
+            event = check.check(step, metrics, values)
+            if event is not None:
+                events.append(event)
+        stats: dict[tuple[str, str, int | None], float | None] = {}
+        for state in self._states:
+            if step > state.rule.after:
+                event = self._judge(state, step, values, stats)
+                if event is not None:
+                    events.append(event)
+
+        for event in events:
+            self._record(event)
+        if self._reason is None:
+            stops = [e for e in events if e.action == "stop"]
+            if stops:
+                e = stops[0]
+                self._reason = StopReason(e.rule, e.kind, e.step, e.values, e.advice, e.message)
+            else:
+                self._track_best(step, values)
+        if any(e.action == "warn" for e in events):
+            self._warned = True
+        return Verdict(step, self._reason is not None, self._reason, tuple(events), self.health)
+
+    def _judge(self, state: _RuleState, step: int, values, stats) -> Event | None:
+        rule = state.rule
+        need_all = rule.match == "all"
+        judged = true = 0
+        for condition, cache_key in state.conditions:
+            series = self._series[condition.metric]
+            if not series.fresh:
+                if need_all:
+                    return None
+                continue
+            stat = stats.get(cache_key, _UNSET)
+            if stat is _UNSET:
+                stat = stats[cache_key] = _statistic(condition, series)
+            if stat is None:
+                if need_all:
+                    return None
+                continue
+            judged += 1
+            true += condition.holds(stat)
+        if not judged:
+            return None
+        state.judged = True
+        if not (true == judged if need_all else true > 0):
+            state.streak = 0
+            return None
+        state.streak += 1
+        if state.streak < rule.for_:
+            return None
+        seen: dict[str, float] = {}
+        for condition, cache_key in state.conditions:
+            stat = stats.get(cache_key)
+            if stat is not None and self._series[condition.metric].fresh:
+                key = values[condition.metric][0]
+                seen[condition.label().replace(condition.metric, key)] = stat
+        bounds = f" {'and' if rule.match == 'all' else 'or'} ".join(
+            f"{label} = {seen[label]:.4g}" for label in seen
+        )
+        return Event(
+            rule=rule.name,
+            kind=rule.kind,
+            step=step,
+            values=seen,
+            advice=rule.advice,
+            message=f"{bounds} ({state.describe})",
+            action=rule.action,
+        )
+
+    def _record(self, event: Event) -> None:
+        fired = self._fired.get(event.rule)
+        if fired is None:
+            self._fired[event.rule] = {
+                "action": event.action,
+                "kind": event.kind,
+                "count": 1,
+                "first_step": event.step,
+                "last_step": event.step,
+            }
+            return
+        fired["count"] += 1
+        fired["last_step"] = event.step
+        if event.action == "stop":
+            fired["action"] = "stop"  # a warn that escalated (builtin.nonfinite_grad_norm)
+
+    def _track_best(self, step: int, values) -> None:
+        for name in _BEST_SIGNALS:
+            hit = values.get(name)
+            if hit is not None and math.isfinite(hit[1]):
+                best = self._best.get(name)
+                if best is None or hit[1] > best[1]:
+                    self._best[name] = (step, hit[1], hit[0])
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def health(self) -> str:
+        """healthy | warned | stopped for the run so far."""
+        return "stopped" if self._reason is not None else "warned" if self._warned else "healthy"
+
+    @property
+    def reason(self) -> StopReason | None:
+        """The run's first stop finding, or None."""
+        return self._reason
+
+    def not_applicable(self) -> dict[str, str]:
+        """Rules and built-in checks that never judged a report, with the reason."""
+        out: dict[str, str] = {}
+        for check in self._builtins:
+            if not check.judged and check.name not in self._fired:
+                out[check.name] = check.why_not_applicable()
+        for state in self._states:
+            if not state.judged:
+                out[state.rule.name] = self._why_not_judged(state.rule)
+        return out
+
+    def _why_not_judged(self, rule: Rule) -> str:
+        for condition in rule.conditions:
+            series = self._series[condition.metric]
+            if series.count == 0:
+                return f"{condition.metric}: {self._signals.why_absent(condition.metric)}"
+        for condition in rule.conditions:
+            need = getattr(condition, "window", None) or 1
+            if self._series[condition.metric].count < need:
+                return f"{condition.label()} needs {need} reports, the run had {self._series[condition.metric].count}"
+        if self._last_step is not None and self._last_step <= rule.after:
+            return f"no report after the warm-up (after: {rule.after})"
+        return f"{', '.join(rule.metrics)} were never logged in the same report"
+
+    def summary(self) -> dict[str, Any]:
+        """The run's verdict, JSON-ready.
+
+        Keys: ``verdict`` (healthy|warned|stopped), ``stop_reason`` (text, "" when none), ``stop_kind``,
+        ``stop_step``, ``reason`` (structured, or None), ``collapsed_at`` (step or None), ``best`` (the best
+        pre-stop ``val_score`` report, else the best ``critic/score/mean``: ``{"metric", "step", "value"}`` or None),
+        ``reports``, ``first_step``, ``last_step``, ``fired`` (per rule: action, kind, count, first_step, last_step),
+        ``not_applicable`` (rule → reason).
+        """
+        reason = self._reason
+        best_signal = next((n for n in _BEST_SIGNALS if n in self._best), None)
+        best = None
+        if best_signal is not None:
+            step, value, key = self._best[best_signal]
+            best = {"metric": key, "step": step, "value": value}
+        stop_reason = reason.text() if reason else ""
+        collapsed_at = reason.step if reason is not None and reason.kind == "collapsed" else None
+        if collapsed_at is not None and best is not None:
+            stop_reason += f"; best pre-collapse step {best['step']} ({best['metric']} = {best['value']:g})"
+        return {
+            "verdict": self.health,
+            "stop_reason": stop_reason,
+            "stop_kind": reason.kind if reason else None,
+            "stop_step": reason.step if reason else None,
+            "reason": reason.as_dict() if reason else None,
+            "collapsed_at": collapsed_at,
+            "best": best,
+            "reports": self._reports,
+            "first_step": self._first_step,
+            "last_step": self._last_step,
+            "fired": {name: dict(record) for name, record in self._fired.items()},
+            "not_applicable": self.not_applicable(),
+        }
+
+
+def _window_need(rules, name: str) -> int:
+    need = 2
+    for rule in rules:
+        for c in rule.conditions:
+            if c.metric == name and getattr(c, "window", None):
+                need = max(need, c.window)
+    return need
+
+
+def _as_step(step: Any, position: int) -> int:
+    if isinstance(step, bool):
+        return position
+    if isinstance(step, int):
+        return step
+    if isinstance(step, float) and step.is_integer():
+        return int(step)
+    return position

@@ -1,0 +1,96 @@
+"""Build a :class:`RuleSet` from a preset name, a sweep file's ``health:`` value, or a YAML rules file."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from klsweep.errors import SweepFileError
+from klsweep.health.rules import PRESETS, BuiltinConfig, HealthConfig, PresetFile, RuleSet
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def validation_problems(error: ValidationError, where: str) -> list[str]:
+    """One line per pydantic error: ``"<where>: rules.0.conditions.0: <message> (got <input>)"``."""
+    lines = []
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+        lines.append(f"{where}: {loc}: {msg}{shown}" if loc else f"{where}: {msg}")
+    return lines
+
+
+@functools.lru_cache(maxsize=None)
+def preset(name: str) -> PresetFile:
+    """The shipped preset ``name`` (klsweep/health/presets/<name>.yaml).
+
+    Raises:
+        SweepFileError: unknown name (the message lists the presets).
+    """
+    if name not in PRESETS:
+        raise SweepFileError([f"unknown health preset {name!r}: valid presets are {', '.join(PRESETS)}, none"])
+    text = resources.files("klsweep.health").joinpath("presets", f"{name}.yaml").read_text()
+    return PresetFile.model_validate(yaml.load(text, Loader=_LOADER))
+
+
+def _from_config(config: HealthConfig, name: str | None = None) -> RuleSet:
+    if config.preset == "none":
+        base_rules, builtin, description = (), BuiltinConfig(), "custom rules"
+    else:
+        base = preset(config.preset)
+        base_rules, builtin, description = base.rules, base.builtin, base.description
+    own = {rule.name: rule for rule in config.rules}
+    rules = [own.pop(rule.name, rule) for rule in base_rules] + list(own.values())
+    if config.builtin:
+        builtin = BuiltinConfig.model_validate({**builtin.model_dump(), **config.builtin})
+    label = name or (config.preset + ("+custom" if config.rules or config.builtin else ""))
+    return RuleSet(name=label, rules=tuple(rules), builtin=builtin, description=description)
+
+
+def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | None = None) -> RuleSet:
+    """The rule set a trial is judged with.
+
+    Args:
+        spec: a preset name (``default``, ``seed``, ``conservative``, ``aggressive``, ``none``); a path to a YAML
+            file holding a ``health:`` value (a preset name, a list of rules, or ``{preset, rules, builtin}``);
+            a :class:`HealthConfig`; or the raw ``health:`` value. None means ``default``.
+
+    Raises:
+        SweepFileError: unknown preset, unreadable file, or invalid rules (every problem, one per line, with the
+            dotted path of the field).
+    """
+    if spec is None:
+        spec = "default"
+    if isinstance(spec, HealthConfig):
+        return _from_config(spec)
+    if isinstance(spec, str) and (spec in PRESETS or spec == "none"):
+        return _from_config(HealthConfig(preset=spec))
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.is_file():
+            raise SweepFileError(
+                [f"health rules {str(spec)!r}: neither a preset ({', '.join(PRESETS)}, none) nor a readable file"]
+            )
+        try:
+            data = yaml.load(path.read_text(), Loader=_LOADER)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise SweepFileError([f"{path}: cannot read YAML rules: {e}"]) from None
+        if isinstance(data, Mapping) and set(data) == {"health"}:
+            data = data["health"]
+        try:
+            return _from_config(HealthConfig.model_validate(data), name=path.name)
+        except ValidationError as e:
+            raise SweepFileError(validation_problems(e, str(path))) from None
+    try:
+        return _from_config(HealthConfig.model_validate(spec))
+    except ValidationError as e:
+        raise SweepFileError(validation_problems(e, "health")) from None

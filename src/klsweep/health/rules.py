@@ -1,0 +1,293 @@
+"""The health rule language: pydantic models for rules, conditions, built-in checks and the sweep file's ``health:``.
+
+A rule (YAML, validated here; never evaluated as code)::
+
+    - name: kl_blowup
+      metric: ref_kl              # a verl metric name or an alias (klsweep.verl.metrics.ALIASES, val_score,
+      stat: mean                  #   kl_coef, kl_loss_share)
+      window: 5                   # the last 5 reports that had the metric
+      above: 1.0
+      for: 3                      # consecutive reports
+      after: 10                   # warm-up: reports at step <= 10 are not judged
+      action: stop                # stop | warn | advise
+      kind: diverged
+      advice: lower the learning rate or raise kl_coef
+      source: our calibration (T1 peaks at 0.227)
+
+Several conditions combine with ``all: [...]`` or ``any: [...]`` (each item: metric, stat, window, above/below).
+Statistics: ``value`` (the report's value), window ``mean``/``std``/``var``/``min``/``max``/``slope`` (least squares,
+per step), ``drop_from_max`` ((max − value)/max, max over ``window`` reports or the whole run), ``ratio_to_first``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+Action = Literal["stop", "warn", "advise"]
+Kind = Literal["diverged", "no_signal", "collapsed", "misconfigured", "nonfinite", "unhealthy"]
+WINDOW_STATS = ("mean", "std", "var", "min", "max", "slope")
+STATS = ("value", *WINDOW_STATS, "drop_from_max", "ratio_to_first")
+PRESETS = ("default", "seed", "conservative", "aggressive")
+
+_MODEL = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Condition(BaseModel):
+    model_config = _MODEL
+
+    metric: str = Field(min_length=1, description="verl metric name or alias the condition reads")
+    above: float | None = Field(None, description="true when the statistic is strictly above this")
+    below: float | None = Field(None, description="true when the statistic is strictly below this")
+
+    @model_validator(mode="after")
+    def _one_bound(self):
+        if (self.above is None) == (self.below is None):
+            raise ValueError(
+                f"condition on {self.metric!r} needs exactly one of 'above' or 'below' "
+                f"(got above={self.above}, below={self.below}); write two conditions under 'any:' for a band"
+            )
+        return self
+
+    def holds(self, x: float) -> bool:
+        return x > self.above if self.above is not None else x < self.below  # type: ignore[operator]
+
+    def describe(self) -> str:
+        bound = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
+        return f"{self.label()} {bound}"
+
+    def label(self) -> str:
+        return self.metric
+
+
+class ValueCondition(_Condition):
+    """The report's own value of the metric."""
+
+    stat: Literal["value"] = "value"
+
+
+class WindowCondition(_Condition):
+    """A statistic of the metric over its last ``window`` reports (``slope``: least squares, units per step)."""
+
+    stat: Literal["mean", "std", "var", "min", "max", "slope"]
+    window: int = Field(ge=2, description="number of most recent reports that had the metric")
+
+    def label(self) -> str:
+        return f"{self.stat}{self.window}({self.metric})"
+
+
+class DropCondition(_Condition):
+    """Relative drop from the running maximum: (max − value) / max; max over ``window`` reports or the whole run."""
+
+    stat: Literal["drop_from_max"]
+    window: int | None = Field(None, ge=2, description="reports the maximum is taken over (default: whole run)")
+
+    def label(self) -> str:
+        return f"drop_from_max{self.window or ''}({self.metric})"
+
+
+class RatioCondition(_Condition):
+    """value / first finite value of the metric in the run."""
+
+    stat: Literal["ratio_to_first"]
+
+    def label(self) -> str:
+        return f"ratio_to_first({self.metric})"
+
+
+def _condition_tag(data: Any) -> str | None:
+    stat = data.get("stat", "value") if isinstance(data, Mapping) else getattr(data, "stat", None)
+    if stat == "value":
+        return "value"
+    if stat in WINDOW_STATS:
+        return "window"
+    if stat in ("drop_from_max", "ratio_to_first"):
+        return stat
+    return None
+
+
+Condition = Annotated[
+    Annotated[ValueCondition, Tag("value")]
+    | Annotated[WindowCondition, Tag("window")]
+    | Annotated[DropCondition, Tag("drop_from_max")]
+    | Annotated[RatioCondition, Tag("ratio_to_first")],
+    Discriminator(
+        _condition_tag,
+        custom_error_type="invalid_stat",
+        custom_error_message=f"unknown 'stat': valid statistics are {', '.join(STATS)}",
+    ),
+]
+
+_CONDITION_KEYS = ("metric", "stat", "window", "above", "below")
+
+
+class Rule(BaseModel):
+    """One health rule: conditions on metrics, how long they must hold, and what to do.
+
+    Written either with a single condition inline (``metric``, ``stat``, ``window``, ``above``/``below``) or with
+    ``all: [...]`` / ``any: [...]`` lists of conditions. Reports where a condition's metric is absent (or not finite,
+    or its window not yet full) are skipped: they neither count towards ``for`` nor reset it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, description="unique name, shown in verdicts")
+    conditions: tuple[Condition, ...] = Field(min_length=1, description="from 'metric: ...' or 'all:'/'any:'")
+    match: Literal["all", "any"] = Field("all", description="all conditions must hold, or any one")
+    for_: int = Field(1, alias="for", ge=1, description="consecutive judged reports the conditions must hold")
+    after: int = Field(0, ge=0, description="warm-up: reports at step <= after are not judged")
+    action: Action = Field(description="stop the trial, warn, or advise (informational, verdict stays healthy)")
+    kind: Kind = Field("unhealthy", description="what a stop means: diverged, no_signal, collapsed, ...")
+    advice: str = Field("", description="the remedy shown with the verdict")
+    source: str = Field("", description="where the threshold comes from (seed table, public log, calibration)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _conditions_from_user_syntax(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        forms = [f for f in ("metric", "all", "any") if f in data]
+        if "conditions" in data:
+            forms.append("conditions")
+        if len(forms) != 1:
+            name = data.get("name", "<unnamed>")
+            found = f"found {', '.join(forms)}" if forms else "found none"
+            raise ValueError(
+                f"rule {name!r} needs exactly one of 'metric' (one condition), 'all' or 'any' (lists of conditions); "
+                f"{found}"
+            )
+        form = forms[0]
+        if form == "metric":
+            data["conditions"] = [{k: data.pop(k) for k in _CONDITION_KEYS if k in data}]
+        elif form in ("all", "any"):
+            items = data.pop(form)
+            if not isinstance(items, list):
+                raise ValueError(f"rule {data.get('name', '<unnamed>')!r}: '{form}' must be a list of conditions")
+            data["conditions"] = items
+            data["match"] = form
+        return data
+
+    def describe(self) -> str:
+        """``"mean5(ref_kl) > 1 for 3 reports after step 10"``."""
+        joined = f" {'and' if self.match == 'all' else 'or'} ".join(c.describe() for c in self.conditions)
+        text = joined + (f" for {self.for_} reports" if self.for_ > 1 else "")
+        return text + (f" after step {self.after}" if self.after else "")
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.metric for c in self.conditions))
+
+
+class BuiltinConfig(BaseModel):
+    """Checks that need no rule: each one stops (or warns) on something no healthy run shows.
+
+    Set a number to 0 to turn its check off.
+    """
+
+    model_config = _MODEL
+
+    nonfinite_loss: bool = Field(True, description="stop when actor/pg_loss, actor/kl_loss or critic/vf_loss is NaN/inf")
+    nonfinite_grad_norm_streak: int = Field(
+        3, ge=0, description="warn on each non-finite grad_norm with finite losses; stop after this many in a row"
+    )
+    no_signal_for: int = Field(
+        2, ge=0, description="stop as no_signal after this many consecutive reports with all advantages 0 or score 0"
+    )
+    kl_dead_after: int = Field(10, ge=0, description="warm-up steps before reference KL == 0 counts as dead")
+    kl_dead_for: int = Field(
+        3, ge=0, description="stop as misconfigured after this many reports of reference KL exactly 0 with KL on"
+    )
+    kl_explosion: float = Field(
+        9.0, ge=0, description="stop when the reference KL mean reaches this (k3/low_var_kl clamps each token at 10)"
+    )
+    negative_kl_tolerance: float = Field(
+        1e-4, ge=0, description="stop when an abs/k2/k3 estimator's mean is below -tolerance (a bug: they are >= 0)"
+    )
+
+
+class HealthConfig(BaseModel):
+    """The sweep file's ``health:`` field (and ``sweep health check --rules FILE``).
+
+    Forms::
+
+        health: default                      # a preset name: default, seed, conservative, aggressive, none
+        health:
+          preset: conservative                # base rules (default: default; 'none' for only yours)
+          rules: [...]                        # added; a rule with a preset rule's name replaces it
+          builtin: {no_signal_for: 5}         # overrides of the built-in checks' settings
+    """
+
+    model_config = _MODEL
+
+    preset: str = Field("default", description=f"base preset: one of {', '.join(PRESETS)}, or none")
+    rules: tuple[Rule, ...] = Field((), description="rules added to the preset (same name: replaces it)")
+    builtin: dict[str, Any] = Field(default_factory=dict, description="overrides of BuiltinConfig fields")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"preset": data}
+        if isinstance(data, list):
+            return {"rules": data}
+        return data
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in (*PRESETS, "none"):
+            raise ValueError(f"unknown health preset {value!r}: valid presets are {', '.join(PRESETS)}, none")
+        return value
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_names(cls, rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+        seen: set[str] = set()
+        for rule in rules:
+            if rule.name in seen:
+                raise ValueError(f"two rules are named {rule.name!r}: rule names must be unique")
+            seen.add(rule.name)
+        return rules
+
+    @field_validator("builtin")
+    @classmethod
+    def _known_builtin(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(BuiltinConfig.model_fields))
+        if unknown:
+            raise ValueError(
+                f"unknown built-in check setting(s) {', '.join(unknown)}: valid are "
+                f"{', '.join(BuiltinConfig.model_fields)}"
+            )
+        BuiltinConfig.model_validate(value)  # type and range errors, named by field
+        return value
+
+
+class PresetFile(BaseModel):
+    """A preset YAML file shipped in klsweep/health/presets/."""
+
+    model_config = _MODEL
+
+    description: str
+    builtin: BuiltinConfig = BuiltinConfig()
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Rules and built-in check settings, ready for :class:`~klsweep.health.engine.HealthEngine`.
+
+    Attributes:
+        name: the preset name, or ``"<preset>+custom"`` when rules were added, or a file name.
+        rules: the rules in evaluation order.
+        builtin: settings of the built-in checks.
+        description: one paragraph on what the rule set is for.
+    """
+
+    name: str
+    rules: tuple[Rule, ...]
+    builtin: BuiltinConfig
+    description: str = ""
