@@ -78,7 +78,10 @@ def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | No
         path = Path(spec)
         if not path.is_file():
             raise SweepFileError(
-                [f"health rules {str(spec)!r}: neither a preset ({', '.join(PRESETS)}, none) nor a readable file"]
+                [
+                    f"unknown health preset {str(spec)!r} (and no such file): valid presets are "
+                    f"{', '.join(PRESETS)}, none; or give the path of a YAML rules file"
+                ]
             )
         try:
             data = yaml.load(path.read_text(), Loader=_LOADER)

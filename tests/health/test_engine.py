@@ -1,0 +1,179 @@
+"""HealthEngine: statistics, for/after/any/all semantics, derived quantities, and cards K15-K17."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from klsweep.health import HealthConfig, HealthEngine, load_ruleset
+
+
+def _rules(*rules, **builtin):
+    return load_ruleset(HealthConfig(preset="none", rules=list(rules), builtin=builtin))
+
+
+def _run(ruleset, stream, run_config=None):
+    engine = HealthEngine(ruleset, run_config)
+    verdicts = [engine.update(step, metrics) for step, metrics in stream]
+    return engine, verdicts
+
+
+def test_window_statistics_match_numpy():
+    rng = np.random.default_rng(0)
+    xs = rng.normal(1.0, 0.3, size=30)
+    steps = np.arange(1, 31) * 3  # sampled log: every 3rd step
+    rules = [
+        {"name": f"r_{stat}", "metric": "m", "stat": stat, "window": 7, "above": -1e9, "action": "advise"}
+        for stat in ("mean", "std", "var", "min", "max", "slope")
+    ] + [
+        {"name": "r_drop", "metric": "m", "stat": "drop_from_max", "window": 5, "above": -1e9, "action": "advise"},
+        {"name": "r_drop_run", "metric": "m", "stat": "drop_from_max", "above": -1e9, "action": "advise"},
+        {"name": "r_ratio", "metric": "m", "stat": "ratio_to_first", "above": -1e9, "action": "advise"},
+    ]
+    _, verdicts = _run(_rules(*rules), [(int(s), {"m": float(x)}) for s, x in zip(steps, xs)])
+    i = 20
+    got = {e.rule: next(iter(e.values.values())) for e in verdicts[i].events}
+    w = xs[i - 6 : i + 1]
+    assert got["r_mean"] == pytest.approx(w.mean(), rel=1e-12)
+    assert got["r_std"] == pytest.approx(w.std(), rel=1e-9)
+    assert got["r_var"] == pytest.approx(w.var(), rel=1e-9)
+    assert got["r_min"] == w.min() and got["r_max"] == w.max()
+    assert got["r_slope"] == pytest.approx(np.polyfit(steps[i - 6 : i + 1], w, 1)[0], rel=1e-9)
+    assert got["r_drop"] == pytest.approx((xs[i - 4 : i + 1].max() - xs[i]) / xs[i - 4 : i + 1].max())
+    assert got["r_drop_run"] == pytest.approx((xs[: i + 1].max() - xs[i]) / xs[: i + 1].max())
+    assert got["r_ratio"] == pytest.approx(xs[i] / xs[0])
+    assert "r_mean" not in {e.rule for e in verdicts[5].events}  # window of 7 not yet full at the 6th report
+
+
+def test_for_counts_judged_reports_and_absent_metrics_neither_count_nor_reset():
+    rule = {"name": "high", "metric": "m", "above": 1.0, "for": 3, "action": "stop", "kind": "diverged"}
+    stream = [(1, {"m": 2.0}), (2, {"m": 2.0}), (3, {"other": 1.0}), (4, {"m": "text"}), (5, {"m": 2.0})]
+    engine, verdicts = _run(_rules(rule), stream)
+    assert [v.stop for v in verdicts] == [False, False, False, False, True]
+    assert verdicts[-1].reason.step == 5 and verdicts[-1].reason.values == {"m": 2.0}
+    _, verdicts = _run(_rules(rule), [(1, {"m": 2.0}), (2, {"m": 0.5}), (3, {"m": 2.0}), (4, {"m": 2.0})])
+    assert not any(v.stop for v in verdicts)  # a false report resets the streak
+
+
+def test_after_is_a_warm_up_and_any_all_combine():
+    rules = [
+        {"name": "both", "all": [{"metric": "a", "above": 1}, {"metric": "b", "above": 1}], "action": "warn"},
+        {"name": "either", "any": [{"metric": "a", "above": 1}, {"metric": "b", "above": 1}], "action": "warn",
+         "after": 2},
+    ]
+    _, v = _run(_rules(*rules), [(1, {"a": 2, "b": 0}), (2, {"a": 2}), (3, {"a": 0, "b": 2}), (4, {"a": 2, "b": 2})])
+    fired = [{e.rule for e in x.events} for x in v]
+    assert fired == [set(), set(), {"either"}, {"both", "either"}]
+    assert v[-1].health == "warned" and not v[-1].stop
+
+
+def test_verdict_is_sticky_and_keeps_the_first_reason():
+    rules = [{"name": "a_high", "metric": "a", "above": 1, "action": "stop"},
+             {"name": "b_high", "metric": "b", "above": 1, "action": "stop"}]
+    engine, v = _run(_rules(*rules), [(1, {"a": 2}), (2, {"b": 2}), (3, {})])
+    assert all(x.stop for x in v) and {x.reason.rule for x in v} == {"a_high"}
+    assert engine.summary()["fired"]["b_high"]["first_step"] == 2
+
+
+def test_ref_kl_follows_the_configured_mechanism():
+    rule = {"name": "kl", "metric": "ref_kl", "above": -1, "action": "advise"}
+    both = {"actor/kl_loss": 0.3, "actor/reward_kl_penalty": 0.05}
+    in_reward = {"algorithm.use_kl_in_reward": True}
+    _, v = _run(_rules(rule), [(1, both)], in_reward)
+    assert v[0].events[0].values == {"actor/reward_kl_penalty": 0.05}
+    _, v = _run(_rules(rule), [(1, both)], {"actor_rollout_ref.actor.use_kl_loss": True})
+    assert v[0].events[0].values == {"actor/kl_loss": 0.3}
+    engine, v = _run(_rules(rule), [(1, both)], {"trainer.total_training_steps": 10})  # both off (verl defaults)
+    assert not v[0].events and "off by config" in engine.summary()["not_applicable"]["kl"]
+
+
+def test_kl_loss_share_is_the_windowed_share_of_the_actor_loss():
+    config = {
+        "actor_rollout_ref.actor.use_kl_loss": True,
+        "actor_rollout_ref.actor.kl_loss_coef": 0.5,
+        "actor_rollout_ref.actor.entropy_coeff": 0.01,
+    }
+    rows = [(0.02, 0.1, 0.4), (-0.03, 0.12, 0.38), (0.0, 0.2, 0.35)]  # pg_loss, kl_loss, entropy
+    stream = [(i + 1, {"actor/pg_loss": pg, "actor/kl_loss": kl, "actor/entropy": ent}) for i, (pg, kl, ent) in
+              enumerate(rows)]
+    rule = {"name": "share", "metric": "kl_loss_share", "above": -1, "action": "advise"}
+    _, v = _run(_rules(rule), stream, config)
+    # actor loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss (verl workers/utils/losses.py)
+    kl_terms = [0.5 * kl for _, kl, _ in rows]
+    totals = [abs(pg - 0.01 * ent + 0.5 * kl) for pg, kl, ent in rows]
+    assert v[-1].events[0].values["kl_loss_share"] == pytest.approx(sum(kl_terms) / sum(totals))
+    engine, v = _run(_rules(rule), stream, None)
+    assert "needs the run config" in engine.summary()["not_applicable"]["share"]
+
+
+# ---- K15: late collapse and reward hacking -----------------------------------------------------------------------
+def test_k15_score_collapse_while_kl_climbs_is_tagged_collapsed_with_the_best_pre_collapse_step():
+    scores = [0.1 + 0.02 * i for i in range(30)] + [0.68 - 0.06 * i for i in range(1, 15)]
+    stream = [
+        (s, {"critic/score/mean": sc, "actor/kl_loss": 0.01 + 0.004 * s, "actor/entropy": 0.3,
+             "critic/advantages/max": 1.0, "critic/advantages/min": -1.0})
+        for s, sc in enumerate(scores, start=1)
+    ]
+    engine, verdicts = _run(load_ruleset("default"), stream, {"actor_rollout_ref.actor.use_kl_loss": True})
+    summary = engine.summary()
+    peak_step = int(np.argmax(scores)) + 1
+    # first report whose drop from the max of its last 20 reports exceeds 1/2, then 2 more (for: 3)
+    first = next(i for i in range(len(scores)) if (max(scores[max(0, i - 19): i + 1]) - scores[i]) /
+                 max(scores[max(0, i - 19): i + 1]) > 0.5)
+    assert summary["stop_kind"] == "collapsed" and summary["reason"]["rule"] == "score_collapse"
+    assert summary["collapsed_at"] == first + 3 and summary["stop_step"] == first + 3
+    assert f"collapsed at step {first + 3}" in summary["stop_reason"]
+    assert summary["best"] == {"metric": "critic/score/mean", "step": peak_step, "value": max(scores)}
+
+
+def test_k15_length_halving_at_a_format_only_score_is_reward_hacking():
+    lengths = [400.0] * 25 + [400 - 25 * i for i in range(1, 12)]
+    stream = [(s, {"response_length/mean": n, "critic/score/max": 0.1, "critic/score/mean": 0.08})
+              for s, n in enumerate(lengths, start=1)]
+    engine, _ = _run(load_ruleset("default"), stream)
+    summary = engine.summary()
+    assert summary["reason"]["rule"] == "length_collapse" and summary["stop_kind"] == "collapsed"
+    first = next(i for i, n in enumerate(lengths) if (400 - n) / 400 > 0.5)
+    assert summary["stop_step"] == first + 3
+
+
+# ---- K16: metric names drift across verl versions -------------------------------------------------------------------
+def test_k16_rule_on_actor_entropy_reads_old_entropy_loss_and_absent_kl_is_not_applicable():
+    rule = {"name": "low_entropy", "metric": "actor/entropy", "below": 0.1, "action": "stop", "kind": "collapsed"}
+    dapo = [(s, {"actor/entropy_loss": e, "actor/pg_loss": 0.01, "critic/score/mean": 0.5})
+            for s, e in enumerate([0.3, 0.25, 0.2, 0.15, 0.05], start=1)]
+    engine, verdicts = _run(load_ruleset(HealthConfig(rules=[rule])), dapo)
+    assert verdicts[-1].reason.rule == "low_entropy" and verdicts[-1].reason.step == 5
+    assert verdicts[-1].reason.values == {"actor/entropy_loss": pytest.approx(0.05)}
+    na = engine.summary()["not_applicable"]
+    for name in ("kl_blowup", "kl_runaway", "builtin.kl_explosion", "builtin.kl_dead"):
+        assert "never logged" in na[name] and "actor/kl_loss" in na[name]
+
+
+@pytest.mark.parametrize("key", ["val-core/openai/gsm8k/acc/mean@1", "val/test_score/openai/gsm8k",
+                                 "test_score/openai/gsm8k"])
+def test_k16_validation_aliases(key):
+    rule = {"name": "val", "metric": "val_score", "above": -1, "action": "advise"}
+    _, v = _run(_rules(rule), [(1, {key: 0.4, "val-aux/openai/gsm8k/reward/std@1": 9.0})])
+    assert v[0].events[0].values == {key: 0.4}
+
+
+# ---- K17: checkpoint steps are 10x slower ------------------------------------------------------------------------
+def test_k17_no_preset_judges_wall_clock_and_checkpoint_steps_stay_healthy():
+    for preset in ("default", "seed", "conservative", "aggressive"):
+        ruleset = load_ruleset(preset)
+        assert not [m for r in ruleset.rules for m in r.metrics if m.startswith(("timing", "perf/time"))]
+    stream = [(s, {"timing_s/step": 2500.0 if s % 20 == 0 else 180.0, "perf/time_per_step": 2500.0 if s % 20 == 0
+                   else 180.0, "actor/kl_loss": 0.02, "actor/entropy": 0.3, "critic/score/mean": 0.5,
+                   "critic/advantages/max": 1.0, "critic/advantages/min": -1.0}) for s in range(1, 101)]
+    for preset in ("default", "conservative", "aggressive"):
+        engine, _ = _run(load_ruleset(preset), stream, {"actor_rollout_ref.actor.use_kl_loss": True})
+        assert engine.summary()["verdict"] == "healthy"
+
+
+def test_non_finite_rule_metric_is_skipped_not_compared():
+    rule = {"name": "low", "metric": "m", "below": 1.0, "action": "stop"}
+    engine, v = _run(_rules(rule, nonfinite_loss=False), [(1, {"m": math.nan}), (2, {"m": -math.inf})])
+    assert not v[-1].stop and "low" in engine.summary()["not_applicable"]
