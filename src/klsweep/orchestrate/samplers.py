@@ -1,7 +1,7 @@
 """Optuna samplers by the names a sweep file uses: tpe, gp, nsga2, random, grid, cmaes.
 
-Each is Optuna's own sampler, seeded with the sweep seed; multi-objective sweeps get the health constraint
-(:func:`klsweep.orchestrate.searcher.health_constraint`) wherever the sampler supports ``constraints_func``.
+Each is Optuna's own sampler, seeded with the sweep seed. Health stops reach the samplers as the trial constraint
+``health`` (set by :class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 import optuna
 
 from klsweep.errors import SweepFileError
-from klsweep.orchestrate.searcher import health_constraint
 
 
 def build_sampler(sweep) -> optuna.samplers.BaseSampler:
@@ -41,15 +40,15 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
     factories = {
         "tpe": lambda: optuna.samplers.TPESampler(
             **{"n_startup_trials": max(2, min(10, trials // 4)), "multivariate": True, **options},
-            seed=sweep.seed, constraints_func=health_constraint if multi else None,
+            seed=sweep.seed,
         ),
         "gp": lambda: optuna.samplers.GPSampler(
             **{"n_startup_trials": max(2, min(10, trials // 4)), **options},
-            seed=sweep.seed, constraints_func=health_constraint if multi else None,
+            seed=sweep.seed,
         ),
         "nsga2": lambda: optuna.samplers.NSGAIISampler(
             **{"population_size": max(4, min(50, trials // 2)), **options},
-            seed=sweep.seed, constraints_func=health_constraint if multi else None,
+            seed=sweep.seed,
         ),
         "random": lambda: optuna.samplers.RandomSampler(**options, seed=sweep.seed),
         "cmaes": lambda: optuna.samplers.CmaEsSampler(**options, seed=sweep.seed),

@@ -16,9 +16,10 @@ stopped early by ASHA                          PRUNED, stop_reason "scheduler"
 raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
 
-Every finished trial gets user attributes: ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
-``steps``, ``verl_overrides`` (JSON of the full trial config) and ``constraint`` (≤ 0 feasible, > 0 infeasible; read
-by :func:`health_constraint`, Optuna's ``constraints_func`` protocol).
+Every finished trial gets user attributes ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
+``steps`` and ``verl_overrides`` (JSON of the full trial config), and the Optuna constraint ``health`` (Optuna 5's
+``Trial.set_constraint``: 1.0 infeasible when a health rule stopped it, -1.0 feasible), which samplers learn from and
+which keeps infeasible trials out of ``study.best_trials``.
 """
 
 from __future__ import annotations
@@ -31,17 +32,8 @@ from typing import Any
 import optuna
 from ray.tune.search.optuna import OptunaSearch
 
-#: Trial user attribute holding the health constraint value (Optuna: ≤ 0 means feasible).
-CONSTRAINT_ATTR = "constraint"
-
-
-def health_constraint(trial: optuna.trial.FrozenTrial) -> tuple[float]:
-    """Optuna ``constraints_func``: 1.0 (infeasible) for a trial a health rule stopped, -1.0 otherwise.
-
-    Written by :class:`KlsweepSearch` as a user attribute before ``tell``, so samplers (TPE, NSGA-II, GP) learn
-    from the violation and ``study.best_trials`` holds healthy trials only.
-    """
-    return (float(trial.user_attrs.get(CONSTRAINT_ATTR, -1.0)),)
+#: Name of the Optuna constraint a health stop violates (``FrozenTrial.constraints["health"]``).
+HEALTH_CONSTRAINT = "health"
 
 
 class KlsweepSearch(OptunaSearch):
@@ -120,7 +112,7 @@ class KlsweepSearch(OptunaSearch):
         ot_trial.set_user_attr("health", health)
         ot_trial.set_user_attr("stop_reason", stop_reason)
         ot_trial.set_user_attr("steps", steps)
-        ot_trial.set_user_attr(CONSTRAINT_ATTR, 1.0 if health == "stopped" else -1.0)
+        ot_trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if health == "stopped" else -1.0)
         try:
             ot_trial.set_user_attr("verl_overrides", json.dumps(dict(self._overrides_of(ot_trial.params))))
         except Exception as e:  # a broken config must not leave the trial RUNNING

@@ -1,0 +1,135 @@
+"""``sweep plan`` and ``sweep validate``: what a sweep would run, and whether verl would accept it, without Ray.
+
+``plan`` asks an in-memory Optuna study (the sweep's own sampler and seed) for the first N trials, seed trials first,
+exactly as the Tune searcher would, and prints each trial's parameters and verl command line. ``validate`` loads the
+file, builds the sampler and preflights every distinct config a trial can reach at the edges of the space
+(:func:`preflight_configs`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from klsweep.errors import KlsweepError, PreflightError
+from klsweep.spec import Sweep, load_sweep
+
+
+def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
+    """Parameters (verl keys) of the first ``n`` trials: ``seed_trials`` first, then the sweep's sampler.
+
+    Uses an in-memory Optuna study with :func:`klsweep.orchestrate.samplers.build_sampler` (seeded with the sweep
+    seed) and :func:`klsweep.space.define_space`; no trial is told a value, as before any result exists.
+    """
+    import optuna
+
+    from klsweep.orchestrate.samplers import build_sampler
+    from klsweep.space import define_space, seed_params
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    directions = ["maximize" if o.mode == "max" else "minimize" for o in sweep.objectives]
+    study = optuna.create_study(sampler=build_sampler(sweep), directions=directions)
+    for seed in seed_params(sweep):
+        study.enqueue_trial(seed)
+    space = define_space(sweep)
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        constants = space(trial)
+        out.append({**trial.params, **constants})
+    return out
+
+
+def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
+    """Distinct trial configs that cover every value the sweep can emit: each seed trial (or the fixed config),
+    then for each parameter each of its ``values`` and the ``min``/``max`` of its range, substituted into the first
+    seed trial together with the values its ``when`` needs. Card K03: a bad categorical value is caught before any
+    trial runs, not when a sampler happens to pick it."""
+    from klsweep.space import condition, parameters, seed_params, trial_overrides
+
+    seeds = seed_params(sweep) or [{}]
+    variants: list[dict[str, Any]] = list(seeds)
+    for key, p in parameters(sweep).items():
+        needs = {k: allowed[0] for k, allowed in condition(sweep, p.when).items()}
+        values = getattr(p, "values", None) or ([p.value] if hasattr(p, "value") else [p.min, p.max])
+        if getattr(p, "distribution", None) == "int_uniform":
+            values = [int(v) for v in values]
+        variants += [{**seeds[0], **needs, key: v} for v in values]
+    configs, seen = [], set()
+    for params in variants:
+        overrides = trial_overrides(sweep, params)
+        fingerprint = repr(sorted(overrides.items(), key=lambda kv: kv[0]))
+        if fingerprint not in seen:
+            seen.add(fingerprint)
+            configs.append(overrides)
+    return configs
+
+
+def preflight_sweep(sweep: Sweep) -> list[str]:
+    """Preflight every config of :func:`preflight_configs`; returns the warnings (deduplicated).
+
+    Raises:
+        PreflightError: every distinct problem, one per line, with the sweep-file line of the key.
+    """
+    from klsweep.space import key_locations
+    from klsweep.verl.preflight import preflight
+
+    where = key_locations(sweep)
+    problems: dict[str, None] = {}
+    warnings: dict[str, None] = {}
+    for overrides in preflight_configs(sweep):
+        try:
+            warnings.update(dict.fromkeys(preflight(
+                overrides, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl, where=where)))
+        except PreflightError as e:
+            problems.update(dict.fromkeys(str(e).splitlines()))
+    if problems:
+        raise PreflightError("\n".join(problems))
+    return list(warnings)
+
+
+def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None) -> int:
+    """Print the parameters and verl command of the first ``n`` trials. Returns 0 (errors raise KlsweepError)."""
+    from klsweep.space import seed_params, trial_overrides
+    from klsweep.verl.config import verl_command
+    from klsweep.verl.preflight import preflight
+
+    out = out or sys.stdout
+    sweep = load_sweep(path, overrides)
+    for warning in sweep.warnings:
+        print(f"warning: {warning}", file=out)
+    seeds = len(seed_params(sweep))
+    for i, params in enumerate(planned_params(sweep, n)):
+        overrides_i = trial_overrides(sweep, params)
+        warnings = preflight(overrides_i, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl)
+        origin = f"seed trial {i + 1}" if i < seeds else f"{sweep.sampler.name} sample"
+        shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "(no parameters)"
+        print(f"trial {i} ({origin}): {shown}", file=out)
+        for warning in warnings:
+            print(f"  warning: {warning}", file=out)
+        print(f"  {verl_command(overrides_i)}", file=out)
+    return 0
+
+
+def validate(path: str, overrides: list[str], out: TextIO | None = None) -> int:
+    """Check a sweep file: schema, verl keys and live/inert knobs, sampler, preflight of every reachable config.
+
+    Prints ``ok``/warnings and returns 0, or prints every problem (one per line) and returns 2.
+    """
+    from klsweep.orchestrate.samplers import build_sampler
+
+    out = out or sys.stdout
+    try:
+        sweep = load_sweep(path, overrides)
+        build_sampler(sweep)
+        warnings = [*sweep.warnings, *preflight_sweep(sweep)]
+    except KlsweepError as e:
+        print(f"{path}: invalid", file=out)
+        for line in str(e).splitlines():
+            print(f"  error: {line}", file=out)
+        return 2
+    for warning in warnings:
+        print(f"  warning: {warning}", file=out)
+    print(f"{path}: ok ({sweep.algorithm}, trainer {sweep.trainer}, {len(sweep.parameters)} parameters, "
+          f"{sweep.budget.trials} trials)", file=out)
+    return 0

@@ -1,0 +1,107 @@
+"""KlsweepSearch records each trial's real outcome in the Optuna study (card K20), through real Ray Tune + Optuna."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from ray import tune
+
+from klsweep.orchestrate.searcher import KlsweepSearch
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+
+
+def scripted(config):
+    """A trainable whose metric stream is chosen by its ``kind`` param; validation ``val`` only on even steps."""
+    kind = config["kind"]
+    for step in range(1, STEPS + 1):
+        metrics = {"kl": 0.01 * step}
+        if step % 2 == 0:
+            metrics["val"] = float("nan") if (kind == "nan" and step == STEPS) else 0.1 * step
+        if kind == "raise" and step == 3:
+            raise RuntimeError("boom")
+        tune.report(metrics)
+
+
+class StopSick(tune.Stopper):
+    """Stops ``sick`` trials at step 3 the way the health stopper does: verdict and reason written into the result."""
+
+    def __call__(self, trial_id, result):
+        if result["config"]["kind"] == "sick" and result["training_iteration"] == 3:
+            result["health"] = "stopped"
+            result["stop_reason"] = "kl_blowup at step 3"
+            return True
+        return False
+
+    def stop_all(self):
+        return False
+
+
+def _overrides(params):
+    return {"x.kind": params["kind"]}
+
+
+def _space(trial):
+    trial.suggest_categorical("kind", ["ok", "sick", "raise", "nan"])
+
+
+def _run(tmp_path, *, metric, mode, kinds, constraints=False):
+    study_name = "s"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    if constraints:
+        sampler = optuna.samplers.NSGAIISampler(seed=0, population_size=4)
+    searcher = KlsweepSearch(
+        space=_space, metric=metric, mode=mode, points_to_evaluate=[{"kind": k} for k in kinds],
+        sampler=sampler, study_name=study_name, storage=storage,
+        overrides_of=_overrides, total_steps=STEPS,
+    )
+    tuner = tune.Tuner(
+        scripted,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=len(kinds), max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="tune", stop=StopSick(), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    tuner.fit()
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def test_single_objective_states(ray_local, tmp_path):
+    study = _run(tmp_path, metric="val", mode="max", kinds=["ok", "sick", "raise", "nan"])
+    by_kind = {t.params["kind"]: t for t in study.trials}
+    assert len(study.trials) == 4
+    ok, sick, crashed, nan = (by_kind[k] for k in ("ok", "sick", "raise", "nan"))
+    assert ok.state == optuna.trial.TrialState.COMPLETE
+    assert ok.value == pytest.approx(0.1 * STEPS)  # the last reported value, not the best
+    assert ok.intermediate_values == {2: pytest.approx(0.2), 4: pytest.approx(0.4), 6: pytest.approx(0.6)}
+    assert sick.state == optuna.trial.TrialState.PRUNED
+    assert sick.user_attrs["stop_reason"] == "kl_blowup at step 3"
+    assert sick.user_attrs["health"] == "stopped" and sick.user_attrs["steps"] == 3
+    assert sick.value == pytest.approx(0.2)  # Optuna keeps the last intermediate value of a pruned trial
+    assert crashed.state == optuna.trial.TrialState.FAIL
+    assert nan.state == optuna.trial.TrialState.FAIL  # stock OptunaSearch leaves this one RUNNING forever
+    assert "not finite" in nan.user_attrs["stop_reason"]
+    assert all(t.user_attrs["ray_trial_id"] for t in study.trials)
+    assert ok.user_attrs["verl_overrides"] == '{"x.kind": "ok"}'
+
+
+def test_multi_objective_health_is_a_constraint(ray_local, tmp_path):
+    study = _run(tmp_path, metric=["val", "kl"], mode=["max", "min"], kinds=["ok", "sick", "ok", "nan"],
+                 constraints=True)
+    states = sorted((t.params["kind"], t.state.name) for t in study.trials)
+    assert states == [("nan", "FAIL"), ("ok", "COMPLETE"), ("ok", "COMPLETE"), ("sick", "COMPLETE")]
+    # "sick" was stopped at step 3 with both objectives known (val 0.2 at step 2, kl 0.03 at step 3): it is kept
+    # with those values, infeasible, so the sampler learns from it and the Pareto front excludes it.
+    (sick,) = [t for t in study.trials if t.params["kind"] == "sick"]
+    assert sick.constraints == {"health": 1.0}
+    assert sick.values == [pytest.approx(0.2), pytest.approx(0.03)]
+    front = study.best_trials
+    assert front and all(t.params["kind"] == "ok" for t in front)
+    assert all(t.constraints == {"health": -1.0} for t in front)
+    for t in front:
+        assert t.values == [pytest.approx(0.6), pytest.approx(0.06)]
+    assert not any(math.isnan(v) for t in front for v in t.values)
