@@ -1,0 +1,234 @@
+"""One trial = one training process: ``python -m verl.trainer.main_ppo`` (GPU nodes) or the embedded trainer's
+process mode ``python -m klsweep.trainers.embedded`` (CPU), supervised, streamed step by step to Ray Tune.
+
+The process writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``
+(``verl.utils.tracking.FileLogger``: unbuffered, truncated on start, so every attempt gets a new path); the trial
+tails that file and calls ``ray.tune.report(data | {"step": N})`` once per line, in order, where the health stopper
+and the searcher see it. When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the process fails,
+and when the sweep driver dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (card K19).
+
+Layout of a trial directory (Tune's ``get_trial_dir()``)::
+
+    attempt-1/            one per start of the trial (a retry or a resume makes attempt-2, ...)
+      metrics.jsonl       $VERL_FILE_LOGGER_PATH
+      stdout.log stderr.log supervisor.log spec.json supervisor.json exit.json
+      hydra/              hydra.run.dir (verl)
+    checkpoints/          trainer.default_local_dir (verl): shared by the attempts, so a retried trial resumes
+                          from its own last checkpoint (verl's trainer.resume_mode=auto) and never from another's
+    failure.json          the last failed attempt's :class:`klsweep.launchers.failures.Failure`
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from klsweep.launchers import supervisor
+from klsweep.launchers.failures import Failure, TrialFailed, classify
+from klsweep.verl.config import format_overrides
+
+TRAINER_MODULES = {"verl": "verl.trainer.main_ppo", "embedded": "klsweep.trainers.embedded"}
+
+#: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
+#: trial, because trainer.resume_mode=auto resumes from whatever checkpoint sits in default_local_dir.
+MANAGED_VERL_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "hydra.run.dir")
+#: verl's own Ray for each trial (card K18): never the sweep's cluster, where its placement groups would hang.
+RAY_INIT_ADDRESS_KEY = "+ray_kwargs.ray_init.address"
+#: Environment variables that would attach the trial's own Ray to the sweep's cluster.
+DROPPED_ENV = ("RAY_ADDRESS",)
+#: Seconds between two reads of the metrics file.
+TAIL_POLL_S = 0.1
+
+
+def trial_command(
+    overrides: Mapping[str, Any],
+    *,
+    trainer: str,
+    trial_dir: Path,
+    attempt: int = 1,
+    gpu_ids: Sequence[str | int] | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one attempt of a trial.
+
+    Args:
+        overrides: the trial's flat verl overrides (``{"algorithm.kl_ctrl.kl_coef": 0.002, ...}``).
+        trainer: ``verl`` (``python -m verl.trainer.main_ppo``) or ``embedded``
+            (``python -m klsweep.trainers.embedded``).
+        trial_dir: the trial's directory; names derive from its last component.
+        attempt: 1 for the first start of the trial, 2 for its first retry, ...
+        gpu_ids: the trial's GPUs (``ray.get_gpu_ids()``); ``CUDA_VISIBLE_DEVICES`` is set to exactly these
+            (empty: no GPU visible). None leaves ``CUDA_VISIBLE_DEVICES`` as in ``base_env``.
+        base_env: the environment to start from (default ``os.environ``).
+
+    Returns:
+        ``(argv, env)``. For verl, argv ends with the managed keys: ``trainer.experiment_name`` (the trial
+        directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
+        (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list plus ``file``, default ``[console,file]``) and
+        ``+ray_kwargs.ray_init.address=local`` unless the sweep sets that key. ``env`` has
+        ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl`` and no ``RAY_ADDRESS``.
+
+    Raises:
+        ValueError: ``trainer`` is not one of :data:`TRAINER_MODULES`.
+    """
+    if trainer not in TRAINER_MODULES:
+        raise ValueError(f"trainer {trainer!r} has no process mode; use one of: {', '.join(TRAINER_MODULES)}")
+    trial_dir = Path(trial_dir).resolve()
+    run_dir = attempt_dir(trial_dir, attempt)
+    values = dict(overrides)
+    if trainer == "verl":
+        values = {k: v for k, v in values.items() if k.lstrip("+") not in MANAGED_VERL_KEYS}
+        logger = values.pop("trainer.logger", ["console"])
+        logger = [logger] if isinstance(logger, str) else list(logger)
+        values["trainer.experiment_name"] = _experiment_name(trial_dir.name)
+        values["trainer.default_local_dir"] = str(trial_dir / "checkpoints")
+        values["hydra.run.dir"] = str(run_dir / "hydra")
+        values["trainer.logger"] = logger + ([] if "file" in logger else ["file"])
+        if not any(k.lstrip("+") == RAY_INIT_ADDRESS_KEY.lstrip("+") for k in values):
+            values[RAY_INIT_ADDRESS_KEY] = "local"
+    argv = [sys.executable, "-m", TRAINER_MODULES[trainer], *format_overrides(values)]
+
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in DROPPED_ENV}
+    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
+    env["PYTHONUNBUFFERED"] = "1"
+    if gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+    return argv, env
+
+
+def attempt_dir(trial_dir: Path, attempt: int) -> Path:
+    """``trial_dir/attempt-<attempt>``."""
+    return Path(trial_dir) / f"attempt-{attempt}"
+
+
+def _experiment_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:100] or "trial"
+
+
+def run_process_trial(
+    overrides: Mapping[str, Any],
+    *,
+    sweep=None,
+    trainer: str | None = None,
+    trial_dir: Path | None = None,
+    report: Callable[[dict[str, Any]], Any] | None = None,
+    timeout_s: float | None = None,
+    grace_s: float = 5.0,
+) -> None:
+    """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
+
+    Args:
+        overrides: the trial's flat verl overrides.
+        sweep: the loaded :class:`klsweep.spec.Sweep` (its ``trainer`` is used unless ``trainer`` is given).
+        trainer: ``verl`` or ``embedded``.
+        trial_dir: where the trial's files go (default: ``ray.tune.get_context().get_trial_dir()``).
+        report: called with ``data | {"step": N}`` once per metrics line, in file order (default
+            ``ray.tune.report``). Raising from it (Tune raises ``SystemExit`` when it stops the trial) ends the
+            process tree and propagates.
+        timeout_s: wall-clock limit of the process in seconds (None: none). Checkpoint steps of verl take ~10× a
+            normal step (card K17): size it for the whole run, not per step.
+        grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
+
+    Raises:
+        TrialFailed: the process failed; ``.kind`` is a :data:`klsweep.launchers.failures.KINDS` entry, recorded
+            with the stderr tail in ``trial_dir/failure.json``.
+        ValueError: no trainer, or no trial directory outside a Tune trial.
+    """
+    trainer = trainer or (sweep.trainer if sweep is not None else None)
+    if trainer is None:
+        raise ValueError("run_process_trial needs trainer= or sweep= (whose .trainer names the trainer)")
+    gpu_ids = None
+    if trial_dir is None or report is None:
+        from ray import tune
+
+        context = tune.get_context()
+        trial_dir = trial_dir or context.get_trial_dir()
+        if not trial_dir:
+            raise ValueError("run_process_trial runs inside a Ray Tune trial, or needs trial_dir=")
+        report = report or tune.report
+    import ray
+
+    if ray.is_initialized():
+        gpu_ids = [str(i) for i in ray.get_gpu_ids()]
+    trial_dir = Path(trial_dir).resolve()
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
+    argv, env = trial_command(overrides, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
+    run_dir = attempt_dir(trial_dir, attempt)
+    run_dir.mkdir(parents=True)
+
+    handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
+    metrics = _MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    timed_out = False
+    steps = 0
+    try:
+        while True:
+            record = handle.exit_record()
+            for step, data in metrics.read_new():
+                report(data | {"step": step})
+                steps += 1
+            if record is not None:
+                for step, data in metrics.read_new(final=True):
+                    report(data | {"step": step})
+                    steps += 1
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                record = handle.stop(wait_s=grace_s + 5.0)
+                break
+            time.sleep(TAIL_POLL_S)
+    finally:
+        if handle.exit_record() is None:
+            handle.stop(wait_s=grace_s + 2.0)
+    returncode = record["returncode"] if record else None
+    if returncode == 0 and not timed_out:
+        if steps == 0:
+            _fail(trial_dir, Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}"))
+        return
+    stderr = (run_dir / "stderr.log").read_text(errors="replace") if (run_dir / "stderr.log").exists() else ""
+    _fail(trial_dir, classify(returncode, stderr, timed_out=timed_out))
+
+
+def _fail(trial_dir: Path, failure: Failure) -> None:
+    failure.save(trial_dir / "failure.json")
+    raise TrialFailed(failure.kind, failure.message)
+
+
+class _MetricsTail:
+    """Reads the complete lines appended to verl's file-logger jsonl since the last call."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read_new(self, final: bool = False) -> list[tuple[int, dict[str, Any]]]:
+        """``[(step, data), ...]`` of the lines completed since the last call (``final``: the last line too).
+
+        verl's ``FileLogger`` serialises with orjson, which writes NaN and ±inf as ``null``: those come back as NaN.
+        """
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = b"" if final else lines.pop()
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            data = {k: (math.nan if v is None else v) for k, v in entry["data"].items()}
+            out.append((int(entry["step"]), data))
+        return out

@@ -1,0 +1,198 @@
+"""The trial process path on CPU: metrics streamed step by step, the whole tree gone on stop, failures classified."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from klsweep.launchers.failures import TrialFailed
+from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
+
+from .conftest import HERE, alive, seconds_until_gone, tree_of, wait_for
+
+#: kill-to-gone seconds measured by the tests of this module (printed with -s; reported in the issue).
+MEASURED: dict[str, float] = {}
+
+
+def test_metrics_stream_step_by_step(fake_trainer, tmp_path):
+    seen = []
+
+    def report(metrics):
+        seen.append(dict(metrics))
+        assert metrics["step"] == 1 or alive_still(), "a step was reported only after the process ended"
+
+    def alive_still():
+        return not (attempt_dir(tmp_path, 1) / "exit.json").exists()
+
+    run_process_trial({"steps": 5, "interval": 0.15}, trainer=fake_trainer, trial_dir=tmp_path, report=report)
+
+    written = [json.loads(line) for line in (attempt_dir(tmp_path, 1) / "metrics.jsonl").read_text().splitlines()]
+    assert seen == [line["data"] | {"step": line["step"]} for line in written]
+    assert [m["step"] for m in seen] == [1, 2, 3, 4, 5]
+    assert seen[3]["actor/kl_loss"] == 4 / 100 and seen[3]["actor/entropy"] == 1 / 4
+    assert not (tmp_path / "failure.json").exists()
+    assert "step:5 - actor/kl_loss:0.050" in (attempt_dir(tmp_path, 1) / "stdout.log").read_text()
+
+
+def test_each_attempt_gets_its_own_metrics_file(fake_trainer, tmp_path):
+    for _ in range(2):
+        run_process_trial({"steps": 2}, trainer=fake_trainer, trial_dir=tmp_path, report=lambda m: None)
+    assert sorted(p.name for p in tmp_path.glob("attempt-*")) == ["attempt-1", "attempt-2"]
+    for n in (1, 2):
+        assert len((attempt_dir(tmp_path, n) / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("ignore_term", [0, 1], ids=["sigterm", "sigkill-after-grace"])
+def test_stop_ends_the_whole_tree(fake_trainer, tmp_path, ignore_term):
+    """Tune stops a trial by raising SystemExit from tune.report: every descendant, grandchildren included, dies."""
+    tree: set[int] = set()
+    parents: dict[str, int] = {}
+    stopped_at: list[float] = []
+
+    def report(metrics):
+        if metrics["step"] == 3:
+            run_dir = attempt_dir(tmp_path, 1)
+            tree.update(tree_of(run_dir))
+            parents["orphan"] = psutil.Process(json.loads((run_dir / "tree.json").read_text())["orphan"]).ppid()
+            parents["supervisor"] = json.loads((run_dir / "supervisor.json").read_text())["supervisor_pid"]
+            stopped_at.append(time.monotonic())
+            raise SystemExit(0)
+
+    overrides = {"steps": 1000, "interval": 0.05, "grandchildren": 1, "ignore_term": ignore_term}
+    with pytest.raises(SystemExit):
+        run_process_trial(overrides, trainer=fake_trainer, trial_dir=tmp_path, report=report, grace_s=1.0)
+    assert len(tree) == 5  # supervisor, trainer, plain child, session child, orphan
+    assert parents["orphan"] == parents["supervisor"]  # the subreaper adopted the orphan
+    gone = seconds_until_gone(tree) + (time.monotonic() - stopped_at[0])
+    MEASURED[f"stop ({'SIGKILL after 1 s grace' if ignore_term else 'SIGTERM'})"] = gone
+    record = json.loads((attempt_dir(tmp_path, 1) / "exit.json").read_text())
+    assert record["reason"] == "stopped"
+    assert record["returncode"] == (-signal.SIGKILL if ignore_term else -signal.SIGTERM)
+    assert not (tmp_path / "failure.json").exists()  # a stop is not a failure
+
+
+DRIVER = """
+import sys
+from klsweep.launchers import process
+process.TRAINER_MODULES["fake"] = "fake_trainer"
+process.run_process_trial({"steps": 2, "hang": 1, "grandchildren": 1}, trainer="fake", trial_dir=sys.argv[1],
+                          report=lambda m: print(m, flush=True))
+"""
+
+
+@pytest.mark.fault
+def test_sigkill_of_the_driver_leaves_no_descendant(fake_trainer, tmp_path):
+    """The process running the trial is SIGKILLed (as when the sweep driver dies): its trainer tree follows."""
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=os.environ.copy())
+    run_dir = attempt_dir(tmp_path, 1)
+    wait_for(run_dir / "tree.json")
+    tree = tree_of(run_dir)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    MEASURED["driver SIGKILL"] = seconds_until_gone(tree)
+    assert json.loads((run_dir / "exit.json").read_text())["reason"] == "worker_gone"
+
+
+#: Real messages (see klsweep.launchers.failures) and the kind each must get.
+CRASHES = [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+     "79.15 GiB of which 1.2 GiB is free.", 1, "cuda_oom"),
+    ("ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_update_actor()\n"
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB", 1, "cuda_oom"),
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+     "unhandled cuda error, NCCL version 2.21.5", 1, "nccl"),
+    ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1) ran "
+     "for 600000 milliseconds before timing out.", 1, "nccl"),
+    ("Traceback (most recent call last):\nModuleNotFoundError: No module named 'transfer_queue'", 1,
+     "missing_module"),
+    ("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0", 1, "nan"),
+    ("Could not override 'actor_rollout_ref.actor.kl_los_type'.\nTo append to your config use "
+     "+actor_rollout_ref.actor.kl_los_type=k3\nKey 'kl_los_type' is not in struct\n"
+     "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", 1, "config"),
+    ("ValueError: Total available GPUs 0 is less than total desired GPUs 1", 1, "config"),
+    ("usage: sweep [-h]\nsweep: error: unrecognized arguments", 2, "config"),
+    ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", 1, "killed"),
+    ("RuntimeError: something else went wrong", 1, "error"),
+]
+
+
+@pytest.mark.parametrize(("stderr", "exit_code", "kind"), CRASHES, ids=[c[2] + str(i) for i, c in enumerate(CRASHES)])
+def test_a_crash_is_classified(fake_trainer, tmp_path, monkeypatch, stderr, exit_code, kind):
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", stderr)
+    seen = []
+    with pytest.raises(TrialFailed) as failed:
+        run_process_trial({"steps": 2, "crash": 1, "exit": exit_code}, trainer=fake_trainer, trial_dir=tmp_path,
+                          report=seen.append)
+    assert failed.value.kind == kind
+    assert [m["step"] for m in seen] == [1, 2]  # the steps before the crash still reached Tune
+    record = json.loads((tmp_path / "failure.json").read_text())
+    assert record["kind"] == kind and record["returncode"] == exit_code
+    assert record["retryable"] == (kind in ("nccl", "killed"))
+    assert stderr.splitlines()[-1] in record["stderr_tail"]
+
+
+def test_killed_by_a_signal_and_timeout_are_classified(fake_trainer, tmp_path):
+    with pytest.raises(TrialFailed) as failed:
+        run_process_trial({"steps": 1, "crash": "SIGKILL"}, trainer=fake_trainer, trial_dir=tmp_path / "k",
+                          report=lambda m: None)
+    assert failed.value.kind == "killed" and "SIGKILL" in failed.value.message
+
+    start = time.monotonic()
+    with pytest.raises(TrialFailed) as failed:
+        run_process_trial({"steps": 1, "hang": 1, "grandchildren": 1}, trainer=fake_trainer, trial_dir=tmp_path / "t",
+                          report=lambda m: None, timeout_s=1.0, grace_s=1.0)
+    assert failed.value.kind == "timeout"
+    assert time.monotonic() - start < 8
+    tree = set(json.loads((attempt_dir(tmp_path / "t", 1) / "tree.json").read_text()).values())
+    MEASURED["timeout"] = seconds_until_gone(tree)
+
+
+def test_exit_zero_without_metrics_is_a_failure(fake_trainer, tmp_path):
+    with pytest.raises(TrialFailed, match="wrote no metrics"):
+        run_process_trial({"steps": 0}, trainer=fake_trainer, trial_dir=tmp_path, report=lambda m: None)
+
+
+def test_verl_command_composes_with_verls_own_config(tmp_path):
+    """The command line of a verl trial is accepted by verl 0.9.1's own Hydra config, with the managed keys set."""
+    from hydra import compose, initialize_config_dir
+
+    from klsweep.verl.config import config_dir
+
+    overrides = {
+        "algorithm.adv_estimator": "grpo",
+        "actor_rollout_ref.actor.kl_loss_type": "k3+",
+        "trainer.experiment_name": "the-sweep-file-name",  # replaced: two trials must never share it
+        "trainer.logger": ["console", "wandb"],
+    }
+    trial_dir = tmp_path / "run_trial_1f2e_00003"
+    argv, env = trial_command(overrides, trainer="verl", trial_dir=trial_dir, attempt=2, gpu_ids=[2, 3],
+                              base_env={"RAY_ADDRESS": "10.0.0.1:6379", "HOME": "/root"})
+    assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
+    assert env == {"HOME": "/root", "CUDA_VISIBLE_DEVICES": "2,3", "PYTHONUNBUFFERED": "1",
+                   "VERL_FILE_LOGGER_PATH": str(trial_dir / "attempt-2" / "metrics.jsonl")}
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        cfg = compose("ppo_trainer", overrides=argv[3:], return_hydra_config=True)
+    assert cfg.hydra.run.dir == str(trial_dir / "attempt-2" / "hydra")
+    assert cfg.trainer.experiment_name == "run_trial_1f2e_00003"
+    assert cfg.trainer.default_local_dir == str(trial_dir / "checkpoints")
+    assert list(cfg.trainer.logger) == ["console", "wandb", "file"]
+    assert cfg.ray_kwargs.ray_init.address == "local"
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"
+
+
+def test_no_gpu_means_none_visible(tmp_path):
+    _, env = trial_command({}, trainer="embedded", trial_dir=tmp_path, gpu_ids=[],
+                           base_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def teardown_module():
+    for case, seconds in MEASURED.items():
+        print(f"kill-to-gone {case}: {seconds:.2f} s")
