@@ -1,0 +1,6 @@
+"""The sweep file: schema (pydantic), loading with line numbers, command-line overrides, error messages."""
+
+from klsweep.spec.load import load_sweep
+from klsweep.spec.schema import Budget, Choice, Constant, Objective, Range, Sampler, Scheduler, Sweep
+
+__all__ = ["Budget", "Choice", "Constant", "Objective", "Range", "Sampler", "Scheduler", "Sweep", "load_sweep"]

@@ -1,0 +1,128 @@
+"""A sweep's parameters as an Optuna define-by-run search space, and each trial's full verl override dict.
+
+Optuna parameter names are the resolved verl keys (``actor_rollout_ref.actor.kl_loss_coef``, never the alias), so
+the study, Ray Tune's trial config and ``seed_trials`` all speak verl. Ray's OptunaSearch splits names only at ``/``,
+so dotted keys stay flat in the Tune config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
+from klsweep.verl.presets import CRITIC_KNOBS, KNOBS, preset_overrides, resolve_key
+
+
+def trainer_defaults(trainer: str) -> dict[str, Any]:
+    """Knob values the trainer brings where verl's defaults do not fit: for ``embedded``, the sizes and learning
+    rates of :data:`klsweep.trainers.embedded.config.EMBEDDED_DEFAULTS` (one mini-batch per step); none for verl."""
+    if trainer != "embedded":
+        return {}
+    from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
+
+    knobs = {k: v for k, v in EMBEDDED_DEFAULTS.items() if k in KNOBS or k in CRITIC_KNOBS}
+    return {**knobs, "actor_rollout_ref.actor.ppo_mini_batch_size": EMBEDDED_DEFAULTS["data.train_batch_size"]}
+
+
+def parameters(sweep: Sweep) -> dict[str, Parameter]:
+    """The sweep's parameters keyed by resolved verl key, in file order (aliases resolved for its kl_placement).
+
+    Assumes a sweep that passed :func:`klsweep.spec.load.load_sweep` (alias errors are reported there).
+    """
+    return {resolve_key(name, sweep.placement): p for name, p in sweep.parameters.items()}
+
+
+def condition(sweep: Sweep, when: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+    """A ``when`` mapping with resolved keys and list values: ``{verl_key: [allowed values]}``."""
+    if not when:
+        return {}
+    return {resolve_key(k, sweep.placement): (v if isinstance(v, list) else [v]) for k, v in when.items()}
+
+
+def fixed_overrides(sweep: Sweep) -> dict[str, Any]:
+    """The overrides every trial shares (``trial_overrides`` with no parameters): the algorithm preset (every knob
+    of :data:`klsweep.verl.presets.KNOBS`), the sweep's fixed ``overrides`` and the launcher keys."""
+    return trial_overrides(sweep, {})
+
+
+def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
+    """Trial-independent keys every trial needs: ``trainer.logger`` (console + file, plus wandb when on),
+    ``trainer.total_training_steps`` from budget.max_steps, ``trainer.project_name`` and ``data.seed``."""
+    logger = ["console", "file"] + (["wandb"] if sweep.wandb.mode != "disabled" else [])
+    return {
+        "trainer.logger": logger,
+        "trainer.total_training_steps": sweep.budget.max_steps,
+        "trainer.project_name": sweep.wandb.project or sweep.name,
+        "data.seed": sweep.seed,
+    }
+
+
+def define_space(sweep: Sweep):
+    """The Optuna define-by-run function of ``sweep``: ``space(trial) -> dict`` of the constants (``value:``).
+
+    Parameters are suggested in file order; a parameter with ``when`` is suggested only when each condition key's
+    value (an earlier suggested parameter, else the fixed overrides) is one of the allowed values. Works with
+    ``optuna.Trial`` and with Ray Tune's ``OptunaSearch(space=...)``.
+    """
+    params = parameters(sweep)
+    fixed = fixed_overrides(sweep)
+    conditions = {key: condition(sweep, p.when) for key, p in params.items()}
+
+    def space(trial) -> dict[str, Any]:
+        chosen: dict[str, Any] = {}
+        constants: dict[str, Any] = {}
+        for key, p in params.items():
+            current = {**fixed, **chosen}
+            if any(current.get(k) not in allowed for k, allowed in conditions[key].items()):
+                continue
+            if isinstance(p, Constant):
+                constants[key] = chosen[key] = p.value
+            else:
+                chosen[key] = suggest(trial, key, p)
+        return constants
+
+    return space
+
+
+def suggest(trial, name: str, p: Choice | Range) -> Any:
+    """One Optuna suggestion for a W&B-style parameter (log_uniform_values → ``suggest_float(log=True)``)."""
+    if isinstance(p, Choice):
+        return trial.suggest_categorical(name, p.values)
+    if p.distribution == "int_uniform":
+        return trial.suggest_int(name, int(p.min), int(p.max))
+    if p.distribution == "log_uniform_values":
+        return trial.suggest_float(name, p.min, p.max, log=True)
+    if p.distribution == "q_uniform":
+        return trial.suggest_float(name, p.min, p.max, step=p.q or 1.0)
+    return trial.suggest_float(name, p.min, p.max)
+
+
+def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The full flat verl override dict of one trial: preset, fixed overrides, launcher keys, then ``params``.
+
+    Args:
+        params: the trial's parameter values keyed by verl key or alias (Optuna's ``trial.params`` plus the
+            constants :func:`define_space` returned, or a Ray Tune trial config).
+
+    Every knob of :data:`klsweep.verl.presets.KNOBS` is present (card K09): the trial's value, else the sweep's fixed
+    override, else the trainer's default (:func:`trainer_defaults`), else the preset's, else verl's; interpolated
+    verl defaults follow the trial's values (``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``).
+    """
+    resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
+    user = {**sweep.overrides, **resolved}
+    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**trainer_defaults(sweep.trainer), **user})
+    return {**preset, **user, **launcher_overrides(sweep)}
+
+
+def seed_params(sweep: Sweep) -> list[dict[str, Any]]:
+    """``seed_trials`` with keys resolved to verl keys, for ``study.enqueue_trial`` / ``points_to_evaluate``."""
+    return [{resolve_key(k, sweep.placement): v for k, v in seed.items()} for seed in sweep.seed_trials]
+
+
+def key_locations(sweep: Sweep) -> dict[str, str]:
+    """verl key → ``FILE:LINE`` of the sweep-file entry that sets it (fixed override or parameter), for messages."""
+    out = {key: sweep.where("overrides", key) for key in sweep.overrides}
+    for name in sweep.parameters:
+        out[resolve_key(name, sweep.placement)] = sweep.where("parameters", name)
+    return {k: v for k, v in out.items() if v}

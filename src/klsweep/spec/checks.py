@@ -1,0 +1,212 @@
+"""Checks of a schema-valid sweep that need verl knowledge: keys, aliases, conditions, seed trials, live/inert knobs.
+
+Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns, so the loader can
+put the file and line in front. Cards K01, K02, K04, K06 and K09 are enforced here, before any verl compose.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from klsweep.spec.schema import Choice, Constant, Range, Sweep
+from klsweep.verl import presets
+from klsweep.verl.config import KL_COEF_KEYS, closest_key, default_keys
+from klsweep.verl.liveness import inert_reason
+
+Problem = tuple[tuple[Any, ...], str]
+
+#: Keys owned by the sweep file's own fields, never set in ``overrides`` or ``parameters``.
+_OWNED = {
+    presets.USE_KL_LOSS: "kl_placement",
+    presets.USE_KL_IN_REWARD: "kl_placement",
+    "algorithm.adv_estimator": "algorithm",
+    "trainer.total_training_steps": "budget.max_steps",
+    "data.seed": "seed",
+}
+
+#: Keys whose value decides whether other knobs are live; a `when` or a search over them opens scenarios.
+_SWITCHES = ("algorithm.kl_ctrl.type", presets.ACTOR + "loss_agg_mode", presets.ACTOR + "clip_ratio_low",
+             presets.ACTOR + "clip_ratio_high")
+
+
+def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
+    """Every problem (errors, warnings) of a schema-valid sweep.
+
+    Errors: unknown keys (with the closest valid key), aliases without a live key under the kl_placement, keys owned
+    by other fields, a key both fixed and searched, `when` keys that are not fixed or earlier parameters or that can
+    never hold, seed trials outside the space, inert knobs (K01, K02, K06), negative KL coefficients (K04), GRPO with
+    rollout.n < 2. (Sampler options are checked
+    where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.)
+    Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (K05).
+    """
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    placement = sweep.placement
+    for key in sweep.overrides:
+        errors.extend((("overrides", key), m) for m in _key_problems(key))
+    resolved: dict[str, str] = {}  # verl key -> parameter name
+    for name, p in sweep.parameters.items():
+        try:
+            key = presets.resolve_key(name, placement)
+        except ValueError as e:
+            errors.append((("parameters", name), str(e)))
+            continue
+        errors.extend((("parameters", name), m) for m in _key_problems(key))
+        if key in resolved:
+            errors.append((("parameters", name), f"names the same verl key {key} as parameter {resolved[key]!r}: keep one"))
+        if key in sweep.overrides:
+            errors.append((("parameters", name), f"{key} is both fixed in overrides and searched: remove one"))
+        errors.extend((("parameters", name, "when") + sub, m) for sub, m in _when_problems(sweep, p.when, resolved))
+        resolved[key] = name
+    if errors:
+        return errors, warnings
+
+    from klsweep.space import fixed_overrides, parameters
+
+    fixed = fixed_overrides(sweep)
+    params = parameters(sweep)
+    for i, seed in enumerate(sweep.seed_trials):
+        errors.extend((("seed_trials", i) + sub, m) for sub, m in _seed_problems(sweep, seed, params))
+    for key in sweep.overrides:
+        if key in presets.KNOBS or key in presets.CRITIC_KNOBS:
+            reasons = [inert_reason(key, scenario) for scenario in _scenarios(sweep, fixed, params, None)]
+            if all(reasons):
+                errors.append((("overrides", key), f"{key} has no effect: {reasons[0]}"))
+    for key, p in params.items():
+        name = resolved[key]
+        reasons = [inert_reason(key, scenario) for scenario in _scenarios(sweep, fixed, params, p.when)]
+        if reasons and all(reasons):
+            errors.append((("parameters", name), f"{_label(name, key)} is searched but has no effect in any trial: {reasons[0]}"))
+        elif any(reasons):
+            first = next(r for r in reasons if r)
+            warnings.append((("parameters", name), f"{_label(name, key)} has no effect in some trials: {first}. "
+                             "Add a `when` condition so it is only sampled where it acts"))
+    errors.extend(_negative_kl(sweep, params))
+    warnings.extend(_zero_kl(fixed, params, resolved))
+    n = fixed.get("actor_rollout_ref.rollout.n")
+    if fixed.get("algorithm.adv_estimator") == "grpo" and "actor_rollout_ref.rollout.n" not in params and n is not None and n < 2:
+        errors.append((("overrides", "actor_rollout_ref.rollout.n"),
+                       f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
+                       "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
+    return errors, warnings
+
+
+def _label(name: str, key: str) -> str:
+    return key if name == key else f"{name} ({key})"
+
+
+def _key_problems(key: str) -> list[str]:
+    if key in _OWNED:
+        return [f"{key} is set by the sweep file's `{_OWNED[key]}` field: set that field instead"]
+    if key.startswith("+") or key in default_keys():
+        return []
+    hint = closest_key(key)
+    aliases = ", ".join(presets.ALIASES)
+    fix = f"did you mean {hint!r}?" if hint else f"use a key of verl's ppo_trainer config or an alias ({aliases})"
+    return [f"{key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}"]
+
+
+def _when_problems(sweep: Sweep, when: dict | None, earlier: dict[str, str]) -> Iterator[Problem]:
+    from klsweep.space import fixed_overrides
+
+    if not when:
+        return
+    fixed = None
+    for name, allowed in when.items():
+        try:
+            key = presets.resolve_key(name, sweep.placement)
+        except ValueError as e:
+            yield (name,), str(e)
+            continue
+        if key in earlier:
+            p = sweep.parameters[earlier[key]]
+            options = p.values if isinstance(p, Choice) else [p.value] if isinstance(p, Constant) else None
+            wanted = allowed if isinstance(allowed, list) else [allowed]
+            if options is not None and not set(map(repr, wanted)) & set(map(repr, options)):
+                yield (name,), f"condition {name} in {wanted} never holds: parameter {earlier[key]!r} takes {options}"
+            continue
+        if key in sweep.parameters or any(presets.resolve_key(n, sweep.placement) == key for n in sweep.parameters):
+            yield (name,), f"{name} is a parameter defined after this one: move this parameter below it"
+            continue
+        fixed = fixed if fixed is not None else fixed_overrides(sweep)
+        if key not in fixed:
+            yield (name,), (f"{name} is neither a parameter defined earlier nor fixed by the preset or overrides: "
+                            "set it in overrides or define it as a parameter above")
+            continue
+        wanted = allowed if isinstance(allowed, list) else [allowed]
+        if fixed[key] not in wanted:
+            yield (name,), (f"condition {name} in {wanted} never holds: {key} is fixed to {fixed[key]!r}, so this "
+                            "parameter is never sampled. Fix the value or search the key")
+
+
+def _scenarios(sweep: Sweep, fixed: dict, params: dict, when: dict | None) -> Iterator[dict[str, Any]]:
+    """The configs a parameter can meet: every combination of searched switch values allowed by its `when`."""
+    from klsweep.space import condition
+
+    cond = condition(sweep, when)
+    axes: list[tuple[str, list[Any]]] = []
+    for key in _SWITCHES:
+        if key in cond:
+            axes.append((key, cond[key]))
+        elif isinstance(params.get(key), Choice):
+            axes.append((key, params[key].values))
+    for combo in itertools.product(*(values for _, values in axes)):
+        yield {**fixed, **dict(zip((k for k, _ in axes), combo))}
+
+
+def _seed_problems(sweep: Sweep, seed: dict[str, Any], params: dict) -> Iterator[Problem]:
+    for name, value in seed.items():
+        try:
+            key = presets.resolve_key(name, sweep.placement)
+        except ValueError as e:
+            yield (name,), str(e)
+            continue
+        p = params.get(key)
+        if p is None:
+            yield (name,), f"{name} is not a parameter of this sweep (parameters: {', '.join(sweep.parameters)})"
+        elif isinstance(p, Choice) and repr(value) not in map(repr, p.values):
+            yield (name,), f"{value!r} is not one of the parameter's values {p.values}: add it to values"
+        elif isinstance(p, Constant) and value != p.value:
+            yield (name,), f"{value!r} differs from the parameter's constant value {p.value!r}"
+        elif isinstance(p, Range):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not p.min <= value <= p.max:
+                yield (name,), f"{value!r} is outside the parameter's range [{p.min}, {p.max}]: widen the range"
+
+
+def _negative_kl(sweep: Sweep, params: dict) -> Iterator[Problem]:
+    if sweep.allow_negative_kl:
+        return
+    why = ("a negative KL coefficient rewards moving away from the reference policy. Use values >= 0, or set "
+           "allow_negative_kl: true if you mean it")
+    for key in KL_COEF_KEYS:
+        value = sweep.overrides.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            yield ("overrides", key), f"{key}={value}: {why}"
+    for name, p in sweep.parameters.items():
+        key = presets.resolve_key(name, sweep.placement)
+        if key not in KL_COEF_KEYS:
+            continue
+        low = p.min if isinstance(p, Range) else min((v for v in _numbers(p)), default=0)
+        if low < 0:
+            yield ("parameters", name), f"{_label(name, key)} can be {low}: {why}"
+
+
+def _numbers(p) -> list[float]:
+    values = p.values if isinstance(p, Choice) else [p.value]
+    return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _zero_kl(fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    pairs = ((presets.USE_KL_LOSS, presets.ACTOR + "kl_loss_coef"), (presets.USE_KL_IN_REWARD, "algorithm.kl_ctrl.kl_coef"))
+    for switch, coef in pairs:
+        if not fixed.get(switch):
+            continue
+        p = params.get(coef)
+        can_be_zero = fixed.get(coef) == 0 if p is None else (
+            p.min <= 0 if isinstance(p, Range) else 0 in _numbers(p))
+        if can_be_zero:
+            yield (("parameters", names[coef]) if p else ("overrides", coef)), (
+                f"{switch}=True with {coef}=0: the reference model's forward pass costs compute for no effect. "
+                f"Use a coefficient > 0, or turn the KL off with kl_placement")

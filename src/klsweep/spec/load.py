@@ -1,0 +1,334 @@
+"""Read a sweep file: YAML with line numbers, command-line overrides, search-space includes, validation.
+
+Every problem is collected and raised together as one :class:`~klsweep.errors.SweepFileError`, one line each::
+
+    sweeps/x.yaml:12: parameters.kl_coef.min: min (0.1) must be below max (0.01) — fix the range
+
+YAML is read with YAML 1.2 scalars: only ``true``/``false`` are booleans (``on``, ``off``, ``yes``, ``no`` stay
+strings, card K07), ``1e-3`` is a float, dates stay strings; a key given twice is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from klsweep.errors import SweepFileError
+from klsweep.spec.checks import check_sweep
+from klsweep.spec.schema import Parameter, Sweep
+
+Lines = dict[tuple[str, ...], str]
+
+_FLOAT_1_2 = (
+    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+    r"|[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 booleans and floats, no timestamps, and duplicate keys refused."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a plain value, not a list or mapping", key_node.start_mark
+                ) from None
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[1] not in ("bool", "float", "timestamp")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_1_2), list("-+0123456789."))
+
+
+class _SearchSpaceFile(BaseModel):
+    """A file in search_spaces/: a reusable ``parameters`` block."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str | None = Field(None, description="what the space is for")
+    parameters: dict[str, Parameter] = Field(description="parameters, as in a sweep file")
+
+
+def load_sweep(path: str | Path, cli_overrides: Iterable[str] = ()) -> Sweep:
+    """Load, override and validate a sweep file.
+
+    Args:
+        path: the YAML sweep file.
+        cli_overrides: ``FIELD=VALUE`` strings (dotted sweep-file paths, values parsed as YAML), e.g.
+            ``budget.trials=4``, ``overrides.actor_rollout_ref.actor.kl_loss_coef=0.01``, ``parameters.kl_coef.max=0.1``.
+
+    Returns:
+        the validated :class:`Sweep`; ``sweep.warnings`` holds non-fatal findings, ``sweep.where(*path)`` the
+        ``FILE:LINE`` of each field.
+
+    Raises:
+        SweepFileError: every problem found, one line each (file, line, dotted field path, value, fix).
+    """
+    path = Path(path)
+    data, lines = _read(path)
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+        raise SweepFileError([f"{path}:1: the file is {kind} — a sweep file is a YAML mapping with at least "
+                              "`name`, `algorithm` and `objective` (see sweeps/conservative.yaml)"])
+    problems: list[str] = []
+    for text in cli_overrides:
+        problem = _apply_override(data, text, lines)
+        if problem:
+            problems.append(f"command line {text!r}: {problem}")
+    if isinstance(data.get("search_space"), str):
+        problems.extend(_include_search_space(path, data, lines))
+    if problems:
+        raise SweepFileError(problems)
+    try:
+        sweep = Sweep.model_validate(data)
+    except ValidationError as e:
+        raise SweepFileError(_explain(e, data, lines, str(path))) from None
+    except RecursionError:
+        raise SweepFileError([f"{path}:1: the file nests too deeply to be a sweep file"]) from None
+    sweep._source = str(path)
+    sweep._where = lines
+    errors, warnings = check_sweep(sweep)
+    if errors:
+        raise SweepFileError([_line(sweep, p, m) for p, m in errors])
+    sweep._warnings = tuple(_line(sweep, p, m) for p, m in warnings)
+    return sweep
+
+
+def _line(sweep: Sweep, path: tuple, message: str) -> str:
+    return f"{sweep.where(*path)}: {'.'.join(map(str, path))}: {message}"
+
+
+def _read(path: Path) -> tuple[Any, Lines]:
+    """Parse a YAML file; returns (data, {field path: "FILE:LINE"}). Raises SweepFileError for anything unreadable."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SweepFileError([f"{path}: no such file — check the path (shipped sweeps are in sweeps/)"]) from None
+    except IsADirectoryError:
+        raise SweepFileError([f"{path}: is a directory — give a sweep file (.yaml)"]) from None
+    except OSError as e:
+        raise SweepFileError([f"{path}: cannot be read ({e.strerror}) — check the path and permissions"]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SweepFileError([f"{path}: byte {e.start} is not UTF-8 text — a sweep file is a YAML text file"]) from None
+    return _parse(text, str(path))
+
+
+def _parse(text: str, name: str) -> tuple[Any, Lines]:
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if "\t" in what or "'\\t'" in str(e):
+            fix = "indent with spaces, YAML does not allow tabs"
+        else:
+            fix = "fix the YAML syntax"
+        raise SweepFileError([f"{name}:{line}: {what} — {fix}"]) from None
+    except RecursionError:
+        raise SweepFileError([f"{name}:1: the YAML nests too deeply to be a sweep file"]) from None
+    finally:
+        loader.dispose()
+    lines: Lines = {}
+    if node is not None:
+        _mark_lines(node, (), name, lines, set())
+    return data, lines
+
+
+def _mark_lines(node, path: tuple[str, ...], name: str, lines: Lines, seen: set[int]) -> None:
+    if id(node) in seen or len(path) > 50:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            lines[path + (key,)] = f"{name}:{key_node.start_mark.line + 1}"
+            _mark_lines(value_node, path + (key,), name, lines, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (str(i),)] = f"{name}:{item.start_mark.line + 1}"
+            _mark_lines(item, path + (str(i),), name, lines, seen)
+
+
+_FLAT_KEYED = (("overrides",), ("parameters",))
+
+
+def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
+    """Set one ``FIELD=VALUE`` in ``data``; returns a problem text or None."""
+    field, sep, raw = text.partition("=")
+    if not sep or not field:
+        return "not FIELD=VALUE — e.g. budget.trials=4 or overrides.actor_rollout_ref.actor.kl_loss_coef=0.01"
+    try:
+        value, _ = _parse(raw, "value")
+    except SweepFileError as e:
+        return f"the value {raw!r} is not valid YAML ({e.problems[0].split(': ', 1)[1]})"
+    parts = field.split(".")
+    node: Any = data
+    trail: tuple[str, ...] = ()
+    i = 0
+    while True:
+        rest = parts[i:]
+        if isinstance(node, list):
+            if not rest[0].isdigit() or int(rest[0]) >= len(node):
+                return f"{'.'.join(trail)} is a list of {len(node)}: {rest[0]!r} is not an index of it"
+            j, key = 1, int(rest[0])
+        elif isinstance(node, dict):
+            j = next((n for n in range(len(rest), 0, -1) if ".".join(rest[:n]) in node), 0)
+            if j == 0:
+                flat = trail in _FLAT_KEYED or (len(trail) == 3 and trail[0] == "parameters" and trail[2] == "when") \
+                    or (len(trail) == 2 and trail[0] == "seed_trials")
+                j = len(rest) if flat else 1
+            key = ".".join(rest[:j])
+        else:
+            return f"{'.'.join(trail)} is a {type(node).__name__}, not a mapping: cannot set {'.'.join(rest)} in it"
+        trail = trail + (str(key),)
+        if i + j == len(parts):
+            node[key] = value
+            for known in [k for k in lines if k[: len(trail)] == trail]:
+                del lines[known]
+            lines[trail] = f"command line {text!r}"
+            return None
+        if isinstance(node, dict) and not isinstance(node.get(key), (dict, list)):
+            node[key] = {}
+        node = node[key]
+        i += j
+
+
+def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[str]:
+    """Merge the ``parameters`` of the file ``data['search_space']`` names under the sweep's own parameters."""
+    name = data["search_space"]
+    where = lines.get(("search_space",), str(sweep_path))
+    candidates = [Path(name), sweep_path.parent / name]
+    for folder in (sweep_path.parent.parent / "search_spaces", Path("search_spaces")):
+        candidates += [folder / name, folder / f"{name}.yaml"]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        return [f"{where}: search_space: no file {name!r} (looked in {', '.join(sorted({str(c.parent) for c in candidates}))})"
+                " — give a name from search_spaces/ or a path"]
+    try:
+        space_data, space_lines = _read(found)
+    except SweepFileError as e:
+        return e.problems
+    if not isinstance(space_data, dict):
+        return [f"{found}:1: a search-space file is a mapping with `parameters:` — got {type(space_data).__name__}"]
+    try:
+        _SearchSpaceFile.model_validate(space_data)
+    except ValidationError as e:
+        return _explain(e, space_data, space_lines, str(found), model=_SearchSpaceFile)
+    own = data.get("parameters") or {}
+    if not isinstance(own, dict):
+        return []  # the schema reports it
+    data["parameters"] = {**space_data["parameters"], **own}
+    for key, line in space_lines.items():
+        if key[:1] == ("parameters",) and (len(key) < 2 or key[1] not in own):
+            lines.setdefault(key, line)
+    return []
+
+
+def _explain(error: ValidationError, data: Any, lines: Lines, name: str, model: type[BaseModel] = Sweep) -> list[str]:
+    """Pydantic errors as "FILE:LINE: field.path: what is wrong (value) — fix" lines, one per field."""
+    out: list[str] = []
+    done: set[tuple] = set()
+    for err in error.errors(include_url=False):
+        path = _data_path(data, err["loc"])
+        if path in done:
+            continue
+        done.add(path)
+        where = next((lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in lines), f"{name}:1")
+        dotted = ".".join(path) or "(top level)"
+        kind, message = err["type"], err["msg"].removeprefix("Value error, ")
+        if kind == "extra_forbidden":
+            valid = _fields_at(model, path[:-1])
+            hint = difflib.get_close_matches(path[-1], valid, n=1, cutoff=0.6)
+            fix = f"did you mean {hint[0]!r}?" if hint else f"valid fields here: {', '.join(valid)}"
+            out.append(f"{where}: {dotted}: unknown field — {fix}")
+        elif kind == "missing":
+            out.append(f"{where}: {dotted}: required field is missing — add `{path[-1]}:` ({_description(model, path)})")
+        else:
+            shown = repr(err.get("input"))
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            out.append(f"{where}: {dotted}: {message} (got {shown}) — expected {_description(model, path)}")
+    return out
+
+
+def _data_path(data: Any, loc: tuple) -> tuple[str, ...]:
+    """The error location as a path through the data, without pydantic's union/discriminator tags."""
+    path: list[str] = []
+    node = data
+    for n, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif n < len(loc) - 1 or part in ("[key]",):
+            continue
+        path.append(str(part))
+    return tuple(path)
+
+
+def _annotations_at(model: type[BaseModel], path: tuple[str, ...]) -> list[tuple[Any, Any]]:
+    """(annotation, FieldInfo) pairs the value at ``path`` may have, following models, lists and dicts."""
+    current: list[tuple[Any, Any]] = [(model, None)]
+    for part in path:
+        nxt: list[tuple[Any, Any]] = []
+        for ann, _ in current:
+            for member in _members(ann):
+                origin = typing.get_origin(member)
+                if isinstance(member, type) and issubclass(member, BaseModel) and part in member.model_fields:
+                    info = member.model_fields[part]
+                    nxt.append((info.annotation, info))
+                elif origin is list and part.isdigit():
+                    nxt.append((typing.get_args(member)[0], None))
+                elif origin is dict:
+                    nxt.append((typing.get_args(member)[1], None))
+        current = nxt
+    return current
+
+
+def _members(ann: Any) -> list[Any]:
+    if typing.get_origin(ann) is typing.Annotated:
+        return _members(typing.get_args(ann)[0])
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(ann) for m in _members(a)]
+    return [ann]
+
+
+def _fields_at(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
+    names: list[str] = []
+    for ann, _ in _annotations_at(model, path):
+        for member in _members(ann):
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                names += [n for n in member.model_fields if n not in names]
+    return names
+
+
+def _description(model: type[BaseModel], path: tuple[str, ...]) -> str:
+    infos = [info for _, info in _annotations_at(model, path) if info is not None and info.description]
+    return infos[0].description if infos else "see the sweep-file reference in the README"

@@ -1,0 +1,337 @@
+"""The sweep file's schema: pydantic v2 models, one per section, unknown fields refused.
+
+A sweep file is YAML; :func:`klsweep.spec.load.load_sweep` reads it, applies command-line overrides and validates it
+against :class:`Sweep`. Parameters follow W&B sweeps (``values``, ``value``, ``distribution`` + ``min``/``max``), keyed
+by full verl keys (``actor_rollout_ref.actor.kl_loss_coef``) or by the aliases of :mod:`klsweep.verl.presets`
+(``kl_coef``, ``target_kl``, ``horizon``, ``kl_loss_type``, ``loss_agg_mode``, ``entropy_coeff``).
+
+Conditional parameters carry ``when: {KEY: VALUE}`` (or ``{KEY: [V1, V2]}``): the parameter is sampled only in trials
+where every KEY has one of the given values. KEY is a verl key or alias that is fixed by the preset/overrides or that
+is a parameter defined *earlier* in the file.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from klsweep.health.rules import HealthConfig
+
+
+def _scalar(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"must be a number, a string, true/false or null, not a {type(value).__name__}")
+
+
+def _override_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_scalar(v) for v in value]
+    if isinstance(value, dict):
+        raise ValueError("must be a number, string, true/false, null or a list of them, not a mapping: write each "
+                         "nested key as its own flat dotted key (a.b.c: value)")
+    return _scalar(value)
+
+
+Scalar = Annotated[Any, AfterValidator(_scalar)]
+"""A value a parameter can take: a number, string, bool or null (a verl override's scalar)."""
+
+OverrideValue = Annotated[Any, AfterValidator(_override_value)]
+"""A fixed override's value: a scalar or a list of scalars."""
+
+_MODEL = ConfigDict(extra="forbid", frozen=True)
+
+Condition = dict[str, OverrideValue]
+
+
+class _Param(BaseModel):
+    model_config = _MODEL
+
+    when: Condition | None = Field(
+        None,
+        description="sample this parameter only in trials where each key (verl key, alias, or an earlier parameter) "
+        "has the given value (or one of the given list of values)",
+    )
+
+
+class Choice(_Param):
+    """``{values: [a, b, c]}``: a categorical choice (Optuna ``suggest_categorical``)."""
+
+    values: list[Scalar] = Field(min_length=1, description="the values to choose from (W&B `values`)")
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, values: list[Scalar]) -> list[Scalar]:
+        seen = [repr(v) for v in values]
+        if len(set(seen)) != len(seen):
+            raise ValueError(f"values {values} repeat an entry: list each value once")
+        return values
+
+
+class Constant(_Param):
+    """``{value: x}``: one value for every trial (W&B `value`), recorded in each trial's parameters."""
+
+    value: Scalar = Field(description="the value every trial gets")
+
+
+DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "q_uniform")
+
+
+class Range(_Param):
+    """``{distribution: D, min: a, max: b}``: a numeric range (W&B distributions, in real units).
+
+    ``log_uniform`` is read as W&B's ``log_uniform_values`` (min/max in real units, not natural-log exponents).
+    Without ``distribution``, W&B's rule applies: ``int_uniform`` when min and max are both integers, else ``uniform``.
+    """
+
+    distribution: Literal["uniform", "log_uniform_values", "int_uniform", "q_uniform"] = Field(
+        "uniform",
+        description="uniform | log_uniform_values (alias log_uniform; min/max in real units) | int_uniform | "
+        "q_uniform (uniform on a grid of step q)",
+    )
+    min: float = Field(description="lower bound, inclusive")
+    max: float = Field(description="upper bound, inclusive")
+    q: float | None = Field(None, gt=0, description="grid step of q_uniform (default 1)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _w_and_b_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("distribution") == "log_uniform":
+            data["distribution"] = "log_uniform_values"
+        if "distribution" not in data:
+            both_int = all(type(data.get(k)) is int for k in ("min", "max"))
+            data["distribution"] = "int_uniform" if both_int else "uniform"
+        return data
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Range:
+        if not self.min < self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        if self.distribution == "log_uniform_values" and self.min <= 0:
+            raise ValueError(
+                f"log_uniform_values needs min > 0 but got min={self.min}: klsweep reads min/max in real units "
+                f"(W&B's log_uniform_values), e.g. min: 0.0001, max: 0.01"
+            )
+        if self.distribution == "int_uniform" and not (self.min.is_integer() and self.max.is_integer()):
+            raise ValueError(f"int_uniform needs integer bounds but got min={self.min}, max={self.max}")
+        if self.q is not None and self.distribution != "q_uniform":
+            raise ValueError(f"q is only used by distribution q_uniform, not {self.distribution}: remove q")
+        return self
+
+
+def _param_kind(data: Any) -> str | None:
+    if isinstance(data, dict):
+        for key, kind in (("values", "values"), ("value", "value"), ("distribution", "range"), ("min", "range")):
+            if key in data:
+                return kind
+        return "range" if "max" in data else None
+    return {Choice: "values", Constant: "value", Range: "range"}.get(type(data))
+
+
+Parameter = Annotated[
+    Union[Annotated[Choice, Tag("values")], Annotated[Constant, Tag("value")], Annotated[Range, Tag("range")]],
+    Discriminator(
+        _param_kind,
+        custom_error_type="parameter_kind",
+        custom_error_message="a parameter is a mapping with `values: [...]`, `value: x`, or `distribution` with "
+        "`min` and `max`",
+    ),
+]
+
+
+class Objective(BaseModel):
+    """One metric to optimise, with verl's metric name (e.g. ``val-core/arith/acc/mean@1``)."""
+
+    model_config = _MODEL
+
+    metric: str = Field(min_length=1, description="verl metric name reported by every trial")
+    mode: Literal["max", "min"] = Field(description="max or min (Ray Tune's names)")
+
+
+SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid", "cmaes")
+
+
+class Sampler(BaseModel):
+    """Optuna sampler choice; the orchestrator builds it (seeded with the sweep seed)."""
+
+    model_config = _MODEL
+
+    name: Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"] = Field(
+        "tpe", description="tpe | gp | nsga2 | random | grid | cmaes (Optuna's TPESampler, GPSampler, ...)"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the Optuna sampler, e.g. {n_startup_trials: 4}"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+class Scheduler(BaseModel):
+    """Ray Tune trial scheduler: none (FIFO) or ASHA (single objective only)."""
+
+    model_config = _MODEL
+
+    type: Literal["none", "asha"] = Field("none", description="none | asha")
+    grace_period: int = Field(10, ge=1, description="ASHA: steps every trial runs before it can be stopped")
+    reduction_factor: float = Field(3.0, gt=1, description="ASHA: keep 1/reduction_factor of trials per rung")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        return {"type": data} if isinstance(data, str) else data
+
+
+class Resources(BaseModel):
+    """What Ray reserves for one trial."""
+
+    model_config = _MODEL
+
+    cpu: float = Field(1.0, ge=0, description="CPUs per trial (a verl trial needs 1 + its storage units: ~10)")
+    gpu: float = Field(0.0, ge=0, description="GPUs per trial (should equal trainer.nnodes × n_gpus_per_node)")
+
+
+class Budget(BaseModel):
+    """How much the sweep may run."""
+
+    model_config = _MODEL
+
+    trials: int = Field(16, ge=1, description="number of trials (seed trials included)")
+    max_concurrent: int = Field(2, ge=1, description="trials running at once")
+    max_steps: int = Field(80, ge=1, description="training steps per trial (verl trainer.total_training_steps)")
+    resources: Resources = Field(default_factory=Resources, description="resources per trial")
+
+
+class Wandb(BaseModel):
+    """Weights & Biases logging, one W&B run per trial; off by default (card K24)."""
+
+    model_config = _MODEL
+
+    project: str | None = Field(None, description="W&B project (default: the sweep name)")
+    entity: str | None = Field(None, description="W&B entity (team or user)")
+    mode: Literal["disabled", "offline", "online"] = Field("disabled", description="disabled | offline | online")
+
+
+class Sweep(BaseModel):
+    """A whole sweep file."""
+
+    model_config = _MODEL
+
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="sweep name, used for runs/<name>/"
+    )
+    algorithm: Literal["ppo", "grpo", "drgrpo"] = Field(
+        description="ppo (GAE + critic, KL in reward) | grpo (KL in the loss) | drgrpo (grpo, no std norm, "
+        "seq-mean-token-sum-norm, no KL)"
+    )
+    trainer: Literal["embedded", "verl"] = Field(
+        "embedded", description="embedded (CPU trainer in klsweep) | verl (verl.trainer.main_ppo on GPU nodes)"
+    )
+    kl_placement: Literal["loss", "reward", "none", "both"] | None = Field(
+        None,
+        description="where the KL to the reference acts: loss (actor.use_kl_loss) | reward (algorithm."
+        "use_kl_in_reward) | none | both (explicit opt-in). Default: reward for ppo, loss for grpo, none for drgrpo",
+    )
+    allow_negative_kl: bool = Field(False, description="allow negative KL coefficients (card K04)")
+    overrides: dict[str, OverrideValue] = Field(
+        default_factory=dict, description="fixed verl overrides for every trial, flat dotted keys"
+    )
+    search_space: str | None = Field(
+        None, description="a file of search_spaces/ (name or path) whose `parameters` are included; this file's win"
+    )
+    parameters: dict[str, Parameter] = Field(
+        default_factory=dict, description="searched parameters, W&B style, keyed by verl key or alias"
+    )
+    seed_trials: list[dict[str, Scalar]] = Field(
+        default_factory=list, description="parameter values enqueued before sampling (the seed preset first)"
+    )
+    objective: list[Objective] = Field(
+        min_length=1, description="metric + mode, or a list of them for a multi-objective (Pareto) sweep"
+    )
+    sampler: Sampler = Field(default_factory=Sampler, description="Optuna sampler")
+    scheduler: Scheduler = Field(default_factory=Scheduler, description="Ray Tune scheduler")
+    budget: Budget = Field(default_factory=Budget, description="trials, concurrency, steps and resources")
+    health: HealthConfig = Field(
+        default_factory=HealthConfig, description="health rules: a preset name or {preset, rules, builtin}"
+    )
+    seed: int = Field(0, ge=0, description="seed of the sampler and of every trial (verl data.seed)")
+    wandb: Wandb = Field(default_factory=Wandb, description="W&B logging (default disabled)")
+    launcher: Literal["local", "ray-cluster", "kuberay", "slurm"] = Field(
+        "local", description="launch profile: local | ray-cluster | kuberay | slurm"
+    )
+
+    _source: str | None = PrivateAttr(None)
+    _where: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
+    _warnings: tuple[str, ...] = PrivateAttr(())
+
+    @property
+    def objectives(self) -> list[Objective]:
+        """The objective(s) as a list (one entry for a single-objective sweep)."""
+        return self.objective
+
+    @property
+    def source(self) -> str | None:
+        """Path of the sweep file it was loaded from (None when built in code)."""
+        return self._source
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Warnings found when loading (one line each, with file and line)."""
+        return self._warnings
+
+    def where(self, *path: Any) -> str | None:
+        """``FILE:LINE`` (or ``command line 'k=v'``) of the field at ``path`` or its nearest parent, if known."""
+        parts = tuple(str(p) for p in path)
+        for n in range(len(parts), 0, -1):
+            if parts[:n] in self._where:
+                return self._where[parts[:n]]
+        return self._source
+
+    @property
+    def placement(self) -> str:
+        """kl_placement with the algorithm's default filled in."""
+        return self.kl_placement or {"ppo": "reward", "grpo": "loss", "drgrpo": "none"}[self.algorithm]
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _one_objective(cls, value: Any) -> Any:
+        return [value] if isinstance(value, dict) else value
+
+    @field_validator("objective")
+    @classmethod
+    def _distinct_objectives(cls, value: list[Objective]) -> list[Objective]:
+        names = [o.metric for o in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"objective metrics repeat ({', '.join(names)}): list each metric once")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Sweep:
+        if len(self.objectives) > 1 and self.scheduler.type == "asha":
+            raise ValueError(
+                "scheduler asha needs a single objective but the sweep has "
+                f"{len(self.objectives)} (multi-objective studies cannot prune: optuna#5260). "
+                "Use scheduler: none; health rules still stop sick trials"
+            )
+        if len(self.seed_trials) > self.budget.trials:
+            raise ValueError(
+                f"seed_trials has {len(self.seed_trials)} entries but budget.trials is {self.budget.trials}: "
+                "raise budget.trials or drop seed trials"
+            )
+        return self

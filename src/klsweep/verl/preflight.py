@@ -1,0 +1,176 @@
+"""Preflight: reject a trial config verl would reject (or silently misuse) before any trial starts.
+
+One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
+closest valid key), check the values verl only rejects after the first rollout (:func:`klsweep.verl.config.check_values`),
+the batch arithmetic (card K08), the keys a real verl run needs, and the installed verl version. ~0.3 s per config.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from collections.abc import Mapping
+from typing import Any
+
+from klsweep.errors import OverrideError, PreflightError
+from klsweep.verl.config import check_values, compose, default_keys
+
+VERL_VERSION = "0.9.1"
+
+A = "actor_rollout_ref."
+
+
+def preflight(
+    overrides: Mapping[str, Any],
+    *,
+    trainer: str,
+    allow_negative_kl: bool = False,
+    where: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Check one trial's flat verl overrides.
+
+    Args:
+        overrides: the trial's full override dict (e.g. from :func:`klsweep.space.trial_overrides`).
+        trainer: ``embedded`` (batch arithmetic on one device) or ``verl`` (GPU counts from ``trainer.nnodes`` ×
+            ``trainer.n_gpus_per_node``, required keys, installed verl version).
+        allow_negative_kl: the sweep's opt-in for negative KL coefficients (card K04).
+        where: verl key → ``FILE:LINE`` of the sweep-file entry it came from, put in front of each message.
+
+    Returns:
+        warnings (one line each), e.g. a KL mechanism on with coefficient 0 (card K05).
+
+    Raises:
+        PreflightError: every problem, one per line.
+    """
+    where = where or {}
+
+    def at(key: str, message: str) -> str:
+        return f"{where[key]}: {message}" if key in where else message
+
+    problems: list[str] = []
+    if trainer == "verl":
+        installed = _installed_verl()
+        if installed != VERL_VERSION:
+            problems.append(f"verl {installed} is installed but klsweep {VERL_VERSION} knows verl {VERL_VERSION}: "
+                            f"pip install verl=={VERL_VERSION}")
+    try:
+        cfg = compose(overrides)
+    except OverrideError as e:
+        key = next((k for k in overrides if f"'{k.lstrip('+')}'" in str(e)), "")
+        raise PreflightError("\n".join(problems + [at(key, str(e))])) from None
+    try:
+        check_values(cfg, allow_negative_kl=allow_negative_kl)
+    except OverrideError as e:
+        for part in str(e).split("; "):
+            key = part.split("=", 1)[0]
+            problems.append(at(key, part))
+    value = functools.partial(_select, cfg)
+    problems += [at(k, m) for k, m in _types(overrides)]
+    problems += [at(k, m) for k, m in _batch_problems(value, trainer)]
+    if trainer == "verl":
+        problems += [at(k, m) for k, m in _required(overrides, value)]
+    if problems:
+        raise PreflightError("\n".join(problems))
+    return [at(k, m) for k, m in _zero_coef(value)]
+
+
+def _installed_verl() -> str:
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return "(none)"
+
+
+def _select(cfg, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, throw_on_missing=False, default=None)
+
+
+@functools.lru_cache(maxsize=1)
+def _default_values() -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    cfg = compose({})
+    return {k: OmegaConf.select(cfg, k, throw_on_resolution_failure=False) for k in default_keys()}
+
+
+def _types(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """verl's plain-YAML config takes any type; a string where verl has a bool is always truthy (card K07)."""
+    defaults = _default_values()
+    out = []
+    for key, value in overrides.items():
+        if isinstance(defaults.get(key), bool) and not isinstance(value, bool):
+            out.append((key, f"{key}={value!r} is not true/false but verl reads it as a bool (any non-empty string "
+                             "counts as true): write true or false"))
+    return out
+
+
+def _batch_problems(value, trainer: str) -> list[tuple[str, str]]:
+    """Batch arithmetic verl checks late or not at all (card K08; verl.utils.config.validate_config)."""
+    if value(A + "actor.use_dynamic_bsz"):
+        return []
+    nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
+    n_gpus = nnodes * per_node if trainer == "verl" else 1
+    gpus = f"(trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})" if trainer == "verl" else "(1 device)"
+    batch, n = value("data.train_batch_size"), value(A + "rollout.n")
+    out: list[tuple[str, str]] = []
+    if (batch * n) % n_gpus:
+        out.append(("data.train_batch_size", f"data.train_batch_size × rollout.n = {batch} × {n} = {batch * n} "
+                    f"sequences do not split evenly over {n_gpus} GPUs {gpus}: make it a multiple of {n_gpus}"))
+    for role, mini_key, micro_key in (
+        ("actor", A + "actor.ppo_mini_batch_size", A + "actor.ppo_micro_batch_size_per_gpu"),
+        ("critic", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu"),
+    ):
+        if role == "critic" and value("algorithm.adv_estimator") != "gae":
+            continue
+        mini, micro = value(mini_key), value(micro_key)
+        if batch < mini:
+            out.append((mini_key, f"{mini_key} ({mini}) is larger than data.train_batch_size ({batch}): "
+                        "lower it to at most the batch"))
+            continue
+        if batch % mini:
+            out.append((mini_key, f"data.train_batch_size ({batch}) is not a multiple of {mini_key} ({mini}): the "
+                        "last mini-batch of each step would be short. Use a divisor of the batch"))
+        share, rest = divmod(mini * n, n_gpus)
+        arithmetic = f"{role} mini-batch per GPU = ppo_mini_batch_size × rollout.n / GPUs = {mini} × {n} / {n_gpus}"
+        if rest:
+            out.append((mini_key, f"{arithmetic} is not a whole number {gpus}: make {mini * n} a multiple of {n_gpus}"))
+        elif micro is not None and micro > share:
+            out.append((micro_key, f"{micro_key} ({micro}) is larger than the {arithmetic} = {share}: "
+                        f"verl would train on padded/empty micro-batches (NaN losses, verl#2505). Use at most {share}"))
+        elif micro is not None and share % micro:
+            out.append((micro_key, f"{micro_key} ({micro}) does not divide the {arithmetic} = {share}: use a divisor"))
+    return out
+
+
+def _required(overrides: Mapping[str, Any], value) -> list[tuple[str, str]]:
+    """Keys a real verl run needs that verl's defaults do not give (placeholders such as ~/models/...)."""
+    need = {
+        A + "rollout.name": "the inference engine: vllm, sglang or trtllm (verl has no CPU rollout)",
+        A + "model.path": "the actor model (a Hugging Face id or local path); the reference model is the same",
+        "data.train_files": "the training parquet file(s)",
+        "data.val_files": "the validation parquet file(s)",
+        A + "rollout.log_prob_micro_batch_size_per_gpu": "micro-batch of the rollout's log-prob pass",
+    }
+    if not value(A + "actor.use_dynamic_bsz") and value(A + "actor.ppo_micro_batch_size") is None:
+        need[A + "actor.ppo_micro_batch_size_per_gpu"] = "micro-batch of the actor update"
+    if value("algorithm.adv_estimator") == "gae":
+        need["critic.model.path"] = "the critic model: gae needs one and verl does not default it to the actor's"
+        need["critic.ppo_micro_batch_size_per_gpu"] = "micro-batch of the critic update"
+    if value(A + "actor.use_kl_loss") or value("algorithm.use_kl_in_reward"):
+        need[A + "ref.log_prob_micro_batch_size_per_gpu"] = "micro-batch of the reference log-prob pass (KL is on)"
+    return [(key, f"{key} is required with trainer: verl — {why}; set it in overrides")
+            for key, why in need.items() if key not in overrides and f"+{key}" not in overrides]
+
+
+def _zero_coef(value) -> list[tuple[str, str]]:
+    """Card K05: a KL mechanism switched on with coefficient 0 pays for the reference forward pass for nothing."""
+    out = []
+    for switch, coef in ((A + "actor.use_kl_loss", A + "actor.kl_loss_coef"),
+                         ("algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef")):
+        if value(switch) and value(coef) == 0:
+            out.append((coef, f"{switch}=True with {coef}=0: the reference model's forward pass costs compute for no "
+                        "effect (an adaptive controller cannot move a coefficient of 0). Use a coefficient > 0 or turn "
+                        "this KL off"))
+    return out
