@@ -1,0 +1,91 @@
+"""Rule schema, HealthConfig forms and their error messages, presets, and the docs page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from klsweep.errors import SweepFileError
+from klsweep.health import PRESETS, HealthConfig, Rule, load_ruleset
+from klsweep.health.rules import DropCondition, ValueCondition, WindowCondition
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "health-rules.md"
+
+
+def test_inline_and_combined_forms_parse_to_conditions():
+    r = Rule.model_validate({"name": "a", "metric": "ref_kl", "stat": "mean", "window": 5, "above": 1, "for": 3,
+                             "action": "stop"})
+    assert isinstance(r.conditions[0], WindowCondition) and r.for_ == 3 and r.match == "all"
+    r = Rule.model_validate({"name": "b", "any": [{"metric": "x", "below": 0}, {"metric": "y", "stat":
+                             "drop_from_max", "above": 0.5}], "action": "warn"})
+    assert r.match == "any" and isinstance(r.conditions[0], ValueCondition)
+    assert isinstance(r.conditions[1], DropCondition) and r.conditions[1].window is None
+    assert r.describe() == "x < 0 or drop_from_max(y) > 0.5"
+
+
+@pytest.mark.parametrize(
+    "rule,message",
+    [
+        ({"name": "a", "metric": "m", "above": 1, "below": 0, "action": "stop"}, "exactly one of 'above' or 'below'"),
+        ({"name": "a", "metric": "m", "stat": "median", "above": 1, "action": "stop"}, "valid statistics are value"),
+        ({"name": "a", "metric": "m", "stat": "mean", "above": 1, "action": "stop"}, "window"),
+        ({"name": "a", "metric": "m", "above": 1, "action": "stop", "threshold": 2}, "threshold"),
+        ({"name": "a", "metric": "m", "above": 1, "action": "halt"}, "'stop', 'warn' or 'advise'"),
+        ({"name": "a", "metric": "m", "all": [], "above": 1, "action": "stop"}, "exactly one of 'metric'"),
+        ({"name": "a", "metric": "m", "above": 1, "for": 0, "action": "stop"}, "greater than or equal to 1"),
+    ],
+)
+def test_invalid_rules_are_rejected_with_a_message_naming_the_problem(rule, message):
+    with pytest.raises(ValidationError) as e:
+        HealthConfig.model_validate({"rules": [rule]})
+    assert message in str(e.value)
+
+
+def test_health_config_forms():
+    assert HealthConfig.model_validate("seed").preset == "seed"
+    assert HealthConfig.model_validate([{"name": "a", "metric": "m", "above": 1, "action": "warn"}]).preset == "default"
+    with pytest.raises(ValidationError, match="valid presets are default, seed, conservative, aggressive"):
+        HealthConfig.model_validate("strict")
+    with pytest.raises(ValidationError, match="unknown built-in check setting"):
+        HealthConfig.model_validate({"builtin": {"no_signal": 3}})
+    with pytest.raises(ValidationError, match="no_signal_for"):
+        HealthConfig.model_validate({"builtin": {"no_signal_for": -1}})
+    with pytest.raises(ValidationError, match="rule names must be unique"):
+        HealthConfig.model_validate({"rules": [{"name": "a", "metric": "m", "above": 1, "action": "warn"}] * 2})
+
+
+def test_user_rules_replace_preset_rules_by_name_and_builtin_overrides_merge():
+    ruleset = load_ruleset({"preset": "default", "builtin": {"no_signal_for": 7},
+                            "rules": [{"name": "kl_blowup", "metric": "ref_kl", "above": 3, "action": "stop"},
+                                      {"name": "mine", "metric": "m", "above": 1, "action": "warn"}]})
+    default = load_ruleset("default")
+    names = [r.name for r in ruleset.rules]
+    assert names == [r.name for r in default.rules] + ["mine"]
+    assert ruleset.rules[0].conditions[0].above == 3
+    assert ruleset.builtin.no_signal_for == 7 and ruleset.builtin.kl_dead_for == default.builtin.kl_dead_for
+    assert ruleset.name == "default+custom"
+
+
+def test_load_ruleset_errors_name_the_file_and_field(tmp_path):
+    bad = tmp_path / "rules.yaml"
+    bad.write_text("rules:\n  - {name: a, metric: m, above: x, action: stop}\n")
+    with pytest.raises(SweepFileError) as e:
+        load_ruleset(bad)
+    assert str(bad) in str(e.value) and "rules.0" in str(e.value) and "above" in str(e.value)
+    bad.write_text("rules: [unclosed\n")
+    with pytest.raises(SweepFileError, match="cannot read YAML"):
+        load_ruleset(bad)
+    with pytest.raises(SweepFileError, match="unknown health preset 'nope'"):
+        load_ruleset("nope")
+
+
+def test_every_preset_rule_has_a_source_and_is_in_the_docs_page():
+    docs = DOCS.read_text()
+    for name in PRESETS:
+        ruleset = load_ruleset(name)
+        assert f"## `{name}`" in docs
+        for rule in ruleset.rules:
+            assert rule.source, (name, rule.name)
+            assert f"| `{rule.name}` |" in docs.split(f"## `{name}`")[1].split("\n## ")[0], (name, rule.name)
