@@ -7,7 +7,8 @@ unless another storage was given) and the Ray Tune experiment (``tune/``, one fo
 Columns of :func:`load` (the same as ``trials.csv``):
 
 - ``number`` (Optuna trial number), ``trial_id`` (Ray Tune trial id), ``state`` (COMPLETE, PRUNED, FAIL, RUNNING),
-  ``health`` (healthy | warned | stopped), ``stop_reason``, ``steps`` (training steps run), ``wall_s`` (seconds);
+  ``health`` (healthy | warned | stopped), ``stop_reason``, ``steps`` (training steps run), ``wall_s`` (seconds),
+  ``gpu_s`` (GPU-seconds reserved: ``wall_s`` × the sweep's ``budget.resources.gpu``);
 - ``config/<verl key>``: every verl override of the trial (e.g. ``config/algorithm.kl_ctrl.kl_coef``);
 - ``value/<metric>``: the value told to Optuna for each objective (the last reported value; empty when PRUNED/FAIL);
 - ``last/<metric>`` and ``best/<metric>``: the **last** reported value and the best value over the run (by the
@@ -146,7 +147,10 @@ def load(path: str | Path) -> pd.DataFrame:
         for objective, value in zip(objectives, values):
             row[f"value/{objective['metric']}"] = value
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if "wall_s" in df:
+        df["gpu_s"] = df["wall_s"] * float(info.get("sweep", {}).get("budget", {}).get("resources", {}).get("gpu", 0.0))
+    return df
 
 
 def load_history(path: str | Path) -> pd.DataFrame:

@@ -17,24 +17,24 @@ from klsweep.verl.config import verl_command
 def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
     """The best COMPLETE, healthy trial (single objective) or the Pareto front of them (several objectives).
 
-    Uses the values told to Optuna (``value/<metric>``: each objective's last reported value). The front is Optuna's
-    non-dominated sort (:func:`optuna.study._multi_objective._get_pareto_front_trials` semantics via
-    :func:`klsweep.analysis.pareto.pareto_front` when available).
+    Uses the values told to Optuna (``value/<metric>``: each objective's last reported value). The front is
+    :func:`klsweep.analysis.pareto.pareto_front` (Optuna's non-dominated sort); its ``attrs["notes"]`` say when it
+    is empty or mixes KL scales.
     """
-    done = df[(df["state"] == "COMPLETE") & (df.get("health", "healthy") != "stopped")] if len(df) else df
+    import warnings
+
+    from klsweep.analysis.pareto import feasible, pareto_front
+
     value_cols = [f"value/{o.metric}" for o in sweep.objectives]
-    if done.empty or any(c not in done for c in value_cols):
-        return done.iloc[0:0]
-    done = done.dropna(subset=value_cols)
+    if df.empty or any(c not in df for c in value_cols):
+        return df.iloc[0:0]
     if len(value_cols) == 1:
+        done = df[feasible(df)].dropna(subset=value_cols)
         o = sweep.objectives[0]
         return done.sort_values(value_cols[0], ascending=o.mode == "min").head(1)
-    from optuna.study._multi_objective import _is_pareto_front
-    import numpy as np
-
-    signs = np.array([-1.0 if o.mode == "max" else 1.0 for o in sweep.objectives])
-    points = done[value_cols].to_numpy(dtype=float) * signs
-    return done[_is_pareto_front(points, assume_unique_lexsorted=False)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # print_summary shows the front's notes
+        return pareto_front(df, [(c, o.mode) for c, o in zip(value_cols, sweep.objectives)])
 
 
 def _fmt(v) -> str:
@@ -62,6 +62,8 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         console.print("no trial completed healthy: see trials.csv for the stop reasons", style="red")
         console.print(f"results: {out_dir}")
         return 1
+    for note in best.attrs.get("notes", []):
+        console.print(f"note: {note}", style="yellow", highlight=False)
     title = "best trial" if len(sweep.objectives) == 1 else f"Pareto front ({len(best)} trials)"
     console.print(f"\n[bold]{title}[/bold]")
     for _, row in best.iterrows():

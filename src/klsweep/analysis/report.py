@@ -1,0 +1,176 @@
+"""``sweep report runs/<name>``: a self-contained ``report.html`` (plotly.js inlined, no network needed) and PNGs.
+
+Sections: summary, Pareto front (with the verl command of each front trial), curves with health bands, parameter
+importance, KL knobs, stop reasons, compute accounting. PNGs: ``summary``, ``front``, ``curves``, ``importance``,
+``knobs``, ``stop_reasons``, ``accounting`` (kaleido; needs Chrome or Chromium).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from klsweep.analysis.accounting import compute_accounting
+from klsweep.analysis.load import load, load_history, study_of, sweep_info
+from klsweep.analysis.pareto import feasible, pareto_front
+from klsweep.analysis.plots import (
+    curves_figure, front_axes, front_figure, importance_figure, knobs_figure, table_figure, write_pngs,
+)
+from klsweep.errors import KlsweepError, ResultsError
+from klsweep.verl.config import verl_command
+
+REPORT = "report.html"
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bool = True) -> int:
+    """Write ``report.html`` and the PNGs of the sweep in ``run_dir`` to ``out`` (default ``<run_dir>/report``).
+
+    Every file is written to a temporary name and moved into place (``os.replace``). ``pngs=False`` writes only
+    the HTML (no Chrome needed).
+
+    Returns:
+        0 when the report and every PNG were written; 1 when the HTML was written but the PNGs could not be
+        (kaleido found no Chrome/Chromium; the message says how to install one).
+
+    Raises:
+        ResultsError: ``run_dir`` is not a sweep directory, or its study holds no trial yet.
+    """
+    run_dir = Path(run_dir)
+    info = sweep_info(run_dir)
+    df = load(run_dir)
+    if df.empty:
+        raise ResultsError(f"{run_dir}: the study {info['study_name']!r} holds no trial yet; nothing to report")
+    sweep = info.get("sweep", {})
+    budget = sweep.get("budget", {})
+    max_steps = int(budget.get("max_steps") or pd.to_numeric(df.get("steps"), errors="coerce").max() or 0)
+    gpu = float(budget.get("resources", {}).get("gpu", 0.0))
+    objectives = [(o["metric"], o["mode"]) for o in info["objectives"]]
+    axes = front_axes(df, objectives)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        front = pareto_front(df, objectives if len(objectives) > 1 else axes)
+    ruleset = _ruleset(sweep.get("health"))
+    study = study_of(info)
+
+    counts = (df.assign(health=df.get("health", pd.Series(index=df.index, dtype=object)).fillna("—"))
+              .groupby(["state", "health"]).size().rename("trials").reset_index())
+    stops = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
+    stops = stops[[c for c in ("number", "trial_id", "state", "health", "steps", "stop_reason") if c in df]]
+    accounting = compute_accounting(df, max_steps, gpu)
+    value_cols = [c for c, _ in axes]
+    front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]
+
+    figures = {
+        "summary": table_figure(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
+                                        f"{int(feasible(df).sum())} feasible"),
+        "front": front_figure(df, objectives if len(objectives) > 1 else axes, front),
+        "curves": curves_figure(load_history(run_dir), df, ruleset),
+        "importance": importance_figure(study, info["objectives"]),
+        "knobs": knobs_figure(df, objectives),
+        "stop_reasons": table_figure(stops if len(stops) else pd.DataFrame({"stop_reason": ["no trial was stopped"]}),
+                                     "Stop reasons"),
+        "accounting": table_figure(accounting, _accounting_title(accounting, max_steps, gpu)),
+    }
+    out_dir = Path(out) if out is not None else run_dir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset)
+    _atomic_write(out_dir / REPORT, page)
+    if not pngs:
+        print(f"report: {out_dir / REPORT}")
+        return 0
+    try:
+        write_pngs(figures, out_dir)
+    except Exception as e:  # kaleido raises its own errors when it finds no browser
+        print(f"report: {out_dir / REPORT} written, PNGs not: {e}. kaleido needs Chrome or Chromium: "
+              "`apt-get install -y chromium` (or `plotly_get_chrome`).", file=sys.stderr)
+        return 1
+    print(f"report: {out_dir / REPORT} and {len(figures)} PNGs")
+    return 0
+
+
+def _ruleset(health):
+    if health is None:
+        return None
+    from klsweep.health import load_ruleset
+
+    try:
+        return load_ruleset(health)
+    except KlsweepError as e:  # a report still helps without bands
+        print(f"report: health rules not drawn: {e}", file=sys.stderr)
+        return None
+
+
+def _accounting_title(accounting: pd.DataFrame, max_steps: int, gpu: float) -> str:
+    total = accounting.set_index("outcome").loc["total"]
+    return (f"Compute: {int(total['steps_used'])} trial-steps and {total['gpu_h_used']:.3g} GPU-h used; "
+            f"{int(total['steps_saved'])} steps and {total['gpu_h_saved']:.3g} GPU-h saved vs every trial to "
+            f"{max_steps} steps ({gpu:g} GPU per trial)")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _table(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, escape=True, na_rep="", float_format=lambda v: f"{v:.4g}", border=0,
+                      classes="t")
+
+
+def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset) -> str:
+    from plotly.offline import get_plotlyjs
+
+    def fig(name: str) -> str:
+        return figures[name].to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}")
+
+    name = html.escape(str(info.get("name", "")))
+    objectives = ", ".join(f"{html.escape(o['metric'])} ({o['mode']})" for o in info["objectives"])
+    notes = "".join(f"<p class='warn'>⚠ {html.escape(n)}</p>" for n in front.attrs.get("notes", []))
+    kl = "; ".join(front.attrs.get("kl_scale", [])) or "n/a"
+    commands = []
+    for _, row in front.iterrows():
+        overrides = {k[len("config/"):]: v for k, v in row.items() if k.startswith("config/") and _present(v)}
+        commands.append(f"<p>trial {row['number']}:</p><pre>{html.escape(verl_command(overrides))}</pre>")
+    if front.empty and front.attrs.get("least_infeasible"):
+        front_block = "<p>No feasible trial: the least infeasible, by steps survived: " + html.escape(
+            ", ".join(f"trial {n}" for n in front.attrs["least_infeasible"][:10])) + "</p>"
+    else:
+        front_block = _table(front_table) + "".join(commands)
+    total = accounting.set_index("outcome").loc["total"]
+    preset = html.escape(ruleset.name) if ruleset is not None else "none"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>klsweep report: {name}</title>
+<script type="text/javascript">{get_plotlyjs()}</script>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}} .warn{{color:#a15c00}}
+table.t{{border-collapse:collapse;font-size:13px}} table.t td,table.t th{{padding:3px 8px;border-bottom:1px solid #ddd;
+text-align:left}} pre{{white-space:pre-wrap;background:#f4f4f4;padding:6px;font-size:12px}}</style></head>
+<body>
+<h1>klsweep report: {name}</h1>
+<p>Algorithm {html.escape(str(info.get('sweep', {}).get('algorithm', '?')))}; objectives {objectives};
+health rules {preset}; {len(df)} trials, {int(feasible(df).sum())} feasible (COMPLETE and not stopped by a health
+rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
+<h2 id="summary">Summary</h2>{_table(counts)}
+<h2 id="front">Pareto front</h2><p>KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
+<h3>Front trials and the verl command of each</h3>{front_block}
+<h2 id="curves">Curves</h2>{fig('curves')}
+<h2 id="importance">Parameter importance</h2>{fig('importance')}
+<h2 id="knobs">KL knobs</h2>{fig('knobs')}
+<h2 id="stops">Stop reasons</h2>{_table(stops) if len(stops) else '<p>No trial was stopped.</p>'}
+<h2 id="compute">Compute</h2>
+<p>{int(total['steps_used'])} trial-steps, {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
+GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
+and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {max_steps} steps (saved steps are costed
+at each trial's own seconds per step).</p>{_table(accounting)}
+</body></html>
+"""
+
+
+def _present(v) -> bool:
+    return not (v is None or (isinstance(v, float) and math.isnan(v)))

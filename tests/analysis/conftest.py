@@ -1,0 +1,107 @@
+"""A synthetic sweep directory built with the real libraries: an Optuna study in sqlite (trials with the user
+attributes :class:`klsweep.orchestrate.searcher.KlsweepSearch` writes) and one Ray Tune ``result.json`` per trial.
+
+Layout and names are the ones ``sweep run`` writes (``sweep.json``, ``study.db``, ``tune/<trial dir>/result.json``),
+so :mod:`klsweep.analysis` reads it exactly as it reads a real sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+KL_COEF = "actor_rollout_ref.actor.kl_loss_coef"
+KL_TYPE = "actor_rollout_ref.actor.kl_loss_type"
+AGG = "actor_rollout_ref.actor.loss_agg_mode"
+OBJECTIVES = [{"metric": "critic/score/mean", "mode": "max"}, {"metric": "actor/kl_loss", "mode": "min"}]
+DISTRIBUTIONS = {
+    KL_COEF: optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+    KL_TYPE: optuna.distributions.CategoricalDistribution(["low_var_kl", "kl", "k2"]),
+    AGG: optuna.distributions.CategoricalDistribution(["token-mean", "seq-mean-token-sum-norm"]),
+}
+FIXED = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True}
+
+
+def curve(params: dict[str, Any], step: int) -> dict[str, float]:
+    """Metrics of a trial at ``step`` (1-based): KL grows as kl_coef shrinks, score grows with KL."""
+    drift = 0.02 / math.sqrt(params[KL_COEF])
+    kl = drift * step / 100
+    return {
+        "actor/kl_loss": kl,
+        "actor/entropy": 1.0 / (1.0 + kl * step),
+        "critic/score/mean": 1.0 - math.exp(-kl * 3),
+        "actor/pg_loss": -0.01 * step,
+    }
+
+
+def trial_spec(i: int, max_steps: int) -> dict[str, Any]:
+    """Trial ``i`` of a generated sweep: every 4th trial stopped by a health rule at step max_steps // 2."""
+    params = {KL_COEF: 10 ** (-4 + 3 * ((i * 7) % 13) / 12), KL_TYPE: ("low_var_kl", "kl", "k2")[i % 3],
+              AGG: ("token-mean", "seq-mean-token-sum-norm")[(i // 3) % 2]}
+    stopped = i % 4 == 3
+    return {"params": params, "steps": max_steps // 2 if stopped else max_steps,
+            "health": "stopped" if stopped else "healthy",
+            "stop_reason": "kl_blowup: ref_kl > 0.5 for 3 reports" if stopped else ""}
+
+
+def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int = 10, gpu: float = 1.0,
+               health: str = "conservative", objectives: list[dict[str, str]] = OBJECTIVES,
+               step_seconds: float = 2.0) -> Path:
+    """Write a sweep directory under ``root``; returns it.
+
+    Each trial spec: ``params`` (verl overrides searched), ``steps``, ``health``, ``stop_reason``, optional
+    ``state`` (default COMPLETE) and ``metrics`` (a function of (params, step) → dict; default :func:`curve`).
+    Trials' told values are their last reported objectives (what KlsweepSearch tells Optuna); PRUNED/FAIL get none.
+    """
+    specs = [trial_spec(i, max_steps) for i in range(trials)] if isinstance(trials, int) else trials
+    root.mkdir(parents=True, exist_ok=True)
+    storage = f"sqlite:///{root / 'study.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=root.name, storage=storage,
+                                directions=[o["mode"] + "imize" for o in objectives])
+    frozen = []
+    for i, spec in enumerate(specs):
+        trial_id = f"t{i:05d}"
+        metrics_of = spec.get("metrics", curve)
+        rows = []
+        for step in range(1, spec["steps"] + 1):
+            row = {**metrics_of(spec["params"], step), "training_iteration": step,
+                   "time_total_s": step * step_seconds, "trial_id": trial_id, "health": "healthy", "stop_reason": ""}
+            rows.append(row)
+        rows[-1].update(health=spec["health"], stop_reason=spec["stop_reason"])
+        trial_dir = root / "tune" / f"trainable_{trial_id}_{i}"
+        trial_dir.mkdir(parents=True)
+        (trial_dir / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        state = optuna.trial.TrialState[spec.get("state", "COMPLETE")]
+        values = [rows[-1][o["metric"]] for o in objectives] if state == optuna.trial.TrialState.COMPLETE else None
+        frozen.append(optuna.trial.create_trial(
+            state=state, values=values, params=spec["params"],
+            distributions={k: DISTRIBUTIONS[k] for k in spec["params"]},
+            user_attrs={"ray_trial_id": trial_id, "health": spec["health"], "stop_reason": spec["stop_reason"],
+                        "steps": spec["steps"], "constraint": 1.0 if spec["health"] == "stopped" else -1.0,
+                        "verl_overrides": json.dumps({**FIXED, **spec["params"]})},
+        ))
+    study.add_trials(frozen)
+    sweep = {"name": root.name, "algorithm": "grpo", "trainer": "embedded", "overrides": FIXED,
+             "objective": objectives, "health": {"preset": health, "rules": [], "builtin": {}},
+             "budget": {"trials": len(specs), "max_concurrent": 2, "max_steps": max_steps,
+                        "resources": {"cpu": 1.0, "gpu": gpu}}}
+    info = {"name": root.name, "study_name": root.name, "storage": storage, "objectives": objectives,
+            "sweep": sweep, "overrides": []}
+    (root / "sweep.json").write_text(json.dumps(info, indent=2))
+    return root
+
+
+@pytest.fixture
+def synthetic_sweep(tmp_path):
+    """Factory: ``synthetic_sweep(n_trials or specs, **make_sweep options)`` → a sweep directory in tmp_path."""
+
+    def make(trials: int | list[dict[str, Any]] = 8, name: str = "synthetic", **kwargs) -> Path:
+        return make_sweep(tmp_path / name, trials, **kwargs)
+
+    return make

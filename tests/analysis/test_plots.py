@@ -1,0 +1,92 @@
+"""Figures: the front (greyed infeasible trials, K25 ranking), curves with the preset's thresholds, importance."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from klsweep.analysis.load import load, load_history, study_of, sweep_info
+from klsweep.analysis.pareto import pareto_front
+from klsweep.analysis.plots import curves_figure, front_figure, importance_figure, knobs_figure, thresholds
+from klsweep.health import load_ruleset
+
+from .conftest import trial_spec
+
+
+def plain_thresholds(preset: str) -> dict[str, set[tuple]]:
+    """Single-condition ``stat: value`` rules of a shipped preset, read straight from its YAML (not via klsweep)."""
+    data = yaml.safe_load(resources.files("klsweep.health").joinpath("presets", f"{preset}.yaml").read_text())
+    panels = {"ref_kl": "ref_kl", "entropy": "entropy", "actor/entropy": "entropy", "critic/score/mean": "score",
+              "score": "score", "actor/kl_loss": "ref_kl"}
+    out: dict[str, set[tuple]] = {"ref_kl": set(), "entropy": set(), "score": set()}
+    for rule in data["rules"]:
+        if "metric" in rule and rule.get("stat", "value") == "value" and rule["metric"] in panels:
+            bound = "above" if "above" in rule else "below"
+            out[panels[rule["metric"]]].add((rule["name"], rule["action"], bound, rule[bound]))
+    out["ref_kl"].add(("kl_explosion (built-in)", "stop", "above", data["builtin"]["kl_explosion"]))
+    return out
+
+
+@pytest.mark.parametrize("preset", ["conservative", "default"])
+def test_thresholds_are_the_presets_plain_thresholds(preset):
+    got = {panel: {(b["rule"], b["action"], "above" if "above" in b else "below", b.get("above", b.get("below")))
+                   for b in bands} for panel, bands in thresholds(load_ruleset(preset)).items()}
+    assert got == plain_thresholds(preset)
+    if preset == "conservative":  # the values the preset's description promises
+        assert ("kl_blowup", "stop", "above", 0.5) in got["ref_kl"]
+        assert ("entropy_collapse", "stop", "below", 0.03) in got["entropy"]
+
+
+def test_curves_mark_stops_and_draw_bands(synthetic_sweep):
+    run_dir = synthetic_sweep(4)  # trial 3 stopped at step 5 by kl_blowup
+    df = load(run_dir)
+    fig = curves_figure(load_history(run_dir), df, load_ruleset("conservative"))
+    stops = [t for t in fig.data if t.mode == "markers"]
+    assert len(stops) == 3  # one ✕ per panel for the one stopped trial
+    assert all(t.x == (5,) and "kl_blowup" in t.hovertext for t in stops)
+    kl_lines = [s for s in fig.layout.shapes if s.type == "line" and s.yref == "y"]
+    assert {s.y0 for s in kl_lines} >= {0.5}  # kl_blowup's threshold on the KL panel
+    # the KL axis shows the strictest stop threshold (0.5), not the built-in 5.0 far above the data
+    assert fig.layout.yaxis.range[1] == pytest.approx(0.5 + 0.08 * (0.5 - 0.0), rel=0.05)
+
+
+def test_front_of_all_infeasible_sweep_shows_least_infeasible(synthetic_sweep):
+    """Card K25: no empty plot; the least infeasible trials are marked with their rank."""
+    specs = [dict(trial_spec(i, 10), health="stopped", stop_reason="kl_blowup", steps=2 + 3 * i) for i in range(3)]
+    df = load(synthetic_sweep(specs))
+    with pytest.warns(UserWarning, match="no feasible trial"):
+        fig = front_figure(df, [("critic/score/mean", "max"), ("actor/kl_loss", "min")],
+                           front=pareto_front(df, [("critic/score/mean", "max"), ("actor/kl_loss", "min")]))
+    ranked = next(t for t in fig.data if t.name == "least infeasible (rank)")
+    # trial 2 ran 8 steps, trial 1 5, trial 0 2; infeasible trials are drawn at their last reported values
+    assert ranked.text == ("#1", "#2", "#3")
+    assert ranked.y[0] == pytest.approx(df.loc[2, "last/critic/score/mean"])
+    grey = next(t for t in fig.data if t.name.startswith("infeasible"))
+    assert len(grey.x) == 3 and "no feasible trial" in fig.layout.title.subtitle.text
+
+
+def test_importance_needs_two_complete_trials(synthetic_sweep):
+    run_dir = synthetic_sweep(6)
+    info = sweep_info(run_dir)
+    fig = importance_figure(study_of(info), info["objectives"])
+    # kl_loss_coef drives both metrics of the synthetic curves; Optuna must rank it first for each objective
+    assert [t.name for t in fig.data] == ["critic/score/mean", "actor/kl_loss"]
+    assert all(t.y[-1] == "actor_rollout_ref.actor.kl_loss_coef" for t in fig.data)
+
+    lonely = optuna.create_study(directions=["maximize", "minimize"])
+    lonely.add_trial(study_of(info).trials[0])
+    fig = importance_figure(lonely, info["objectives"])
+    assert not fig.data and "at least 2 COMPLETE trials; this study has 1" in fig.layout.annotations[0].text
+
+
+def test_knobs_figure_has_an_axis_per_varying_knob():
+    df = pd.DataFrame({"config/a.kl_loss_coef": [0.1, 0.01, 0.001], "config/a.kl_loss_type": ["kl", "k3", "kl"],
+                       "config/fixed": [1, 1, 1], "value/score": [0.2, 0.5, 0.4]})
+    fig = knobs_figure(df, [("score", "max")])
+    labels = [d.label for d in fig.data[0].dimensions]
+    assert labels == ["a.kl_loss_coef", "a.kl_loss_type", "value/score"]
+    assert list(fig.data[0].dimensions[1].values) == [1, 0, 1]  # categories sorted: k3=0, kl=1
