@@ -67,8 +67,10 @@ def main() -> None:
         elapsed = time.perf_counter() - start
     if done.returncode not in (0, 1):
         sys.exit(f"sweep health check failed ({done.returncode}): {done.stderr}")
-    print(f"sweep health check, {args.steps} steps: {elapsed:.2f} s; ratio to the {BUDGET_S:g} s budget: "
-          f"{elapsed / BUDGET_S:.2f} ({'ok' if elapsed < BUDGET_S else 'TOO SLOW'})")
+    print(
+        f"sweep health check, {args.steps} steps: {elapsed:.2f} s; ratio to the {BUDGET_S:g} s budget: "
+        f"{elapsed / BUDGET_S:.2f} ({'ok' if elapsed < BUDGET_S else 'TOO SLOW'})"
+    )
 
 
 if __name__ == "__main__":

@@ -17,9 +17,17 @@ def _feed(stream, run_config=None, preset="default"):
 
 
 def _healthy(step, **over):
-    base = {"actor/pg_loss": 0.01, "actor/kl_loss": 0.01 + 0.001 * step, "actor/entropy": 0.3,
-            "actor/grad_norm": 0.5, "critic/score/mean": 0.5, "critic/score/max": 1.0, "critic/score/min": 0.0,
-            "critic/advantages/max": 1.2, "critic/advantages/min": -1.2}
+    base = {
+        "actor/pg_loss": 0.01,
+        "actor/kl_loss": 0.01 + 0.001 * step,
+        "actor/entropy": 0.3,
+        "actor/grad_norm": 0.5,
+        "critic/score/mean": 0.5,
+        "critic/score/max": 1.0,
+        "critic/score/min": 0.0,
+        "critic/advantages/max": 1.2,
+        "critic/advantages/min": -1.2,
+    }
     return {**base, **over}
 
 
@@ -74,8 +82,9 @@ def test_k12_k3_at_its_clamp_is_an_explosion():
 
 # ---- K13: "KL is exactly 0" --------------------------------------------------------------------------------------
 def test_k13_zero_kl_during_warm_up_then_rising_is_fine_and_ppo_kl_is_never_used():
-    stream = [(s, _healthy(s, **{"actor/kl_loss": 0.0 if s <= 5 else 0.001 * s, "actor/ppo_kl": 0.0}))
-              for s in range(1, 31)]
+    stream = [
+        (s, _healthy(s, **{"actor/kl_loss": 0.0 if s <= 5 else 0.001 * s, "actor/ppo_kl": 0.0})) for s in range(1, 31)
+    ]
     engine, v = _feed(stream, KL_LOSS)
     assert engine.summary()["verdict"] == "healthy"
 
@@ -112,8 +121,15 @@ def test_k05_kl_on_with_coefficient_zero_is_not_dead_kl_and_its_share_is_zero():
 
 # ---- K14: no learning signal -------------------------------------------------------------------------------------
 def test_k14_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
-    stream = [(s, _healthy(s, **{"critic/advantages/max": 0.0, "critic/advantages/min": 0.0,
-                                 "actor/kl_loss": 0.007 + 0.003 * s})) for s in range(1, 11)]
+    stream = [
+        (
+            s,
+            _healthy(
+                s, **{"critic/advantages/max": 0.0, "critic/advantages/min": 0.0, "actor/kl_loss": 0.007 + 0.003 * s}
+            ),
+        )
+        for s in range(1, 11)
+    ]
     for preset, step in (("default", 2), ("conservative", 2), ("aggressive", 5)):
         _, v = _feed(stream, KL_LOSS, preset=preset)
         assert v[-1].reason.kind == "no_signal" and v[-1].reason.rule == "builtin.no_signal"

@@ -32,7 +32,7 @@ def test_window_statistics_match_numpy():
         {"name": "r_drop_run", "metric": "m", "stat": "drop_from_max", "above": -1e9, "action": "advise"},
         {"name": "r_ratio", "metric": "m", "stat": "ratio_to_first", "above": -1e9, "action": "advise"},
     ]
-    _, verdicts = _run(_rules(*rules), [(int(s), {"m": float(x)}) for s, x in zip(steps, xs)])
+    _, verdicts = _run(_rules(*rules), [(int(s), {"m": float(x)}) for s, x in zip(steps, xs, strict=True)])
     i = 20
     got = {e.rule: next(iter(e.values.values())) for e in verdicts[i].events}
     w = xs[i - 6 : i + 1]
@@ -60,8 +60,12 @@ def test_for_counts_judged_reports_and_absent_metrics_neither_count_nor_reset():
 def test_after_is_a_warm_up_and_any_all_combine():
     rules = [
         {"name": "both", "all": [{"metric": "a", "above": 1}, {"metric": "b", "above": 1}], "action": "warn"},
-        {"name": "either", "any": [{"metric": "a", "above": 1}, {"metric": "b", "above": 1}], "action": "warn",
-         "after": 2},
+        {
+            "name": "either",
+            "any": [{"metric": "a", "above": 1}, {"metric": "b", "above": 1}],
+            "action": "warn",
+            "after": 2,
+        },
     ]
     _, v = _run(_rules(*rules), [(1, {"a": 2, "b": 0}), (2, {"a": 2}), (3, {"a": 0, "b": 2}), (4, {"a": 2, "b": 2})])
     fired = [{e.rule for e in x.events} for x in v]
@@ -70,8 +74,10 @@ def test_after_is_a_warm_up_and_any_all_combine():
 
 
 def test_verdict_is_sticky_and_keeps_the_first_reason():
-    rules = [{"name": "a_high", "metric": "a", "above": 1, "action": "stop"},
-             {"name": "b_high", "metric": "b", "above": 1, "action": "stop"}]
+    rules = [
+        {"name": "a_high", "metric": "a", "above": 1, "action": "stop"},
+        {"name": "b_high", "metric": "b", "above": 1, "action": "stop"},
+    ]
     engine, v = _run(_rules(*rules), [(1, {"a": 2}), (2, {"b": 2}), (3, {})])
     assert all(x.stop for x in v) and {x.reason.rule for x in v} == {"a_high"}
     assert engine.summary()["fired"]["b_high"]["first_step"] == 2
@@ -96,8 +102,10 @@ def test_kl_loss_share_is_the_windowed_share_of_the_actor_loss():
         "actor_rollout_ref.actor.entropy_coeff": 0.01,
     }
     rows = [(0.02, 0.1, 0.4), (-0.03, 0.12, 0.38), (0.0, 0.2, 0.35)]  # pg_loss, kl_loss, entropy
-    stream = [(i + 1, {"actor/pg_loss": pg, "actor/kl_loss": kl, "actor/entropy": ent}) for i, (pg, kl, ent) in
-              enumerate(rows)]
+    stream = [
+        (i + 1, {"actor/pg_loss": pg, "actor/kl_loss": kl, "actor/entropy": ent})
+        for i, (pg, kl, ent) in enumerate(rows)
+    ]
     rule = {"name": "share", "metric": "kl_loss_share", "above": -1, "action": "advise"}
     _, v = _run(_rules(rule), stream, config)
     # actor loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss (verl workers/utils/losses.py)
@@ -112,16 +120,27 @@ def test_kl_loss_share_is_the_windowed_share_of_the_actor_loss():
 def test_k15_score_collapse_while_kl_climbs_is_tagged_collapsed_with_the_best_pre_collapse_step():
     scores = [0.1 + 0.02 * i for i in range(30)] + [0.68 - 0.06 * i for i in range(1, 15)]
     stream = [
-        (s, {"critic/score/mean": sc, "actor/kl_loss": 0.01 + 0.004 * s, "actor/entropy": 0.3,
-             "critic/advantages/max": 1.0, "critic/advantages/min": -1.0})
+        (
+            s,
+            {
+                "critic/score/mean": sc,
+                "actor/kl_loss": 0.01 + 0.004 * s,
+                "actor/entropy": 0.3,
+                "critic/advantages/max": 1.0,
+                "critic/advantages/min": -1.0,
+            },
+        )
         for s, sc in enumerate(scores, start=1)
     ]
     engine, verdicts = _run(load_ruleset("default"), stream, {"actor_rollout_ref.actor.use_kl_loss": True})
     summary = engine.summary()
     peak_step = int(np.argmax(scores)) + 1
     # first report whose drop from the max of its last 20 reports exceeds 1/2, then 2 more (for: 3)
-    first = next(i for i in range(len(scores)) if (max(scores[max(0, i - 19): i + 1]) - scores[i]) /
-                 max(scores[max(0, i - 19): i + 1]) > 0.5)
+    first = next(
+        i
+        for i in range(len(scores))
+        if (max(scores[max(0, i - 19) : i + 1]) - scores[i]) / max(scores[max(0, i - 19) : i + 1]) > 0.5
+    )
     assert summary["stop_kind"] == "collapsed" and summary["reason"]["rule"] == "score_collapse"
     assert summary["collapsed_at"] == first + 3 and summary["stop_step"] == first + 3
     assert f"collapsed at step {first + 3}" in summary["stop_reason"]
@@ -130,8 +149,10 @@ def test_k15_score_collapse_while_kl_climbs_is_tagged_collapsed_with_the_best_pr
 
 def test_k15_length_halving_at_a_format_only_score_is_reward_hacking():
     lengths = [400.0] * 25 + [400 - 25 * i for i in range(1, 12)]
-    stream = [(s, {"response_length/mean": n, "critic/score/max": 0.1, "critic/score/mean": 0.08})
-              for s, n in enumerate(lengths, start=1)]
+    stream = [
+        (s, {"response_length/mean": n, "critic/score/max": 0.1, "critic/score/mean": 0.08})
+        for s, n in enumerate(lengths, start=1)
+    ]
     engine, _ = _run(load_ruleset("default"), stream)
     summary = engine.summary()
     assert summary["reason"]["rule"] == "length_collapse" and summary["stop_kind"] == "collapsed"
@@ -142,8 +163,10 @@ def test_k15_length_halving_at_a_format_only_score_is_reward_hacking():
 # ---- K16: metric names drift across verl versions -------------------------------------------------------------------
 def test_k16_rule_on_actor_entropy_reads_old_entropy_loss_and_absent_kl_is_not_applicable():
     rule = {"name": "low_entropy", "metric": "actor/entropy", "below": 0.1, "action": "stop", "kind": "collapsed"}
-    dapo = [(s, {"actor/entropy_loss": e, "actor/pg_loss": 0.01, "critic/score/mean": 0.5})
-            for s, e in enumerate([0.3, 0.25, 0.2, 0.15, 0.05], start=1)]
+    dapo = [
+        (s, {"actor/entropy_loss": e, "actor/pg_loss": 0.01, "critic/score/mean": 0.5})
+        for s, e in enumerate([0.3, 0.25, 0.2, 0.15, 0.05], start=1)
+    ]
     engine, verdicts = _run(load_ruleset(HealthConfig(rules=[rule])), dapo)
     assert verdicts[-1].reason.rule == "low_entropy" and verdicts[-1].reason.step == 5
     assert verdicts[-1].reason.values == {"actor/entropy_loss": pytest.approx(0.05)}
@@ -152,8 +175,9 @@ def test_k16_rule_on_actor_entropy_reads_old_entropy_loss_and_absent_kl_is_not_a
         assert "never logged" in na[name] and "actor/kl_loss" in na[name]
 
 
-@pytest.mark.parametrize("key", ["val-core/openai/gsm8k/acc/mean@1", "val/test_score/openai/gsm8k",
-                                 "test_score/openai/gsm8k"])
+@pytest.mark.parametrize(
+    "key", ["val-core/openai/gsm8k/acc/mean@1", "val/test_score/openai/gsm8k", "test_score/openai/gsm8k"]
+)
 def test_k16_validation_aliases(key):
     rule = {"name": "val", "metric": "val_score", "above": -1, "action": "advise"}
     _, v = _run(_rules(rule), [(1, {key: 0.4, "val-aux/openai/gsm8k/reward/std@1": 9.0})])
@@ -165,9 +189,21 @@ def test_k17_no_preset_judges_wall_clock_and_checkpoint_steps_stay_healthy():
     for preset in ("default", "seed", "conservative", "aggressive"):
         ruleset = load_ruleset(preset)
         assert not [m for r in ruleset.rules for m in r.metrics if m.startswith(("timing", "perf/time"))]
-    stream = [(s, {"timing_s/step": 2500.0 if s % 20 == 0 else 180.0, "perf/time_per_step": 2500.0 if s % 20 == 0
-                   else 180.0, "actor/kl_loss": 0.02, "actor/entropy": 0.3, "critic/score/mean": 0.5,
-                   "critic/advantages/max": 1.0, "critic/advantages/min": -1.0}) for s in range(1, 101)]
+    stream = [
+        (
+            s,
+            {
+                "timing_s/step": 2500.0 if s % 20 == 0 else 180.0,
+                "perf/time_per_step": 2500.0 if s % 20 == 0 else 180.0,
+                "actor/kl_loss": 0.02,
+                "actor/entropy": 0.3,
+                "critic/score/mean": 0.5,
+                "critic/advantages/max": 1.0,
+                "critic/advantages/min": -1.0,
+            },
+        )
+        for s in range(1, 101)
+    ]
     for preset in ("default", "conservative", "aggressive"):
         engine, _ = _run(load_ruleset(preset), stream, {"actor_rollout_ref.actor.use_kl_loss": True})
         assert engine.summary()["verdict"] == "healthy"

@@ -37,8 +37,10 @@ def test_console_line_with_ansi_numpy_values_and_nan(tmp_path):
     assert t.reports[1][1]["actor/pg_loss"] == math.inf
 
 
-@pytest.mark.parametrize("text,value", [("0.125", 0.125), ("np.float32(0.5)", 0.5), ("tensor(2.0)", 2.0),
-                                        ("-inf", -math.inf), ("abc", "abc")])
+@pytest.mark.parametrize(
+    "text,value",
+    [("0.125", 0.125), ("np.float32(0.5)", 0.5), ("tensor(2.0)", 2.0), ("-inf", -math.inf), ("abc", "abc")],
+)
 def test_parse_value(text, value):
     assert parse_value(text) == value
 
@@ -56,7 +58,8 @@ def test_jsonl_full_precision_is_not_rounded_and_bad_lines_are_skipped(tmp_path)
 def test_wandb_csv_export(tmp_path):
     path = tmp_path / "wandb_export.csv"
     path.write_text(
-        'Step,"run-7 - actor/kl_loss","run-7 - actor/kl_loss__MIN","run-7 - actor/kl_loss__MAX","run-7 - actor/entropy"\n'
+        'Step,"run-7 - actor/kl_loss","run-7 - actor/kl_loss__MIN","run-7 - actor/kl_loss__MAX",'
+        '"run-7 - actor/entropy"\n'
         "1,0.01234,0.01,0.02,0.5\n"
         "2,,,,0.45\n"
     )
@@ -74,8 +77,15 @@ def test_tune_progress_csv_and_result_json_give_metrics_and_run_config(tmp_path)
     assert t.reports == [(1, {"actor/kl_loss": 0.01}), (2, {"actor/kl_loss": 0.02})]
     assert t.config == {"actor_rollout_ref.actor.use_kl_loss": True}
     result = tmp_path / "result.json"
-    rows = [{"actor/kl_loss": 0.01 * i, "training_iteration": i, "step": i + 10,
-             "config": {"actor_rollout_ref.actor.use_kl_loss": True, "lr": 1}} for i in (1, 2)]
+    rows = [
+        {
+            "actor/kl_loss": 0.01 * i,
+            "training_iteration": i,
+            "step": i + 10,
+            "config": {"actor_rollout_ref.actor.use_kl_loss": True, "lr": 1},
+        }
+        for i in (1, 2)
+    ]
     result.write_text("\n".join(json.dumps(r) for r in rows))
     t = read_trace(result)
     assert t.format == "tune-result-json" and [s for s, _ in t.reports] == [11, 12]

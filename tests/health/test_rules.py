@@ -15,11 +15,17 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "health-rules.md"
 
 
 def test_inline_and_combined_forms_parse_to_conditions():
-    r = Rule.model_validate({"name": "a", "metric": "ref_kl", "stat": "mean", "window": 5, "above": 1, "for": 3,
-                             "action": "stop"})
+    r = Rule.model_validate(
+        {"name": "a", "metric": "ref_kl", "stat": "mean", "window": 5, "above": 1, "for": 3, "action": "stop"}
+    )
     assert isinstance(r.conditions[0], WindowCondition) and r.for_ == 3 and r.match == "all"
-    r = Rule.model_validate({"name": "b", "any": [{"metric": "x", "below": 0}, {"metric": "y", "stat":
-                             "drop_from_max", "above": 0.5}], "action": "warn"})
+    r = Rule.model_validate(
+        {
+            "name": "b",
+            "any": [{"metric": "x", "below": 0}, {"metric": "y", "stat": "drop_from_max", "above": 0.5}],
+            "action": "warn",
+        }
+    )
     assert r.match == "any" and isinstance(r.conditions[0], ValueCondition)
     assert isinstance(r.conditions[1], DropCondition) and r.conditions[1].window is None
     assert r.describe() == "x < 0 or drop_from_max(y) > 0.5"
@@ -57,9 +63,16 @@ def test_health_config_forms():
 
 
 def test_user_rules_replace_preset_rules_by_name_and_builtin_overrides_merge():
-    ruleset = load_ruleset({"preset": "default", "builtin": {"no_signal_for": 7},
-                            "rules": [{"name": "kl_blowup", "metric": "ref_kl", "above": 3, "action": "stop"},
-                                      {"name": "mine", "metric": "m", "above": 1, "action": "warn"}]})
+    ruleset = load_ruleset(
+        {
+            "preset": "default",
+            "builtin": {"no_signal_for": 7},
+            "rules": [
+                {"name": "kl_blowup", "metric": "ref_kl", "above": 3, "action": "stop"},
+                {"name": "mine", "metric": "m", "above": 1, "action": "warn"},
+            ],
+        }
+    )
     default = load_ruleset("default")
     names = [r.name for r in ruleset.rules]
     assert names == [r.name for r in default.rules] + ["mine"]

@@ -16,8 +16,17 @@ def scripted(config):
     """Reports verl-named metrics; the stream is chosen by the trial's ``scenario``."""
     for i in range(STEPS):
         kl = DIVERGING_KL[i] if config["scenario"] == "diverge" else 0.01 + 0.001 * i
-        tune.report({"actor/kl_loss": kl, "actor/entropy": 0.3, "actor/pg_loss": 0.01, "critic/score/mean": 0.5,
-                     "critic/advantages/max": 1.0, "critic/advantages/min": -1.0, "step": i + 1})
+        tune.report(
+            {
+                "actor/kl_loss": kl,
+                "actor/entropy": 0.3,
+                "actor/pg_loss": 0.01,
+                "critic/score/mean": 0.5,
+                "critic/advantages/max": 1.0,
+                "critic/advantages/min": -1.0,
+                "step": i + 1,
+            }
+        )
 
 
 @pytest.mark.slow
@@ -40,8 +49,9 @@ def test_stopper_stops_the_diverging_trial_at_the_right_iteration(ray_local, tmp
 
 
 def test_stopper_without_ray_tune_writes_health_and_stop_reason():
-    stopper = HealthStopper(load_ruleset("default"), run_config_of=lambda c: {"actor_rollout_ref.actor.use_kl_loss":
-                                                                                c["kl_on"]})
+    stopper = HealthStopper(
+        load_ruleset("default"), run_config_of=lambda c: {"actor_rollout_ref.actor.use_kl_loss": c["kl_on"]}
+    )
     results = [{"actor/kl_loss": 0.0, "training_iteration": i, "config": {"kl_on": True}} for i in range(1, 15)]
     stops = [stopper("t1", r) for r in results]
     assert stops.index(True) == 12  # kl exactly 0 after step 10 for 3 reports: iteration 13

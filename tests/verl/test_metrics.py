@@ -32,5 +32,4 @@ def test_resolve_prefers_the_newest_name():
 
 def test_flat_verl_config():
     nested = {"actor_rollout_ref": {"actor": {"kl_loss_coef": 0.1}}, "algorithm.use_kl_in_reward": True, "seed": 1}
-    assert flat_verl_config(nested) == {"actor_rollout_ref.actor.kl_loss_coef": 0.1,
-                                        "algorithm.use_kl_in_reward": True}
+    assert flat_verl_config(nested) == {"actor_rollout_ref.actor.kl_loss_coef": 0.1, "algorithm.use_kl_in_reward": True}

@@ -76,7 +76,8 @@ class NonfiniteLoss(BuiltinCheck):
             kind="nonfinite",
             step=step,
             values=bad,
-            advice="lower the learning rate or grad_clip; check for micro-batches larger than the per-GPU share (verl#2505)",
+            advice="lower the learning rate or grad_clip; check for micro-batches larger than the per-GPU share "
+            "(verl#2505)",
             message=", ".join(f"{k} = {v}" for k, v in bad.items()),
             action="stop",
         )
@@ -292,5 +293,3 @@ def builtin_checks(config: BuiltinConfig, signals: Signals, rounded: bool) -> li
     if config.no_signal_for > 0:
         checks.append(NoSignal(config.no_signal_for))
     return checks
-
-

@@ -45,7 +45,9 @@ def _steps(first: Any, last: Any) -> str:
     return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
-def health_check(trace: str | Path, preset: str | None = None, rules: str | Path | None = None, as_json: bool = False) -> int:
+def health_check(
+    trace: str | Path, preset: str | None = None, rules: str | Path | None = None, as_json: bool = False
+) -> int:
     """Print the timeline and final verdict of a log under a rule set.
 
     Args:
@@ -104,7 +106,8 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
     if s["verdict"] == "stopped":
         lines.append(f"verdict: STOPPED: {s['stop_reason']}")
     elif s["verdict"] == "warned":
-        lines.append("verdict: WARNED (not stopped): " + ", ".join(n for n, f in s["fired"].items() if f["action"] == "warn"))
+        warned = [name for name, fired in s["fired"].items() if fired["action"] == "warn"]
+        lines.append("verdict: WARNED (not stopped): " + ", ".join(warned))
     else:
         lines.append("verdict: HEALTHY")
     if s["best"] and s["verdict"] == "stopped":

@@ -234,9 +234,7 @@ class HealthEngine:
             if stat is not None and self._series[condition.metric].fresh:
                 key = values[condition.metric][0]
                 seen[condition.label().replace(condition.metric, key)] = stat
-        bounds = f" {'and' if rule.match == 'all' else 'or'} ".join(
-            f"{label} = {seen[label]:.4g}" for label in seen
-        )
+        bounds = f" {'and' if rule.match == 'all' else 'or'} ".join(f"{label} = {seen[label]:.4g}" for label in seen)
         return Event(
             rule=rule.name,
             kind=rule.kind,

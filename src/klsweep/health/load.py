@@ -29,7 +29,7 @@ def validation_problems(error: ValidationError, where: str) -> list[str]:
     return lines
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def preset(name: str) -> PresetFile:
     """The shipped preset ``name`` (klsweep/health/presets/<name>.yaml).
 

@@ -190,7 +190,9 @@ class BuiltinConfig(BaseModel):
 
     model_config = _MODEL
 
-    nonfinite_loss: bool = Field(True, description="stop when actor/pg_loss, actor/kl_loss or critic/vf_loss is NaN/inf")
+    nonfinite_loss: bool = Field(
+        True, description="stop when actor/pg_loss, actor/kl_loss, critic/vf_loss or the in-reward KL is NaN/inf"
+    )
     nonfinite_grad_norm_streak: int = Field(
         3, ge=0, description="warn on each non-finite grad_norm with finite losses; stop after this many in a row"
     )
