@@ -1,0 +1,33 @@
+"""Analysis of a sweep directory in pandas: trials table, per-step history, Pareto front, figures and the report.
+
+Public API::
+
+    load, load_history, sweep_info,         klsweep.analysis.load
+    overrides_of
+    pareto_front, hypervolume,               klsweep.analysis.pareto
+    least_infeasible, kl_scale, feasible
+    compute_accounting                       klsweep.analysis.accounting
+    klsweep.analysis.plots                   plotly figures (imported on use)
+    klsweep.analysis.report.write_report     ``sweep report``
+"""
+
+from klsweep.analysis.accounting import compute_accounting
+from klsweep.analysis.load import load, load_history, overrides_of, sweep_info
+from klsweep.analysis.pareto import (
+    EmptyFrontWarning, KlScaleWarning, feasible, hypervolume, kl_scale, least_infeasible, pareto_front,
+)
+
+__all__ = [
+    "EmptyFrontWarning",
+    "KlScaleWarning",
+    "compute_accounting",
+    "feasible",
+    "hypervolume",
+    "kl_scale",
+    "least_infeasible",
+    "load",
+    "load_history",
+    "overrides_of",
+    "pareto_front",
+    "sweep_info",
+]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,18 @@ def load(path: str | Path) -> pd.DataFrame:
     if "wall_s" in df:
         df["gpu_s"] = df["wall_s"] * float(info.get("sweep", {}).get("budget", {}).get("resources", {}).get("gpu", 0.0))
     return df
+
+
+def overrides_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat verl overrides of one trial, from its ``config/<verl key>`` entries in a :func:`load` row (pandas
+    Series or dict); empty cells (keys other trials set) are left out and numpy scalars become Python values, ready
+    for :func:`klsweep.verl.config.verl_command`."""
+    out = {}
+    for key, value in row.items():
+        if not str(key).startswith("config/") or value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[key[len("config/"):]] = value.item() if hasattr(value, "item") else value
+    return out
 
 
 def load_history(path: str | Path) -> pd.DataFrame:

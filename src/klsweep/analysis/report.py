@@ -8,7 +8,6 @@ importance, KL knobs, stop reasons, compute accounting. PNGs: ``summary``, ``fro
 from __future__ import annotations
 
 import html
-import math
 import os
 import sys
 import warnings
@@ -17,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from klsweep.analysis.accounting import compute_accounting
-from klsweep.analysis.load import load, load_history, study_of, sweep_info
+from klsweep.analysis.load import load, load_history, overrides_of, study_of, sweep_info
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import (
     curves_figure, front_axes, front_figure, importance_figure, knobs_figure, table_figure, write_pngs,
@@ -136,8 +135,7 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
     kl = "; ".join(front.attrs.get("kl_scale", [])) or "n/a"
     commands = []
     for _, row in front.iterrows():
-        overrides = {k[len("config/"):]: v for k, v in row.items() if k.startswith("config/") and _present(v)}
-        commands.append(f"<p>trial {row['number']}:</p><pre>{html.escape(verl_command(overrides))}</pre>")
+        commands.append(f"<p>trial {row['number']}:</p><pre>{html.escape(verl_command(overrides_of(row)))}</pre>")
     if front.empty and front.attrs.get("least_infeasible"):
         front_block = "<p>No feasible trial: the least infeasible, by steps survived: " + html.escape(
             ", ".join(f"trial {n}" for n in front.attrs["least_infeasible"][:10])) + "</p>"
@@ -170,7 +168,3 @@ and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {m
 at each trial's own seconds per step).</p>{_table(accounting)}
 </body></html>
 """
-
-
-def _present(v) -> bool:
-    return not (v is None or (isinstance(v, float) and math.isnan(v)))

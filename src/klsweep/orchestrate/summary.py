@@ -11,6 +11,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from klsweep.analysis.load import overrides_of
 from klsweep.verl.config import verl_command
 
 
@@ -70,11 +71,6 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         values = ", ".join(f"{o.metric}={_fmt(row[f'value/{o.metric}'])}" for o in sweep.objectives)
         kl = f", {row['kl_metric']} last={_fmt(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
         console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", highlight=False)
-        overrides = {k[len("config/"):]: v for k, v in row.items() if k.startswith("config/") and _present(v)}
-        console.print(verl_command(overrides), highlight=False, soft_wrap=True)
+        console.print(verl_command(overrides_of(row)), highlight=False, soft_wrap=True)
     console.print(f"\nresults: {out_dir} (trials.csv, study.db, tune/)")
     return 0
-
-
-def _present(v) -> bool:
-    return not (isinstance(v, float) and math.isnan(v))

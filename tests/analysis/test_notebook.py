@@ -1,0 +1,48 @@
+"""notebooks/pareto_analysis.ipynb runs end to end (nbclient, the python3 kernel of this environment)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "pareto_analysis.ipynb"
+
+
+def run_notebook(run_dir: Path) -> nbformat.NotebookNode:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    old = os.environ.get("KLSWEEP_RUN_DIR")
+    os.environ["KLSWEEP_RUN_DIR"] = str(run_dir)  # the kernel inherits this process's environment
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(run_dir)}}).execute()
+    finally:
+        if old is None:
+            os.environ.pop("KLSWEEP_RUN_DIR")
+        else:
+            os.environ["KLSWEEP_RUN_DIR"] = old
+    return nb
+
+
+def text_of(nb: nbformat.NotebookNode) -> str:
+    out = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            out.append(output.get("text", "") or "".join(output.get("data", {}).get("text/plain", "")))
+    return "\n".join(out)
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_a_sweep(synthetic_sweep):
+    nb = run_notebook(synthetic_sweep(8))
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
+    text = text_of(nb)
+    # the chosen point is the front trial with the best score: trial 0 (smallest kl_loss_coef, most drift)
+    assert "trial 0: value/critic/score/mean" in text
+    assert "python3 -m verl.trainer.main_ppo" in text and "actor_rollout_ref.actor.kl_loss_coef=0.0001" in text
+    figures = [o for c in nb.cells for o in c.get("outputs", [])
+               if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert len(figures) == 4  # front, curves, importance, knobs
