@@ -40,20 +40,27 @@ class SweepProgress(Callback):
     """
 
     def __init__(self, total_trials: int, objectives: list[str], *, quiet: bool = False, console: Console | None = None):
-        self._console = console or Console(stderr=True)
         self._objectives = objectives
         self._rows: dict[str, dict[str, Any]] = {}
         self._done = 0
         self._total = total_trials
-        self._interactive = self._console.is_terminal and not quiet
+        self._quiet = quiet
+        self._console = console
+        self._live: Live | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks with the experiment; the terminal objects are rebuilt by setup().
+        return {**self.__dict__, "_console": None, "_live": None, "_progress": None}
+
+    def setup(self, **info) -> None:
+        self._console = self._console or Console(stderr=True)
+        self._interactive = self._console.is_terminal and not self._quiet
         self._progress = Progress(
             TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console
         )
-        self._task = self._progress.add_task("trials", total=total_trials)
-        self._live = Live(console=self._console, auto_refresh=False) if self._interactive else None
-
-    def setup(self, **info) -> None:
-        if self._live is not None:
+        self._task = self._progress.add_task("trials", total=self._total, completed=self._done)
+        if self._interactive:
+            self._live = Live(console=self._console, auto_refresh=False)
             self._live.start()
 
     def _row(self, trial, result: Mapping[str, Any], status: str) -> dict[str, Any]:

@@ -117,6 +117,7 @@ def _init_ray(sweep, address: str | None) -> None:
     # Validation metrics come every trainer.test_freq steps, not in every result; KlsweepSearch handles the gaps and
     # fails a trial that never reports an objective.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own tables off (verbose=0): SweepProgress draws ours
     if ray.is_initialized():
         return
     if address:
@@ -131,14 +132,14 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
 
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.orchestrate.searcher import KlsweepSearch
-    from klsweep.space import define_space, seed_params, trial_overrides
+    from klsweep.space import seed_params, trial_overrides
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metrics = [o.metric for o in sweep.objectives]
     modes = [o.mode for o in sweep.objectives]
     single = len(metrics) == 1
     return KlsweepSearch(
-        space=define_space(sweep),
+        space=functools.partial(_space, sweep),  # picklable: Tune saves the searcher with the experiment
         metric=metrics[0] if single else metrics,
         mode=modes[0] if single else modes,
         points_to_evaluate=(seed_params(sweep) or None) if seed_trials else None,
@@ -148,6 +149,12 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
         overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=sweep.budget.max_steps,
     )
+
+
+def _space(sweep, trial):
+    from klsweep.space import define_space
+
+    return define_space(sweep)(trial)
 
 
 def _trainable(sweep):
