@@ -102,3 +102,14 @@ def test_unreadable_inputs_raise_trace_read_error(tmp_path):
     (tmp_path / "dir.log").mkdir()
     with pytest.raises(TraceReadError):
         read_trace(tmp_path / "dir.log")
+
+
+def test_jsonl_with_nan_and_infinity_as_verls_file_logger_writes_them(tmp_path):
+    path = tmp_path / "run.jsonl"
+    rows = [
+        {"step": 1, "data": {"actor/grad_norm": math.nan, "actor/pg_loss": 0.5}},
+        {"step": 2, "data": {"actor/pg_loss": -math.inf}},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))  # json.dumps writes NaN / -Infinity
+    t = read_trace(path)
+    assert math.isnan(t.reports[0][1]["actor/grad_norm"]) and t.reports[1][1]["actor/pg_loss"] == -math.inf

@@ -22,7 +22,7 @@ from operator import mul
 from typing import Any
 
 from klsweep.health.builtin import builtin_checks
-from klsweep.health.rules import DropCondition, RatioCondition, Rule, RuleSet, WindowCondition
+from klsweep.health.rules import Rule, RuleSet
 from klsweep.health.signals import Signals
 from klsweep.health.verdict import Event, StopReason, Verdict
 from klsweep.verl.metrics import VAL_SCORE, KlSetup
@@ -63,46 +63,45 @@ class _Series:
         return list(islice(self.steps, len(self.steps) - n, None))
 
 
-def _statistic(condition, series: _Series) -> float | None:
-    """The condition's statistic over ``series`` (which holds this report's value), or None if undefined yet.
+def _statistic(stat: str, window: int | None, series: _Series) -> float | None:
+    """A condition's statistic over ``series`` (which holds this report's value), or None if undefined yet.
 
     Window statistics use exactly rounded sums (``math.fsum``): variance = E[x²] − E[x]², population (ddof 0);
     slope = least-squares slope of value against step (against position when steps repeat).
     """
     value = series.values[-1]
-    if isinstance(condition, WindowCondition):
-        xs = series.last(condition.window)
-        if xs is None:
-            return None
-        n = len(xs)
-        stat = condition.stat
-        if stat == "min":
-            return min(xs)
-        if stat == "max":
-            return max(xs)
-        mean = math.fsum(xs) / n
-        if stat == "mean":
-            return mean
-        if stat == "slope":
-            ts = series.last_steps(n)
-            if len(set(ts)) < n:
-                ts = list(range(n))
-            t_mean = math.fsum(ts) / n
-            sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
-            sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
-            return sxy / sxx
-        var = max(0.0, math.fsum(map(mul, xs, xs)) / n - mean * mean)
-        return var if stat == "var" else math.sqrt(var)
-    if isinstance(condition, DropCondition):
-        if condition.window is None:
+    if stat == "value":
+        return value
+    if stat == "drop_from_max":
+        if window is None:
             peak = series.run_max
         else:
-            xs = series.last(condition.window)
+            xs = series.last(window)
             peak = max(xs) if xs is not None else max(series.values)
         return (peak - value) / peak if peak > 0 else None
-    if isinstance(condition, RatioCondition):
+    if stat == "ratio_to_first":
         return value / series.first if series.first else None
-    return value
+    xs = series.last(window)  # type: ignore[arg-type]
+    if xs is None:
+        return None
+    if stat == "min":
+        return min(xs)
+    if stat == "max":
+        return max(xs)
+    n = len(xs)
+    mean = math.fsum(xs) / n
+    if stat == "mean":
+        return mean
+    if stat == "slope":
+        ts = series.last_steps(n)
+        if len(set(ts)) < n:
+            ts = list(range(n))
+        t_mean = math.fsum(ts) / n
+        sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
+        sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
+        return sxy / sxx
+    var = max(0.0, math.fsum(map(mul, xs, xs)) / n - mean * mean)
+    return var if stat == "var" else math.sqrt(var)
 
 
 @dataclass
@@ -166,7 +165,7 @@ class HealthEngine:
         if self._first_step is None:
             self._first_step = step
         self._last_step = step
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
         values = self._signals.read(metrics)
         for name, series in self._series.items():
@@ -189,15 +188,13 @@ class HealthEngine:
 
         for event in events:
             self._record(event)
-        if self._reason is None:
-            stops = [e for e in events if e.action == "stop"]
-            if stops:
-                e = stops[0]
+            if event.action == "warn":
+                self._warned = True
+            elif event.action == "stop" and self._reason is None:
+                e = event
                 self._reason = StopReason(e.rule, e.kind, e.step, e.values, e.advice, e.message)
-            else:
-                self._track_best(step, values)
-        if any(e.action == "warn" for e in events):
-            self._warned = True
+        if self._reason is None:
+            self._track_best(step, values)
         return Verdict(step, self._reason is not None, self._reason, tuple(events), self.health)
 
     def _judge(self, state: _RuleState, step: int, values, stats) -> Event | None:
@@ -212,7 +209,7 @@ class HealthEngine:
                 continue
             stat = stats.get(cache_key, _UNSET)
             if stat is _UNSET:
-                stat = stats[cache_key] = _statistic(condition, series)
+                stat = stats[cache_key] = _statistic(cache_key[1], cache_key[2], series)
             if stat is None:
                 if need_all:
                     return None

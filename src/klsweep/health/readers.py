@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from klsweep.errors import TraceReadError
 from klsweep.verl.metrics import flat_verl_config
 
@@ -30,6 +32,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STEP_LINE = re.compile(r"(?:^|[\s\]])step:(\d+) - (.*)$")
 _WRAPPED = re.compile(r"^(?:np\.)?(?:float\d*|int\d*|tensor)\((.*?)(?:,.*)?\)$")
 _STEP_COLUMNS = ("step", "_step", "Step", "global_step", "training_iteration")
+_MSGSPEC = msgspec.json.Decoder()
 _DECIMALS = re.compile(r"\.(\d+)(?:[eE]|$)")
 
 
@@ -95,6 +98,15 @@ def read_trace(path: str | Path) -> Trace:
     return trace
 
 
+def _decode(line: str) -> Any:
+    """One JSON line. msgspec (a klsweep dependency) is ~3x faster than json; verl's file logger writes NaN and
+    Infinity as Python's json does (not strict JSON), which only json reads."""
+    try:
+        return _MSGSPEC.decode(line)
+    except msgspec.DecodeError:
+        return json.loads(line)
+
+
 def _read_json_lines(path: Path, text: str) -> Trace:
     trace = Trace(path, "verl-jsonl")
     for line in text.splitlines():
@@ -102,8 +114,8 @@ def _read_json_lines(path: Path, text: str) -> Trace:
         if not line:
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+            obj = _decode(line)
+        except ValueError:  # json.JSONDecodeError is a ValueError
             trace.skipped += 1
             continue
         if not isinstance(obj, dict):

@@ -39,7 +39,7 @@ _VAL_PREFIXES = ("val-core/", "val/test_score/", "test_score/")
 
 def number(value: Any) -> float | None:
     """A report value as a float (NaN and ±inf kept); None for absent, bool, str, None or anything non-numeric."""
-    if isinstance(value, float):
+    if type(value) is float or isinstance(value, float):
         return value
     if isinstance(value, bool) or not isinstance(value, Real):
         return None
@@ -77,12 +77,17 @@ class Signals:
         self._share_terms: deque[tuple[float, float]] = deque(maxlen=SHARE_WINDOW)
         self.keys_seen: dict[str, str] = {}  # signal -> the verl key it was last read from
         self._val_keys: tuple[Any, list[str]] = (None, [])  # (a report's key set, its validation keys, sorted)
+        special = {"kl_coef": self._kl_coef, "kl_loss_share": self._kl_loss_share, VAL_SCORE: self._val_score}
+        self._readers = [
+            (name, self.ref_kl_keys() if name == "ref_kl" else ALIASES.get(name, (name,)), special.get(name))
+            for name in self.names
+        ]
 
     def read(self, metrics: Mapping[str, Any]) -> dict[str, tuple[str, float] | None]:
         """``{signal: (verl key, value) or None}`` for this report; values may be NaN/inf."""
         out: dict[str, tuple[str, float] | None] = {}
-        for name in self.names:
-            hit = self._read_one(name, metrics)
+        for name, keys, special in self._readers:
+            hit = first_present(metrics, keys) if special is None else special(metrics)
             out[name] = hit
             if hit is not None:
                 self.keys_seen[name] = hit[0]
@@ -99,17 +104,6 @@ class Signals:
         if s.kl_in_reward:
             keys += KL_IN_REWARD_METRICS
         return keys
-
-    def _read_one(self, name: str, metrics: Mapping[str, Any]) -> tuple[str, float] | None:
-        if name == "ref_kl":
-            return first_present(metrics, self.ref_kl_keys())
-        if name == "kl_coef":
-            return self._kl_coef(metrics)
-        if name == "kl_loss_share":
-            return self._kl_loss_share(metrics)
-        if name == VAL_SCORE:
-            return self._val_score(metrics)
-        return first_present(metrics, ALIASES.get(name, (name,)))
 
     def _kl_coef(self, metrics: Mapping[str, Any]) -> tuple[str, float] | None:
         s = self.setup
