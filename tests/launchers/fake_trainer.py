@@ -3,13 +3,14 @@
 Writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH`` like
 ``verl.utils.tracking.FileLogger``, and can be told to misbehave:
 
+- always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` it got.
 - ``steps=N interval=S``: N lines, S seconds apart; line N has ``actor/kl_loss = N / 100`` and ``actor/entropy = 1/N``.
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
   own session (escapes ``killpg``), and an orphan (its parent exits at once). Their pids go to ``$PWD/tree.json``.
 - ``ignore_term=1``: ignores SIGTERM (only SIGKILL ends it).
 - ``hang=1``: sleeps forever after the last step.
 - ``crash=1``: after the steps, writes ``$FAKE_TRAINER_STDERR`` to stderr and exits with ``exit=`` (default 1);
-  ``crash=SIGKILL`` kills itself with SIGKILL instead.
+  ``crash=SIGKILL`` kills itself with SIGKILL instead; ``crash=once``: crashes only in the trial's first attempt.
 """
 
 import json
@@ -20,6 +21,8 @@ import sys
 import time
 
 args = dict(a.split("=", 1) for a in sys.argv[1:])
+with open("env.json", "w") as f:  # what the launcher gave it
+    json.dump({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd()}, f)
 if args.get("ignore_term") == "1":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if args.get("grandchildren") == "1":
@@ -42,6 +45,9 @@ if args.get("hang") == "1":
     while True:
         time.sleep(1)
 crash = args.get("crash")
+if crash == "once":
+    crash = None if os.path.exists("../crashed-once") else "1"
+    open("../crashed-once", "w").close()
 if crash == "SIGKILL":
     os.kill(os.getpid(), signal.SIGKILL)
 if crash:

@@ -129,7 +129,7 @@ def test_a_crash_is_classified(fake_trainer, tmp_path, monkeypatch, stderr, exit
     seen = []
     with pytest.raises(TrialFailed) as failed:
         run_process_trial({"steps": 2, "crash": 1, "exit": exit_code}, trainer=fake_trainer, trial_dir=tmp_path,
-                          report=seen.append)
+                          report=seen.append, retries=0)
     assert failed.value.kind == kind
     assert [m["step"] for m in seen] == [1, 2]  # the steps before the crash still reached Tune
     record = json.loads((tmp_path / "failure.json").read_text())
@@ -138,10 +138,27 @@ def test_a_crash_is_classified(fake_trainer, tmp_path, monkeypatch, stderr, exit
     assert stderr.splitlines()[-1] in record["stderr_tail"]
 
 
+def test_only_retryable_failures_get_a_new_attempt(fake_trainer, tmp_path, monkeypatch):
+    """An NCCL failure gets a second attempt, which resumes; steps reported before are not reported twice."""
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", CRASHES[2][0])
+    seen = []
+    run_process_trial({"steps": 3, "crash": "once"}, trainer=fake_trainer, trial_dir=tmp_path / "nccl",
+                      report=seen.append)
+    assert [m["step"] for m in seen] == [1, 2, 3]
+    assert json.loads((tmp_path / "nccl" / "failure.json").read_text())["kind"] == "nccl"
+    assert (attempt_dir(tmp_path / "nccl", 2) / "exit.json").exists()
+
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", CRASHES[0][0])  # CUDA OOM: would fail again, no retry
+    with pytest.raises(TrialFailed, match="cuda_oom"):
+        run_process_trial({"steps": 3, "crash": "once"}, trainer=fake_trainer, trial_dir=tmp_path / "oom",
+                          report=lambda m: None)
+    assert not attempt_dir(tmp_path / "oom", 2).exists()
+
+
 def test_killed_by_a_signal_and_timeout_are_classified(fake_trainer, tmp_path):
     with pytest.raises(TrialFailed) as failed:
         run_process_trial({"steps": 1, "crash": "SIGKILL"}, trainer=fake_trainer, trial_dir=tmp_path / "k",
-                          report=lambda m: None)
+                          report=lambda m: None, retries=0)
     assert failed.value.kind == "killed" and "SIGKILL" in failed.value.message
 
     start = time.monotonic()
@@ -159,6 +176,7 @@ def test_exit_zero_without_metrics_is_a_failure(fake_trainer, tmp_path):
         run_process_trial({"steps": 0}, trainer=fake_trainer, trial_dir=tmp_path, report=lambda m: None)
 
 
+@pytest.mark.slow
 def test_verl_command_composes_with_verls_own_config(tmp_path):
     """The command line of a verl trial is accepted by verl 0.9.1's own Hydra config, with the managed keys set."""
     from hydra import compose, initialize_config_dir

@@ -1,0 +1,114 @@
+"""The trial process path through real Ray Tune: a stop ends the tree, a crash is an ERROR trial and the sweep goes
+on, a SIGKILLed driver leaves nothing behind, and trials on a 2-node cluster never share a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from ray import tune
+
+from klsweep.launchers.process import attempt_dir
+
+from .conftest import HERE, alive, seconds_until_gone
+from .tune_trials import fake_trial
+
+pytestmark = pytest.mark.slow
+
+NCCL = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+        "unhandled cuda error, NCCL version 2.21.5")
+
+
+def _pids(trial_dir: Path) -> set[int]:
+    run_dir = attempt_dir(trial_dir, 1)
+    return set(json.loads((run_dir / "tree.json").read_text()).values()) | {
+        json.loads((run_dir / "supervisor.json").read_text())["supervisor_pid"]
+    }
+
+
+def test_stop_and_crash_through_tune(ray_local, tmp_path):
+    """Tune stops one trial at step 3 (as the health stopper does); the other crashes; both trees are gone."""
+    long = {"steps": 1000, "interval": 0.05, "grandchildren": 1}
+    crash = {"steps": 2, "crash": 1, "grandchildren": 1, "stderr": NCCL}
+    tuner = tune.Tuner(
+        fake_trial,
+        param_space=tune.grid_search([long, crash]),
+        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="t", stop={"step": 3}, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    results = {("crash" in r.config): r for r in tuner.fit()}
+    stopped, crashed = results[False], results[True]
+
+    assert stopped.error is None and stopped.metrics["step"] == 3
+    assert [row["step"] for _, row in stopped.metrics_dataframe.iterrows()] == [1, 2, 3]
+    assert "nccl: torch.distributed.DistBackendError: NCCL error" in str(crashed.error)
+    assert json.loads((Path(crashed.path) / "failure.json").read_text())["kind"] == "nccl"
+    assert (attempt_dir(Path(crashed.path), 2) / "exit.json").exists()  # NCCL is retried once (retries=1)
+    for result in (stopped, crashed):
+        seconds_until_gone(_pids(Path(result.path)))
+
+
+@pytest.mark.fault
+def test_sigkill_of_the_sweep_driver(tmp_path):
+    """SIGKILL of a real Tune driver: the trial's whole trainer tree is gone within seconds.
+
+    (Ray 2.60's own DashboardAgent and RuntimeEnvAgent of a SIGKILLed driver outlive it, spinning and ignoring
+    SIGTERM; not the trial's tree, but this test SIGKILLs them so that it leaves nothing behind either.)
+    """
+    env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE.parents[1])}
+    driver = subprocess.Popen([sys.executable, str(HERE / "tune_trials.py"), "driver", str(tmp_path)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ray_processes: set[int] = set()
+    try:
+        tree_files: list[Path] = []
+        while not tree_files:
+            assert driver.poll() is None, "the driver ended before its trial started"
+            time.sleep(0.2)
+            tree_files = list(tmp_path.glob("killed/*/attempt-1/tree.json"))
+        time.sleep(0.2)  # the file is complete
+        trial = _pids(tree_files[0].parents[1])
+        ray_processes = {p.pid for p in psutil.Process(driver.pid).children(recursive=True)} - trial
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        seconds = seconds_until_gone(trial, timeout=30)
+        print(f"kill-to-gone driver SIGKILL through Tune: {seconds:.2f} s")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for pid in ray_processes:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_trials_on_a_two_node_cluster_never_share_a_gpu(tmp_path):
+    """2 nodes × 2 logical GPUs, 4 trials of {"gpu": 1} at once: one GPU each, spread over both nodes."""
+    env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE.parents[1])}
+    out = subprocess.run([sys.executable, str(HERE / "tune_trials.py"), "placement", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=240)
+    trials = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(trials) == 4, out.stderr[-3000:]
+    assert all(t["error"] is None for t in trials)
+    assert len({t["node"] for t in trials}) == 2
+    for t in trials:
+        assert len(t["gpu_ids"].split(",")) == 1
+        assert t["child_cvd"] == t["worker_cvd"] == t["gpu_ids"]  # the process sees exactly the trial's GPU
+    concurrent_on_a_node = 0
+    for a in trials:
+        for b in trials:
+            overlap = a is not b and a["start"] < b["end"] and b["start"] < a["end"]
+            if overlap and a["node"] == b["node"]:
+                concurrent_on_a_node += 1
+                assert a["gpu_ids"] != b["gpu_ids"], (a, b)
+    assert concurrent_on_a_node > 0  # the check above was exercised
+    per_node = {}
+    for t in trials:
+        per_node.setdefault(t["node"], set()).add(t["gpu_ids"])
+    assert all(ids == {"0", "1"} for ids in per_node.values())

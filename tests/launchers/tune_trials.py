@@ -1,0 +1,88 @@
+"""Tune trainables and driver scripts of the launcher tests (run as scripts too: ``python tune_trials.py MODE DIR``).
+
+A trainable here runs :func:`klsweep.launchers.process.run_process_trial` with the stand-in ``fake_trainer``
+exactly as ``klsweep.orchestrate.trainable.run_trial`` does with a real trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def fake_trial(config):
+    """Runs the fake trainer with ``config`` as overrides, then reports where it ran (node, GPUs, child's view).
+
+    ``config["stderr"]``, if given, is what a crashing fake trainer writes to stderr.
+    """
+    import ray
+    from ray import tune
+
+    from klsweep.launchers import process
+
+    config = dict(config)
+    os.environ["FAKE_TRAINER_STDERR"] = config.pop("stderr", "")
+    process.TRAINER_MODULES["fake"] = "fake_trainer"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    start = time.time()
+    process.run_process_trial(config, trainer="fake")
+    trial_dir = Path(tune.get_context().get_trial_dir())
+    child = json.loads((process.attempt_dir(trial_dir, 1) / "env.json").read_text())
+    tune.report({
+        "step": -1,
+        "node": ray.get_runtime_context().get_node_id(),
+        "gpu_ids": ",".join(str(i) for i in ray.get_gpu_ids()),
+        "worker_cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "child_cvd": child["CUDA_VISIBLE_DEVICES"],
+        "start": start,
+        "end": time.time(),
+    })
+
+
+def placement(out_dir: str) -> None:
+    """2 nodes × 2 logical GPUs, 4 concurrent trials of 1 GPU each: prints one JSON line per trial."""
+    import ray
+    from ray import tune
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    cluster.add_node(num_cpus=2, num_gpus=2)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        trainable = tune.with_resources(fake_trial, {"cpu": 1, "gpu": 1})
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"steps": 4, "interval": 0.5, "seed": tune.grid_search([0, 1, 2, 3])},
+            tune_config=tune.TuneConfig(max_concurrent_trials=4),
+            run_config=tune.RunConfig(storage_path=out_dir, name="placement", verbose=0),
+        )
+        for result in tuner.fit():
+            print(json.dumps(result.metrics | {"error": str(result.error) if result.error else None}), flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def driver(out_dir: str) -> None:
+    """A sweep driver with one hanging trial, to be SIGKILLed by the test."""
+    import ray
+    from ray import tune
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    tuner = tune.Tuner(
+        fake_trial,
+        param_space={"steps": 2, "hang": 1, "grandchildren": 1},
+        run_config=tune.RunConfig(storage_path=out_dir, name="killed", verbose=0),
+    )
+    tuner.fit()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    {"placement": placement, "driver": driver}[sys.argv[1]](sys.argv[2])
