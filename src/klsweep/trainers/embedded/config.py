@@ -1,0 +1,293 @@
+"""Turn a flat verl override dict into the embedded trainer's settings.
+
+The overrides are composed with verl 0.9.1's own ``ppo_trainer`` config (:func:`klsweep.verl.config.compose`) and
+checked with :func:`klsweep.verl.config.check_values`, so the trainer accepts exactly verl's keys and values, and
+every setting not overridden takes verl's default, except the few in :data:`EMBEDDED_DEFAULTS`, where verl's
+defaults assume a 7B model on GPUs. Those are applied *below* the user's overrides:
+
+================================================  ===========  ==========  ==========================================
+key                                               verl         embedded    why
+================================================  ===========  ==========  ==========================================
+``data.train_batch_size``                         1024         16          prompts per step; tiny model, 1 CPU core
+``data.max_response_length``                      512          8           answers are 2-4 tokens; room to over-write
+``data.seed``                                     null         1           null = unseeded in verl; here seed = run
+``actor_rollout_ref.rollout.n``                   1            8           samples per prompt (GRPO groups; all algos)
+``actor_rollout_ref.actor.optim.lr``              1e-6         3e-4        a 100k-parameter model, not 7B
+``actor_rollout_ref.actor.ppo_mini_batch_size``   256          (batch)     = ``data.train_batch_size``: one update
+``critic.optim.lr``                               1e-5         1e-3        the critic must fit within a few steps
+``trainer.total_training_steps``                  null         100         verl derives it from epochs of a dataset
+``trainer.test_freq``                             -1           10          validation every 10 steps and at the end
+================================================  ===========  ==========  ==========================================
+
+Seeding: ``data.seed`` seeds everything random in a run (prompt sampling, response sampling); the reference policy
+does not depend on it. Same overrides ⇒ same metrics on CPU.
+
+Keys that only concern GPUs, parallelism, paths, logging or features the embedded trainer does not model are
+accepted and listed in one log line (:func:`ignored_keys`); the keys the trainer reads are :data:`HONOURED_KEYS`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from klsweep.errors import OverrideError
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "actor_rollout_ref.actor"
+
+EMBEDDED_DEFAULTS: dict[str, Any] = {
+    "data.train_batch_size": 16,
+    "data.max_response_length": 8,
+    "data.seed": 1,
+    "actor_rollout_ref.rollout.n": 8,
+    f"{ACTOR}.optim.lr": 3e-4,
+    "critic.optim.lr": 1e-3,
+    "trainer.total_training_steps": 100,
+    "trainer.test_freq": 10,
+}
+"""Defaults that replace verl's for the tiny CPU task (see the module docstring); user overrides win."""
+
+HONOURED_KEYS: frozenset[str] = frozenset(
+    {
+        "algorithm.adv_estimator",
+        "algorithm.gamma",
+        "algorithm.lam",
+        "algorithm.norm_adv_by_std_in_grpo",
+        "algorithm.use_kl_in_reward",
+        "algorithm.kl_penalty",
+        "algorithm.kl_ctrl.type",
+        "algorithm.kl_ctrl.kl_coef",
+        "algorithm.kl_ctrl.target_kl",
+        "algorithm.kl_ctrl.horizon",
+        f"{ACTOR}.use_kl_loss",
+        f"{ACTOR}.kl_loss_coef",
+        f"{ACTOR}.kl_loss_type",
+        f"{ACTOR}.loss_agg_mode",
+        f"{ACTOR}.loss_scale_factor",
+        f"{ACTOR}.entropy_coeff",
+        f"{ACTOR}.clip_ratio",
+        f"{ACTOR}.clip_ratio_low",
+        f"{ACTOR}.clip_ratio_high",
+        f"{ACTOR}.clip_ratio_c",
+        f"{ACTOR}.ppo_epochs",
+        f"{ACTOR}.ppo_mini_batch_size",
+        f"{ACTOR}.grad_clip",
+        f"{ACTOR}.optim.lr",
+        f"{ACTOR}.optim.weight_decay",
+        f"{ACTOR}.optim.betas",
+        f"{ACTOR}.policy_loss.loss_mode",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.temperature",
+        "critic.optim.lr",
+        "critic.optim.weight_decay",
+        "critic.optim.betas",
+        "critic.grad_clip",
+        "critic.cliprange_value",
+        "critic.ppo_epochs",
+        "critic.loss_agg_mode",
+        "critic.loss_scale_factor",
+        "data.train_batch_size",
+        "data.max_response_length",
+        "data.seed",
+        "trainer.total_training_steps",
+        "trainer.test_freq",
+        "trainer.val_before_train",
+        "trainer.critic_warmup",
+    }
+)
+"""verl keys whose values the embedded trainer uses; any other valid key is accepted and ignored."""
+
+SUPPORTED_ESTIMATORS = ("gae", "grpo")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The values the embedded trainer reads, from the composed verl config (units in comments).
+
+    ``actor`` is verl's own ``ActorConfig`` dataclass (clip ratios, loss_agg_mode, KL loss, entropy_coeff), passed
+    as is to ``core_algos.get_policy_loss_fn("vanilla")``; ``kl_ctrl`` is verl's ``algorithm.kl_ctrl`` node, passed
+    as is to ``core_algos.get_kl_controller``.
+    """
+
+    actor: Any
+    kl_ctrl: Any
+    adv_estimator: str
+    gamma: float
+    lam: float
+    norm_adv_by_std_in_grpo: bool
+    use_kl_in_reward: bool
+    kl_penalty: str
+    actor_lr: float
+    actor_weight_decay: float
+    actor_betas: tuple[float, float]
+    actor_grad_clip: float
+    critic_lr: float
+    critic_weight_decay: float
+    critic_betas: tuple[float, float]
+    critic_grad_clip: float
+    critic_cliprange_value: float
+    critic_ppo_epochs: int
+    critic_loss_agg_mode: str
+    critic_loss_scale_factor: float | None
+    rollout_n: int  # sequences per prompt
+    temperature: float
+    train_batch_size: int  # prompts per step
+    ppo_mini_batch_size: int  # prompts per actor/critic update
+    max_response_length: int  # tokens
+    seed: int
+    total_training_steps: int
+    test_freq: int  # steps; validation at multiples and at the last step; <= 0: never (as verl)
+    val_before_train: bool
+    critic_warmup: int  # steps during which only the critic is updated
+
+    @property
+    def use_critic(self) -> bool:
+        return self.adv_estimator == "gae"
+
+    @property
+    def use_reference(self) -> bool:
+        """verl builds the reference policy only when a KL mechanism is on."""
+        return self.use_kl_in_reward or bool(self.actor.use_kl_loss)
+
+
+def with_embedded_defaults(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``EMBEDDED_DEFAULTS`` with the user's overrides on top, plus the mini-batch default (= train batch)."""
+    merged = {**EMBEDDED_DEFAULTS, **overrides}
+    merged.setdefault(f"{ACTOR}.ppo_mini_batch_size", merged["data.train_batch_size"])
+    return merged
+
+
+def ignored_keys(overrides: Mapping[str, Any]) -> list[str]:
+    """The user's override keys the embedded trainer accepts but does not use (GPU, parallelism, paths, ...)."""
+    return sorted(k.lstrip("+") for k in overrides if k.lstrip("+") not in HONOURED_KEYS)
+
+
+def settings_from_overrides(overrides: Mapping[str, Any], *, allow_negative_kl: bool = False) -> Settings:
+    """Validate ``overrides`` against verl's config and read the embedded trainer's settings.
+
+    Raises:
+        OverrideError: unknown key (with the closest valid key), a value verl rejects (with the valid values), or a
+            value the embedded trainer cannot run (with the reason and the fix).
+    """
+    from klsweep.verl.config import check_values, compose
+
+    cfg = compose(with_embedded_defaults(overrides))
+    check_values(cfg, allow_negative_kl=allow_negative_kl)
+    settings = _read(cfg)
+    _check_runnable(settings, cfg)
+    skipped = ignored_keys(overrides)
+    if skipped:
+        logger.info("embedded trainer: accepted but not used (GPU, parallelism, paths, logging): %s", ", ".join(skipped))
+    return settings
+
+
+def _read(cfg) -> Settings:
+    from verl.workers.config import ActorConfig
+
+    a = cfg.actor_rollout_ref.actor
+    algo, critic, data, trainer = cfg.algorithm, cfg.critic, cfg.data, cfg.trainer
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    actor = ActorConfig(
+        strategy="fsdp",  # required field; the embedded trainer runs one process, no sharding
+        ppo_mini_batch_size=int(a.ppo_mini_batch_size),
+        ppo_micro_batch_size_per_gpu=int(a.ppo_mini_batch_size) * n,  # no gradient accumulation
+        rollout_n=n,
+        clip_ratio=float(a.clip_ratio),
+        clip_ratio_low=_optional_float(a.clip_ratio_low),
+        clip_ratio_high=_optional_float(a.clip_ratio_high),
+        clip_ratio_c=float(a.clip_ratio_c),
+        loss_agg_mode=str(a.loss_agg_mode),
+        loss_scale_factor=a.loss_scale_factor,
+        entropy_coeff=float(a.entropy_coeff),
+        use_kl_loss=bool(a.use_kl_loss),
+        kl_loss_coef=float(a.kl_loss_coef),
+        kl_loss_type=str(a.kl_loss_type),
+        ppo_epochs=int(a.ppo_epochs),
+    )
+    return Settings(
+        actor=actor,
+        kl_ctrl=algo.kl_ctrl,
+        adv_estimator=str(algo.adv_estimator),
+        gamma=float(algo.gamma),
+        lam=float(algo.lam),
+        norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
+        use_kl_in_reward=bool(algo.use_kl_in_reward),
+        kl_penalty=str(algo.kl_penalty),
+        actor_lr=float(a.optim.lr),
+        actor_weight_decay=float(a.optim.weight_decay),
+        actor_betas=(float(a.optim.betas[0]), float(a.optim.betas[1])),
+        actor_grad_clip=float(a.grad_clip),
+        critic_lr=float(critic.optim.lr),
+        critic_weight_decay=float(critic.optim.weight_decay),
+        critic_betas=(float(critic.optim.betas[0]), float(critic.optim.betas[1])),
+        critic_grad_clip=float(critic.grad_clip),
+        critic_cliprange_value=float(critic.cliprange_value),
+        critic_ppo_epochs=int(critic.ppo_epochs),
+        critic_loss_agg_mode=str(critic.loss_agg_mode),
+        critic_loss_scale_factor=critic.loss_scale_factor,
+        rollout_n=n,
+        temperature=float(cfg.actor_rollout_ref.rollout.temperature),
+        train_batch_size=int(data.train_batch_size),
+        ppo_mini_batch_size=int(a.ppo_mini_batch_size),
+        max_response_length=int(data.max_response_length),
+        seed=_required_int(data.seed, "data.seed"),
+        total_training_steps=_required_int(trainer.total_training_steps, "trainer.total_training_steps"),
+        test_freq=int(trainer.test_freq),
+        val_before_train=bool(trainer.val_before_train),
+        critic_warmup=int(trainer.critic_warmup),
+    )
+
+
+def _required_int(value: Any, key: str) -> int:
+    if value is None:
+        raise OverrideError(f"{key}=null: the embedded trainer needs an integer (its default is {EMBEDDED_DEFAULTS[key]})")
+    return int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _check_runnable(s: Settings, cfg) -> None:
+    from klsweep.trainers.embedded.reference import MAX_RESPONSE_LENGTH
+
+    problems = []
+    if s.adv_estimator not in SUPPORTED_ESTIMATORS:
+        problems.append(
+            f"algorithm.adv_estimator={s.adv_estimator!r} is valid in verl but the embedded trainer implements "
+            f"{' and '.join(SUPPORTED_ESTIMATORS)} (DrGRPO = grpo with norm_adv_by_std_in_grpo=False)"
+        )
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if loss_mode != "vanilla":
+        problems.append(f"{ACTOR}.policy_loss.loss_mode={loss_mode!r}: the embedded trainer implements 'vanilla' only")
+    if not 1 <= s.max_response_length <= MAX_RESPONSE_LENGTH:
+        problems.append(
+            f"data.max_response_length={s.max_response_length}: the embedded model covers 1 to "
+            f"{MAX_RESPONSE_LENGTH} response tokens"
+        )
+    for key, value in (
+        ("data.train_batch_size", s.train_batch_size),
+        (f"{ACTOR}.ppo_mini_batch_size", s.ppo_mini_batch_size),
+        ("actor_rollout_ref.rollout.n", s.rollout_n),
+        ("trainer.total_training_steps", s.total_training_steps),
+        (f"{ACTOR}.ppo_epochs", s.actor.ppo_epochs),
+    ):
+        if value < 1:
+            problems.append(f"{key}={value} must be at least 1")
+    if s.ppo_mini_batch_size >= 1 and s.train_batch_size % s.ppo_mini_batch_size:
+        problems.append(
+            f"data.train_batch_size ({s.train_batch_size}) must be divisible by {ACTOR}.ppo_mini_batch_size "
+            f"({s.ppo_mini_batch_size}), as in verl"
+        )
+    if s.temperature <= 0:
+        problems.append(f"actor_rollout_ref.rollout.temperature={s.temperature} must be > 0")
+    if s.use_kl_in_reward and s.kl_ctrl.type == "adaptive" and float(s.kl_ctrl.horizon) <= 0:
+        problems.append(f"algorithm.kl_ctrl.horizon={s.kl_ctrl.horizon} must be > 0 (verl asserts it)")
+    if s.use_kl_in_reward and s.kl_ctrl.type not in ("fixed", "adaptive"):
+        problems.append(f"algorithm.kl_ctrl.type={s.kl_ctrl.type!r}: valid values are fixed, adaptive")
+    if problems:
+        raise OverrideError("; ".join(problems))
