@@ -102,3 +102,21 @@ def test_every_preset_rule_has_a_source_and_is_in_the_docs_page():
         for rule in ruleset.rules:
             assert rule.source, (name, rule.name)
             assert f"| `{rule.name}` |" in docs.split(f"## `{name}`")[1].split("\n## ")[0], (name, rule.name)
+
+
+def test_dumped_config_validates_back_and_a_sweep_file_can_be_the_rules_file(tmp_path):
+    config = HealthConfig.model_validate(
+        {
+            "preset": "seed",
+            "rules": [
+                {"name": "a", "metric": "m", "stat": "slope", "window": 4, "below": 0, "for": 2, "action": "warn"}
+            ],
+            "builtin": {"kl_dead_for": 0},
+        }
+    )
+    assert HealthConfig.model_validate(config.model_dump()) == config
+    assert HealthConfig.model_validate(config.model_dump(by_alias=True)) == config
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: s\nbudget: {trials: 2}\nhealth:\n  preset: conservative\n  builtin: {no_signal_for: 4}\n")
+    ruleset = load_ruleset(sweep)
+    assert ruleset.builtin.no_signal_for == 4 and ruleset.builtin.kl_explosion == 5.0  # conservative's value

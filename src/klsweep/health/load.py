@@ -61,7 +61,8 @@ def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | No
 
     Args:
         spec: a preset name (``default``, ``seed``, ``conservative``, ``aggressive``, ``none``); a path to a YAML
-            file holding a ``health:`` value (a preset name, a list of rules, or ``{preset, rules, builtin}``);
+            file holding a ``health:`` value (a preset name, a list of rules, or ``{preset, rules, builtin}``) or a
+            sweep file with a ``health:`` field;
             a :class:`HealthConfig`; or the raw ``health:`` value. None means ``default``.
 
     Raises:
@@ -87,8 +88,8 @@ def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | No
             data = yaml.load(path.read_text(), Loader=_LOADER)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise SweepFileError([f"{path}: cannot read YAML rules: {e}"]) from None
-        if isinstance(data, Mapping) and set(data) == {"health"}:
-            data = data["health"]
+        if isinstance(data, Mapping) and "health" in data and not {"preset", "rules", "builtin"} & set(data):
+            data = data["health"]  # a sweep file, or a file holding only its health: field
         try:
             return _from_config(HealthConfig.model_validate(data), name=path.name)
         except ValidationError as e:
