@@ -139,23 +139,25 @@ def _read(path: Path) -> tuple[Any, Lines]:
 
 
 def _parse(text: str, name: str) -> tuple[Any, Lines]:
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        if "\t" in what or "'\\t'" in str(e):
-            fix = "indent with spaces, YAML does not allow tabs"
-        else:
-            fix = "fix the YAML syntax"
+        if mark is not None:
+            line = mark.line + 1
+        else:  # a ReaderError (unprintable character) has only a character position
+            line = text[: getattr(e, "position", 0)].count("\n") + 1
+        what = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e).splitlines()[0]
+        fix = "indent with spaces, YAML does not allow tabs" if "\\t" in what or "\t" in what else "fix the YAML syntax"
         raise SweepFileError([f"{name}:{line}: {what} — {fix}"]) from None
     except RecursionError:
         raise SweepFileError([f"{name}:1: the YAML nests too deeply to be a sweep file"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: Lines = {}
     if node is not None:
         _mark_lines(node, (), name, lines, set())
@@ -257,7 +259,7 @@ def _explain(error: ValidationError, data: Any, lines: Lines, name: str, model: 
     out: list[str] = []
     done: set[tuple] = set()
     for err in error.errors(include_url=False):
-        path = _data_path(data, err["loc"])
+        path = _data_path(data, err["loc"], keep_last=err["type"] == "missing")
         if path in done:
             continue
         done.add(path)
@@ -270,16 +272,19 @@ def _explain(error: ValidationError, data: Any, lines: Lines, name: str, model: 
             fix = f"did you mean {hint[0]!r}?" if hint else f"valid fields here: {', '.join(valid)}"
             out.append(f"{where}: {dotted}: unknown field — {fix}")
         elif kind == "missing":
-            out.append(f"{where}: {dotted}: required field is missing — add `{path[-1]}:` ({_description(model, path)})")
+            out.append(f"{where}: {dotted}: required field is missing — add `{path[-1]}:` "
+                       f"({_description(model, path) or 'see the sweep-file reference'})")
         else:
-            shown = repr(err.get("input"))
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            out.append(f"{where}: {dotted}: {message} (got {shown}) — expected {_description(model, path)}")
+            value = err.get("input")
+            shown = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
+            expected = _description(model, path)
+            out.append(f"{where}: {dotted}: {message}{shown}" + (f" — expected: {expected}" if expected else ""))
     return out
 
 
-def _data_path(data: Any, loc: tuple) -> tuple[str, ...]:
-    """The error location as a path through the data, without pydantic's union/discriminator tags."""
+def _data_path(data: Any, loc: tuple, keep_last: bool) -> tuple[str, ...]:
+    """The error location as a path through the data, without pydantic's union/discriminator tags (a missing
+    field, the only element not in the data that is not a tag, is kept when ``keep_last``)."""
     path: list[str] = []
     node = data
     for n, part in enumerate(loc):
@@ -287,7 +292,7 @@ def _data_path(data: Any, loc: tuple) -> tuple[str, ...]:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             node = node[part]
-        elif n < len(loc) - 1 or part in ("[key]",):
+        elif n < len(loc) - 1 or not keep_last:
             continue
         path.append(str(part))
     return tuple(path)
@@ -329,6 +334,6 @@ def _fields_at(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
     return names
 
 
-def _description(model: type[BaseModel], path: tuple[str, ...]) -> str:
+def _description(model: type[BaseModel], path: tuple[str, ...]) -> str | None:
     infos = [info for _, info in _annotations_at(model, path) if info is not None and info.description]
-    return infos[0].description if infos else "see the sweep-file reference in the README"
+    return infos[0].description if infos else None

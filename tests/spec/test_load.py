@@ -1,0 +1,174 @@
+"""Loading sweep files: YAML with lines, command-line overrides, search-space includes, one error per problem."""
+
+from __future__ import annotations
+
+import pytest
+
+from klsweep.errors import SweepFileError
+from klsweep.spec import Choice, Range, load_sweep
+
+
+def _problems(path, overrides=()) -> list[str]:
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(path, overrides)
+    return e.value.problems
+
+
+def test_minimal_file_gets_documented_defaults(sweep_file):
+    sweep = load_sweep(sweep_file())
+    assert sweep.trainer == "embedded"
+    assert sweep.placement == "loss"  # grpo's default kl_placement
+    assert sweep.wandb.mode == "disabled"
+    assert sweep.launcher == "local"
+    assert sweep.health.preset == "default"
+    assert [o.metric for o in sweep.objectives] == ["val-core/arith/acc/mean@1"]
+
+
+def test_yaml_1_2_scalars_floats_and_strings(sweep_file):
+    path = sweep_file(
+        """
+        overrides:
+          trainer.experiment_name: on
+          actor_rollout_ref.actor.optim.weight_decay: 1e-3
+        parameters:
+          kl_coef: {distribution: log_uniform, min: 1e-4, max: 1.0e-2}
+        """
+    )
+    sweep = load_sweep(path)
+    assert sweep.overrides["trainer.experiment_name"] == "on"  # YAML 1.1 would make it True (card K07)
+    assert sweep.overrides["actor_rollout_ref.actor.optim.weight_decay"] == 0.001
+    p = sweep.parameters["kl_coef"]
+    assert isinstance(p, Range) and p.distribution == "log_uniform_values" and (p.min, p.max) == (1e-4, 1e-2)
+
+
+def test_w_and_b_range_without_distribution_follows_w_and_b(sweep_file):
+    sweep = load_sweep(sweep_file("parameters:\n  actor_rollout_ref.actor.ppo_epochs: {min: 1, max: 4}\n"
+                                  "  entropy_coeff: {min: 0.0, max: 0.01}\n"))
+    assert sweep.parameters["actor_rollout_ref.actor.ppo_epochs"].distribution == "int_uniform"
+    assert sweep.parameters["entropy_coeff"].distribution == "uniform"
+
+
+def test_error_names_file_line_path_value_and_fix(sweep_file):
+    path = sweep_file(
+        """
+        budget:
+          trials: 0
+          max_concurent: 2
+        parameters:
+          kl_coef: {distribution: log_uniform_values, min: 0.01, max: 0.001}
+        """
+    )
+    problems = _problems(path)
+    assert len(problems) == 3
+    trials, typo, bounds = sorted(problems, key=lambda p: int(p.split(":")[1]))
+    assert trials.startswith(f"{path}:6: budget.trials: ") and "(got 0)" in trials
+    assert typo.startswith(f"{path}:7: budget.max_concurent: unknown field") and "'max_concurrent'" in typo
+    assert bounds.startswith(f"{path}:9: parameters.kl_coef: ") and "must be below max" in bounds
+
+
+def test_unknown_top_level_field_gets_closest_name(sweep_file):
+    (problem,) = _problems(sweep_file("sead: 3\n"))
+    assert "sead: unknown field" in problem and "did you mean 'seed'?" in problem
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"", "the file is empty"),
+        (b"- a\n- b\n", "not a mapping"),
+        (b"name: x\n\talgorithm: grpo\n", "indent with spaces"),
+        (b"name: a\nname: b\n", "key 'name' is given twice (first on line 1)"),
+        (b"\x00\x01\xff\xfe binary", "not UTF-8"),
+        (b"name: [unclosed\n", "fix the YAML syntax"),
+        (b"name: a\x07\n", "fix the YAML syntax"),
+        (b"[" * 5000, "nests too deeply"),
+    ],
+)
+def test_malformed_files_give_one_clear_problem(tmp_path, content, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    problems = _problems(path)
+    assert any(expected in p for p in problems), problems
+    assert all(p.startswith(str(path)) for p in problems)
+
+
+def test_missing_file_and_directory(tmp_path):
+    assert "no such file" in _problems(tmp_path / "nope.yaml")[0]
+    assert "is a directory" in _problems(tmp_path)[0]
+
+
+def test_required_fields_are_all_reported(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("seed: 1\n")
+    problems = _problems(path)
+    assert {p.split(": ")[1] for p in problems} == {"name", "algorithm", "objective"}
+    assert all("required field is missing" in p for p in problems)
+
+
+def test_cli_overrides_set_nested_and_dotted_fields(sweep_file):
+    path = sweep_file("parameters:\n  kl_coef: {distribution: log_uniform_values, min: 0.0001, max: 0.01}\n")
+    sweep = load_sweep(
+        path,
+        [
+            "budget.trials=4",
+            "budget.max_steps=20",
+            "overrides.actor_rollout_ref.rollout.n=4",
+            "parameters.kl_coef.max=0.1",
+            "parameters.loss_agg_mode={values: [token-mean, seq-mean-token-mean]}",
+            "wandb.mode=offline",
+        ],
+    )
+    assert (sweep.budget.trials, sweep.budget.max_steps) == (4, 20)
+    assert sweep.overrides == {"actor_rollout_ref.rollout.n": 4}
+    assert sweep.parameters["kl_coef"].max == 0.1
+    assert isinstance(sweep.parameters["loss_agg_mode"], Choice)
+    assert sweep.wandb.mode == "offline"
+    assert sweep.where("budget", "trials") == "command line 'budget.trials=4'"
+
+
+def test_cli_override_errors_name_the_override(sweep_file):
+    problems = _problems(sweep_file(), ["budget.trials=many", "budget"])
+    assert any(p.startswith("command line 'budget': not FIELD=VALUE") for p in problems)
+    (after,) = _problems(sweep_file(), ["budget.trials=many"])
+    assert after.startswith("command line 'budget.trials=many': budget.trials:") and "'many'" in after
+
+
+def test_search_space_is_included_and_the_sweep_wins(sweep_file, tmp_path):
+    spaces = tmp_path / "search_spaces"
+    spaces.mkdir()
+    (spaces / "kl.yaml").write_text(
+        "parameters:\n"
+        "  kl_coef: {distribution: log_uniform_values, min: 0.0001, max: 0.01}\n"
+        "  kl_loss_type: {values: [low_var_kl, kl]}\n"
+    )
+    sub = tmp_path / "sweeps"
+    sub.mkdir()
+    path = sub / "s.yaml"
+    path.write_text(sweep_file("search_space: kl\nparameters:\n  kl_loss_type: {values: [mse]}\n").read_text())
+    sweep = load_sweep(path)
+    assert sweep.parameters["kl_loss_type"].values == ["mse"]
+    assert sweep.parameters["kl_coef"].max == 0.01
+    assert sweep.where("parameters", "kl_coef") == f"{spaces / 'kl.yaml'}:2"
+
+
+def test_search_space_missing_or_malformed(sweep_file, tmp_path):
+    assert "search_space: no file 'nope'" in _problems(sweep_file("search_space: nope\n"))[0]
+    bad = tmp_path / "space.yaml"
+    bad.write_text("parameters:\n  kl_coef: {min: 1}\n")
+    (problem,) = _problems(sweep_file(f"search_space: {bad}\n"))
+    assert problem.startswith(f"{bad}:2: parameters.kl_coef")
+
+
+def test_asha_with_multi_objective_is_refused(sweep_file):
+    path = sweep_file("scheduler: asha\n", header=False)
+    path.write_text(
+        "name: t\nalgorithm: grpo\nscheduler: asha\nobjective:\n"
+        "  - {metric: val-core/arith/acc/mean@1, mode: max}\n  - {metric: actor/kl_loss, mode: min}\n"
+    )
+    (problem,) = _problems(path)
+    assert "asha needs a single objective" in problem
+
+
+def test_parameter_without_kind_says_what_a_parameter_is(sweep_file):
+    (problem,) = _problems(sweep_file("parameters:\n  kl_coef: 0.01\n"))
+    assert "parameters.kl_coef" in problem and "`values: [...]`, `value: x`" in problem
