@@ -110,7 +110,7 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
         lines.append("verdict: WARNED (not stopped): " + ", ".join(warned))
     else:
         lines.append("verdict: HEALTHY")
-    if s["best"] and s["verdict"] == "stopped":
+    if s["best"] and s["verdict"] == "stopped" and s["collapsed_at"] is None:  # collapse texts include it
         b = s["best"]
         lines.append(f"best report before the stop: step {b['step']} ({b['metric']} = {b['value']:g})")
     return "\n".join(lines)
