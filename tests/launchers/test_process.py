@@ -41,6 +41,32 @@ def test_metrics_stream_step_by_step(fake_trainer, tmp_path):
     assert "step:5 - actor/kl_loss:0.050" in (attempt_dir(tmp_path, 1) / "stdout.log").read_text()
 
 
+@pytest.mark.slow
+def test_embedded_trainer_process_streams_and_stops(tmp_path):
+    """The real embedded trainer as the trial process: each line it wrote reaches report once and in order, step 0
+    (validation before training, as verl logs it) included; a stop at step 2 ends the process."""
+    overrides = {"algorithm.adv_estimator": "grpo", "trainer.total_training_steps": 50, "data.train_batch_size": 4}
+    seen, stopped_at = [], []
+
+    def report(metrics):
+        seen.append(dict(metrics))
+        if metrics["step"] == 2:
+            stopped_at.append(time.monotonic())
+            raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        run_process_trial(overrides, trainer="embedded", trial_dir=tmp_path, report=report)
+    run_dir = attempt_dir(tmp_path, 1)
+    info = json.loads((run_dir / "supervisor.json").read_text())
+    MEASURED["stop (embedded trainer)"] = seconds_until_gone({info["pid"], info["supervisor_pid"]}) + (
+        time.monotonic() - stopped_at[0])
+    assert json.loads((run_dir / "exit.json").read_text())["reason"] == "stopped"
+    written = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in seen] == [0, 1, 2]
+    assert seen == [line["data"] | {"step": line["step"]} for line in written[:3]]
+    assert "actor/pg_loss" in seen[1] and "val-core/arith/acc/mean@1" in seen[0]
+
+
 def test_each_attempt_gets_its_own_metrics_file(fake_trainer, tmp_path):
     for _ in range(2):
         run_process_trial({"steps": 2}, trainer=fake_trainer, trial_dir=tmp_path, report=lambda m: None)

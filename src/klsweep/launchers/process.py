@@ -121,8 +121,14 @@ def run_process_trial(
     report: Callable[[dict[str, Any]], Any] | None = None,
     timeout_s: float | None = None,
     grace_s: float = 5.0,
+    retries: int = 1,
 ) -> None:
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
+
+    A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed) starts a new attempt, up to
+    ``retries`` times; verl resumes it from the trial's own last checkpoint, and steps already reported are not
+    reported again. Other failures raise at once (Tune's ``FailureConfig`` cannot tell kinds apart: keep its
+    ``max_failures=0``).
 
     Args:
         overrides: the trial's flat verl overrides.
@@ -132,9 +138,10 @@ def run_process_trial(
         report: called with ``data | {"step": N}`` once per metrics line, in file order (default
             ``ray.tune.report``). Raising from it (Tune raises ``SystemExit`` when it stops the trial) ends the
             process tree and propagates.
-        timeout_s: wall-clock limit of the process in seconds (None: none). Checkpoint steps of verl take ~10× a
+        timeout_s: wall-clock limit of each attempt in seconds (None: none). Checkpoint steps of verl take ~10× a
             normal step (card K17): size it for the whole run, not per step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
+        retries: how many new attempts a retryable failure gets.
 
     Raises:
         TrialFailed: the process failed; ``.kind`` is a :data:`klsweep.launchers.failures.KINDS` entry, recorded
@@ -144,41 +151,55 @@ def run_process_trial(
     trainer = trainer or (sweep.trainer if sweep is not None else None)
     if trainer is None:
         raise ValueError("run_process_trial needs trainer= or sweep= (whose .trainer names the trainer)")
-    gpu_ids = None
     if trial_dir is None or report is None:
         from ray import tune
 
-        context = tune.get_context()
-        trial_dir = trial_dir or context.get_trial_dir()
+        trial_dir = trial_dir or tune.get_context().get_trial_dir()
         if not trial_dir:
             raise ValueError("run_process_trial runs inside a Ray Tune trial, or needs trial_dir=")
         report = report or tune.report
     import ray
 
-    if ray.is_initialized():
-        gpu_ids = [str(i) for i in ray.get_gpu_ids()]
+    gpu_ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
-    attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
-    argv, env = trial_command(overrides, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
-    run_dir = attempt_dir(trial_dir, attempt)
-    run_dir.mkdir(parents=True)
+    last_step = -1  # verl logs validation before training as step 0
+    for retry in range(retries + 1):
+        attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
+        argv, env = trial_command(overrides, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
+        failure, last_step = _run_attempt(argv, env, attempt_dir(trial_dir, attempt), report, last_step,
+                                          timeout_s=timeout_s, grace_s=grace_s)
+        if failure is None:
+            return
+        failure.save(trial_dir / "failure.json")
+        if not failure.retryable or retry == retries:
+            raise TrialFailed(failure.kind, failure.message)
 
+
+def _run_attempt(
+    argv: list[str],
+    env: dict[str, str],
+    run_dir: Path,
+    report: Callable[[dict[str, Any]], Any],
+    last_step: int,
+    *,
+    timeout_s: float | None,
+    grace_s: float,
+) -> tuple[Failure | None, int]:
+    """One start of the trial's process: tail its metrics until it ends; (its failure or None, last step reported)."""
+    run_dir.mkdir(parents=True)
     handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
     metrics = _MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     timed_out = False
-    steps = 0
     try:
         while True:
             record = handle.exit_record()
-            for step, data in metrics.read_new():
-                report(data | {"step": step})
-                steps += 1
-            if record is not None:
-                for step, data in metrics.read_new(final=True):
+            for step, data in metrics.read_new(final=record is not None):
+                if step > last_step:  # a resumed attempt replays the steps after its checkpoint
                     report(data | {"step": step})
-                    steps += 1
+                    last_step = step
+            if record is not None:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
@@ -190,16 +211,12 @@ def run_process_trial(
             handle.stop(wait_s=grace_s + 2.0)
     returncode = record["returncode"] if record else None
     if returncode == 0 and not timed_out:
-        if steps == 0:
-            _fail(trial_dir, Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}"))
-        return
-    stderr = (run_dir / "stderr.log").read_text(errors="replace") if (run_dir / "stderr.log").exists() else ""
-    _fail(trial_dir, classify(returncode, stderr, timed_out=timed_out))
-
-
-def _fail(trial_dir: Path, failure: Failure) -> None:
-    failure.save(trial_dir / "failure.json")
-    raise TrialFailed(failure.kind, failure.message)
+        if metrics.lines == 0:
+            return Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}"), last_step
+        return None, last_step
+    stderr_path = run_dir / "stderr.log"
+    stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
+    return classify(returncode, stderr, timed_out=timed_out), last_step
 
 
 class _MetricsTail:
@@ -209,6 +226,7 @@ class _MetricsTail:
         self.path = path
         self._offset = 0
         self._partial = b""
+        self.lines = 0  # complete lines read so far
 
     def read_new(self, final: bool = False) -> list[tuple[int, dict[str, Any]]]:
         """``[(step, data), ...]`` of the lines completed since the last call (``final``: the last line too).
@@ -231,4 +249,5 @@ class _MetricsTail:
             entry = json.loads(line)
             data = {k: (math.nan if v is None else v) for k, v in entry["data"].items()}
             out.append((int(entry["step"]), data))
+        self.lines += len(out)
         return out
