@@ -17,6 +17,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from klsweep.verl.metrics import resolve
 
@@ -103,6 +104,7 @@ class SweepProgress(Callback):
             self._console.print(
                 f"[{self._done}/{self._total}] {trial.trial_id} {row['status']} step={_fmt(row.get('step'))} "
                 f"{objectives}{reason}",
+                markup=False,
                 highlight=False,
                 soft_wrap=True,
             )
@@ -113,12 +115,9 @@ class SweepProgress(Callback):
         for header in headers:
             table.add_column(header.rsplit("/", 3)[-3] if header.count("/") >= 3 else header, overflow="fold")
         for row in list(self._rows.values())[-20:]:
-            table.add_row(
-                row["trial"], row["status"], _fmt(row.get("step")),
-                *(_fmt(row.get(c)) for c in _COLUMNS),
-                *(_fmt(row.get(n)) for n in self._objectives),
-                row.get("health", ""),
-            )
+            cells = [row["trial"], row["status"], _fmt(row.get("step")), *(_fmt(row.get(c)) for c in _COLUMNS),
+                     *(_fmt(row.get(n)) for n in self._objectives), str(row.get("health", ""))]
+            table.add_row(*(Text(cell) for cell in cells))
         return table
 
     def _redraw(self) -> None:

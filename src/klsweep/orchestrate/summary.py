@@ -10,9 +10,19 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from klsweep.analysis.load import overrides_of
+from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
 from klsweep.verl.config import verl_command
+
+#: Keys whose embedded values are sized for the tiny CPU task, left out of the verl command of an embedded trial.
+_EMBEDDED_SIZES = frozenset(EMBEDDED_DEFAULTS) | {
+    "actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "data.max_prompt_length",
+}
+
+#: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
+_PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
 
 
 def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +66,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         for col in ("number", "state", "steps", "stop_reason"):
             table.add_column(col, overflow="fold")
         for _, row in stopped.iterrows():
-            table.add_row(*(_fmt(row.get(c)) for c in ("number", "state", "steps", "stop_reason")))
+            table.add_row(*(Text(_fmt(row.get(c))) for c in ("number", "state", "steps", "stop_reason")))
         console.print(table)
     best = best_trials(sweep, df)
     if best.empty:
@@ -64,13 +74,20 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         console.print(f"results: {out_dir}")
         return 1
     for note in best.attrs.get("notes", []):
-        console.print(f"note: {note}", style="yellow", highlight=False)
+        console.print(f"note: {note}", style="yellow", **_PLAIN)
     title = "best trial" if len(sweep.objectives) == 1 else f"Pareto front ({len(best)} trials)"
     console.print(f"\n[bold]{title}[/bold]")
     for _, row in best.iterrows():
         values = ", ".join(f"{o.metric}={_fmt(row[f'value/{o.metric}'])}" for o in sweep.objectives)
         kl = f", {row['kl_metric']} last={_fmt(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
-        console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", highlight=False)
-        console.print(verl_command(overrides_of(row)), highlight=False, soft_wrap=True)
+        console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
+        overrides = overrides_of(row)
+        if sweep.trainer == "embedded":
+            console.print("reproduce on the embedded trainer:", highlight=False)
+            console.print(verl_command(overrides, module="klsweep.trainers.embedded"), **_PLAIN)
+            overrides = {k: v for k, v in overrides.items() if k not in _EMBEDDED_SIZES}
+            console.print("the same KL and algorithm settings on verl (add your model, data and batch sizes):",
+                          highlight=False)
+        console.print(verl_command(overrides), **_PLAIN)
     console.print(f"\nresults: {out_dir} (trials.csv, study.db, tune/)")
     return 0

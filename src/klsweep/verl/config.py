@@ -80,11 +80,12 @@ def format_overrides(overrides: Mapping[str, Any]) -> list[str]:
     return [f"{key}={format_value(value)}" for key, value in overrides.items()]
 
 
-def verl_command(overrides: Mapping[str, Any]) -> str:
-    """The shell command that runs these overrides on real verl: ``python -m verl.trainer.main_ppo k=v ...``."""
+def verl_command(overrides: Mapping[str, Any], module: str = "verl.trainer.main_ppo") -> str:
+    """The shell command that runs these overrides: ``python3 -m verl.trainer.main_ppo k=v ...`` (or ``module``,
+    e.g. ``klsweep.trainers.embedded``, which takes the same overrides)."""
     import shlex
 
-    return " ".join(["python3 -m verl.trainer.main_ppo", *(shlex.quote(o) for o in format_overrides(overrides))])
+    return " ".join([f"python3 -m {module}", *(shlex.quote(o) for o in format_overrides(overrides))])
 
 
 def config_dir() -> str:
