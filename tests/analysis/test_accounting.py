@@ -6,7 +6,6 @@ import pandas as pd
 import pytest
 
 from klsweep.analysis.accounting import compute_accounting
-from klsweep.analysis.load import load
 
 
 def test_accounting_by_hand():
@@ -30,8 +29,3 @@ def test_accounting_by_hand():
     assert table.loc["total", "steps_saved"] == 45
     assert table.loc["total", "gpu_h_saved"] == pytest.approx((150 + 300) * 2 / 3600)
 
-
-def test_load_gives_gpu_seconds(synthetic_sweep):
-    # 4 trials, 10 steps at 2 s/step; trial 3 stopped at step 5; 0.5 GPU per trial
-    df = load(synthetic_sweep(4, max_steps=10, gpu=0.5))
-    assert list(df["gpu_s"]) == [10.0, 10.0, 10.0, 5.0]

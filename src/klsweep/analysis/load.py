@@ -73,15 +73,16 @@ def _tune_trials(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     if not tune_dir.is_dir():
         return
     for result_file in sorted(tune_dir.glob("*/result.json")):
-        rows = []
-        with result_file.open() as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:  # the last line of a trial killed mid-write
-                        break
+        lines = [line for line in result_file.read_text().splitlines() if line.strip()]
+        try:  # one decode per file: ~3x faster than one per line on 1,000 trials (benchmarks/load_speed.py)
+            rows = json.loads("[" + ",".join(lines) + "]")
+        except json.JSONDecodeError:
+            rows = []
+            for line in lines:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # the last line of a trial killed mid-write
+                    break
         if rows:
             yield rows[0].get("trial_id", result_file.parent.name), rows
 
