@@ -11,7 +11,9 @@ import yaml
 
 from klsweep.analysis.load import load, load_history, study_of, sweep_info
 from klsweep.analysis.pareto import pareto_front
-from klsweep.analysis.plots import curves_figure, front_figure, importance_figure, knobs_figure, thresholds
+from klsweep.analysis.plots import (
+    curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, thresholds,
+)
 from klsweep.health import load_ruleset
 
 from .conftest import trial_spec
@@ -90,3 +92,17 @@ def test_knobs_figure_has_an_axis_per_varying_knob():
     labels = [d.label for d in fig.data[0].dimensions]
     assert labels == ["a.kl_loss_coef", "a.kl_loss_type", "value/score"]
     assert list(fig.data[0].dimensions[1].values) == [1, 0, 1]  # categories sorted: k3=0, kl=1
+
+
+def test_single_objective_front_is_against_kl_when_every_feasible_trial_logged_one():
+    df = pd.DataFrame({"number": [0, 1, 2], "state": ["COMPLETE", "COMPLETE", "PRUNED"],
+                       "health": ["healthy", "healthy", "stopped"], "value/score": [0.5, 0.7, None],
+                       "last/ref_kl": [0.1, 0.3, None]})
+    assert front_objectives(df, [("score", "max")]) == [("value/score", "max"), ("last/ref_kl", "min")]
+    # a DrGRPO trial has no reference KL: the front falls back to the objective alone, plotted by trial number
+    drgrpo = df.assign(**{"last/ref_kl": [0.1, None, None]})
+    assert front_objectives(drgrpo, [("score", "max")]) == [("value/score", "max")]
+    fig = front_figure(drgrpo, [("score", "max")])
+    assert fig.layout.xaxis.title.text == "number" and fig.layout.title.text == "Best trials: value/score (max)"
+    front = next(t for t in fig.data if t.name.startswith("Pareto front"))
+    assert list(front.x) == [1] and list(front.y) == [0.7]

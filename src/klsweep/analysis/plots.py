@@ -49,32 +49,38 @@ def _shown(v: Any) -> bool:
     return not (v is None or (isinstance(v, float) and pd.isna(v)))
 
 
-def front_axes(df: pd.DataFrame, objectives: Objectives) -> list[tuple[str, str]]:
-    """The two objectives a front is plotted on, as ``[(y column: reward, mode), (x column: KL, mode)]``.
+def front_objectives(df: pd.DataFrame, objectives: Objectives) -> list[tuple[str, str]]:
+    """The objectives a front is computed on, as ``[(column, mode)]``; the first two are the plot's y and x axes.
 
-    With two or more objectives: the first two. With one: that objective against the last reference KL
-    (``last/ref_kl``, minimised), the trade-off every KL sweep is about.
+    With two or more objectives: all of them. With one: that objective and the last reference KL (``last/ref_kl``,
+    minimised), the trade-off every KL sweep is about, when every feasible trial logged a reference KL; otherwise
+    (e.g. DrGRPO trials, which have no KL to the reference) the one objective alone, plotted against trial number.
     """
     columns = objective_columns(df, objectives)
     if len(columns) >= 2:
-        return columns[:2]
-    return [columns[0], ("last/ref_kl", "min")]
+        return columns
+    ok = feasible(df) if len(df) else pd.Series(dtype=bool)
+    kl = pd.to_numeric(df["last/ref_kl"], errors="coerce")[ok] if "last/ref_kl" in df else pd.Series(dtype=float)
+    if len(kl) and kl.notna().all():
+        return [columns[0], ("last/ref_kl", "min")]
+    return columns
 
 
 def front_figure(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | None = None) -> go.Figure:
-    """Pareto front: every trial as a point (y: first objective, x: second or the reference KL).
+    """Pareto front: every trial as a point (y: first objective, x: second, see :func:`front_objectives`).
 
     Feasible trials are coloured by ``kl_loss_type / loss_agg_mode``, infeasible ones grey, the front outlined and
     joined. With no feasible trial the least infeasible are labelled with their rank (card K25). The title names the
     KL scale(s) plotted and the warnings of :func:`klsweep.analysis.pareto.pareto_front`.
     """
-    (y, y_mode), (x, x_mode) = front_axes(df, objectives)
+    axes = front_objectives(df, objectives)
+    (y, y_mode), (x, x_mode) = axes[0], (axes[1] if len(axes) > 1 else ("number", ""))
     if front is None:
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            front = pareto_front(df, [(y, y_mode), (x, x_mode)])
+            front = pareto_front(df, axes)
     # infeasible trials have no told value: fall back to the last reported one so they can still be drawn
     def column(col: str) -> pd.Series:
         values = pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(float("nan"), index=df.index)
@@ -110,7 +116,7 @@ def front_figure(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame |
             text=[f"#{r}" for r in ranked["infeasible_rank"]], textposition="top center",
             marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(color="firebrick", width=2))))
     scales = front.attrs.get("kl_scale") or sorted(set(kl_scale(df[ok])))
-    title = f"Pareto front: {y} ({y_mode}) vs {x} ({x_mode})"
+    title = f"Pareto front: {y} ({y_mode}) vs {x} ({x_mode})" if x_mode else f"Best trials: {y} ({y_mode})"
     subtitle = _wrap(f"KL plotted: {'; '.join(scales) or 'n/a'}")
     notes = front.attrs.get("notes", [])
     if notes:
@@ -280,7 +286,7 @@ def _message(fig: go.Figure, text: str) -> go.Figure:
 def knobs_figure(df: pd.DataFrame, objectives: Objectives) -> go.Figure:
     """Parallel coordinates of the KL knobs that vary across trials against the first objective (categorical knobs
     as their category index, named on the axis)."""
-    (y, _), _ = front_axes(df, objectives)
+    (y, _) = objective_columns(df, objectives)[0]
     knobs = [c for c in df.columns if c.startswith("config/") and df[c].nunique(dropna=True) > 1]
     dims = []
     for c in knobs:

@@ -19,7 +19,7 @@ from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.load import load, load_history, overrides_of, study_of, sweep_info
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import (
-    curves_figure, front_axes, front_figure, importance_figure, knobs_figure, table_figure, write_pngs,
+    curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, table_figure, write_pngs,
 )
 from klsweep.errors import KlsweepError, ResultsError
 from klsweep.verl.config import verl_command
@@ -50,10 +50,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     max_steps = int(budget.get("max_steps") or pd.to_numeric(df.get("steps"), errors="coerce").max() or 0)
     gpu = float(budget.get("resources", {}).get("gpu", 0.0))
     objectives = [(o["metric"], o["mode"]) for o in info["objectives"]]
-    axes = front_axes(df, objectives)
+    axes = front_objectives(df, objectives)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        front = pareto_front(df, objectives if len(objectives) > 1 else axes)
+        front = pareto_front(df, axes)
     ruleset = _ruleset(sweep.get("health"))
     study = study_of(info)
 
@@ -68,7 +68,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     figures = {
         "summary": table_figure(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
                                         f"{int(feasible(df).sum())} feasible"),
-        "front": front_figure(df, objectives if len(objectives) > 1 else axes, front),
+        "front": front_figure(df, axes, front),
         "curves": curves_figure(load_history(run_dir), df, ruleset),
         "importance": importance_figure(study, info["objectives"]),
         "knobs": knobs_figure(df, objectives),
