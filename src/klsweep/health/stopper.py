@@ -15,8 +15,9 @@ from klsweep.verl.metrics import flat_verl_config
 class HealthStopper(Stopper):
     """Stops a trial when its health rules say so, and records why.
 
-    On every result it writes ``result["health"]`` (healthy | warned | stopped) and ``result["stop_reason"]`` (the
-    stop reason's text, "" when none): Tune keeps them in ``result.json`` and the results dataframe.
+    On every result it writes ``result["health"]`` (healthy | warned | stopped), ``result["stop_reason"]`` (the
+    stop reason's text, "" when none) and ``result["stop_kind"]`` (diverged, no_signal, nonfinite, ...; "" when
+    none): Tune keeps them in ``result.json`` and the results dataframe.
 
     Args:
         ruleset: from :func:`~klsweep.health.load_ruleset`.
@@ -40,6 +41,7 @@ class HealthStopper(Stopper):
         verdict = engine.update(step, result)
         result["health"] = verdict.health
         result["stop_reason"] = verdict.reason.text() if verdict.reason else ""
+        result["stop_kind"] = verdict.reason.kind if verdict.reason else ""
         return verdict.stop
 
     def stop_all(self) -> bool:

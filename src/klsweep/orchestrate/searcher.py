@@ -12,6 +12,7 @@ ran its full budget, objectives finite         COMPLETE with the last reported v
 stopped by a health rule (single objective)    PRUNED (value = last intermediate value), reason in user attrs
 stopped by a health rule (multi-objective)     COMPLETE + constraint violated (infeasible), or FAIL if it
                                                never reported every objective
+stopped for non-finite losses or no signal     FAIL: not a score the sampler should learn from (card K14)
 stopped early by ASHA                          PRUNED, stop_reason "scheduler"
 raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
@@ -31,6 +32,9 @@ from typing import Any
 
 import optuna
 from ray.tune.search.optuna import OptunaSearch
+
+#: Health stop kinds recorded as FAIL: the run is broken (NaN) or learned nothing, so its last value means nothing.
+FAILED_KINDS = frozenset({"nonfinite", "no_signal"})
 
 #: Name of the Optuna constraint a health stop violates (``FrozenTrial.constraints["health"]``).
 HEALTH_CONSTRAINT = "health"
@@ -106,7 +110,8 @@ class KlsweepSearch(OptunaSearch):
         steps = int(result.get("training_iteration", 0) or 0)
         health = str(result.get("health", "healthy") or "healthy")
         stop_reason = str(result.get("stop_reason", "") or "")
-        state, stop_reason = self._outcome(error, health, stop_reason, steps, values)
+        stop_kind = str(result.get("stop_kind", "") or "")
+        state, stop_reason = self._outcome(error, health, stop_kind, stop_reason, steps, values)
 
         ot_trial.set_user_attr("ray_trial_id", trial_id)
         ot_trial.set_user_attr("health", health)
@@ -121,13 +126,15 @@ class KlsweepSearch(OptunaSearch):
         self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
 
     def _outcome(
-        self, error: bool, health: str, stop_reason: str, steps: int, values: list[float | None]
+        self, error: bool, health: str, stop_kind: str, stop_reason: str, steps: int, values: list[float | None]
     ) -> tuple[optuna.trial.TrialState, str]:
         State = optuna.trial.TrialState
         finite = all(v is not None and math.isfinite(v) for v in values)
         if error:
             return State.FAIL, stop_reason or "trial raised an error (see its error.txt in the Tune directory)"
         if health == "stopped":
+            if stop_kind in FAILED_KINDS:
+                return State.FAIL, stop_reason
             if len(values) > 1 and finite:
                 return State.COMPLETE, stop_reason  # infeasible through the constraint
             return (State.PRUNED if len(values) == 1 else State.FAIL), stop_reason

@@ -1,0 +1,113 @@
+"""`sweep run` end to end: a real sweep on the embedded trainer through real Ray Tune and Optuna."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from klsweep.cli import main
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+SEEDS = [  # the seed preset first, then one trial per outcome
+    {"kl_coef": 0.002, "actor_rollout_ref.actor.clip_ratio_c": 3.0},  # healthy: runs its 4 steps
+    {"kl_coef": 0.05, "actor_rollout_ref.actor.clip_ratio_c": 3.0},  # β above the rule's 0.01: stopped at step 1
+    {"kl_coef": 0.002, "actor_rollout_ref.actor.clip_ratio_c": 0.5},  # verl's dual-clip asserts c > 1: crashes
+]
+
+
+def tiny_sweep(tmp_path, **extra) -> str:
+    """A PPO sweep small enough for a test: 4-prompt × 2-sample batches, 4 steps, validation every 2 steps."""
+    sweep = {
+        "name": "tiny",
+        "algorithm": "ppo",
+        "overrides": {
+            "algorithm.kl_ctrl.type": "fixed",
+            "data.train_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "critic.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.rollout.n": 2,
+            "trainer.test_freq": 2,
+        },
+        "parameters": {
+            "kl_coef": {"values": [0.002, 0.05]},
+            "actor_rollout_ref.actor.clip_ratio_c": {"values": [3.0, 0.5]},
+        },
+        "seed_trials": SEEDS,
+        "objective": {"metric": "val-core/arith/acc/mean@1", "mode": "max"},
+        "sampler": "random",
+        "budget": {"trials": 3, "max_concurrent": 2, "max_steps": STEPS},
+        "health": {
+            "preset": "default",
+            "rules": [{"name": "beta_high", "metric": "actor/reward_kl_penalty_coeff", "above": 0.01,
+                       "action": "stop", "kind": "diverged", "advice": "lower kl_coef"}],
+        },
+        **extra,
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    out = tmp_path / "out"
+    code = main(["run", tiny_sweep(tmp_path), "--out", str(out), "--quiet"])
+    return code, out
+
+
+def test_study_records_each_outcome(tiny_run):
+    code, out = tiny_run
+    assert code == 0  # a trial completed healthy
+    info = json.loads((out / "sweep.json").read_text())
+    study = optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert [t.params for t in trials] == [
+        {"algorithm.kl_ctrl.kl_coef": s["kl_coef"], "actor_rollout_ref.actor.clip_ratio_c": s[
+            "actor_rollout_ref.actor.clip_ratio_c"]} for s in SEEDS
+    ]
+    healthy, stopped, crashed = trials
+    assert healthy.state == optuna.trial.TrialState.COMPLETE and healthy.user_attrs["steps"] == STEPS
+    assert 0.0 <= healthy.value <= 1.0
+    assert stopped.state == optuna.trial.TrialState.PRUNED
+    assert stopped.user_attrs["health"] == "stopped" and stopped.user_attrs["steps"] == 1
+    assert "beta_high" in stopped.user_attrs["stop_reason"]
+    assert crashed.state == optuna.trial.TrialState.FAIL
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    overrides = json.loads(healthy.user_attrs["verl_overrides"])
+    assert overrides["algorithm.use_kl_in_reward"] is True and overrides["algorithm.kl_ctrl.kl_coef"] == 0.002
+    assert overrides["trainer.total_training_steps"] == STEPS
+
+
+def test_trials_csv_matches_the_study(tiny_run):
+    _, out = tiny_run
+    info = json.loads((out / "sweep.json").read_text())
+    study = optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    df = pd.read_csv(out / "trials.csv")
+    assert list(df["number"]) == [t.number for t in study.trials]
+    assert list(df["state"]) == [t.state.name for t in study.trials]
+    assert list(df["trial_id"]) == [t.user_attrs["ray_trial_id"] for t in study.trials]
+    assert list(df["config/algorithm.kl_ctrl.kl_coef"]) == [s["kl_coef"] for s in SEEDS]
+    complete = df[df["state"] == "COMPLETE"].iloc[0]
+    metric = "val-core/arith/acc/mean@1"
+    assert complete[f"value/{metric}"] == pytest.approx(study.trials[0].value)
+    assert complete[f"last/{metric}"] == pytest.approx(study.trials[0].value)
+    assert complete["kl_metric"] == "actor/reward_kl_penalty"
+    assert complete["steps"] == STEPS and complete["wall_s"] > 0
+    # the per-step history holds the final step's validation value the study was told
+    rows = [json.loads(line) for line in next((out / "tune").glob(f"*{complete['trial_id']}*/result.json")).open()]
+    assert rows[-1][metric] == pytest.approx(study.trials[0].value)
+    assert [r["training_iteration"] for r in rows] == list(range(1, STEPS + 1))
+
+
+def test_rerun_into_the_same_directory_is_refused(tiny_run, tmp_path, capsys):
+    _, out = tiny_run
+    assert main(["run", tiny_sweep(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
