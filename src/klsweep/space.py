@@ -58,31 +58,37 @@ def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
     }
 
 
-def define_space(sweep: Sweep):
-    """The Optuna define-by-run function of ``sweep``: ``space(trial) -> dict`` of the constants (``value:``).
+def define_space(sweep: Sweep) -> SearchSpace:
+    """The Optuna define-by-run function of ``sweep`` (a picklable :class:`SearchSpace`, as Ray Tune saves the
+    searcher's state)."""
+    params = parameters(sweep)
+    return SearchSpace(params, fixed_overrides(sweep), {key: condition(sweep, p.when) for key, p in params.items()})
+
+
+class SearchSpace:
+    """``space(trial) -> dict`` of the constants (``value:`` parameters): a define-by-run function.
 
     Parameters are suggested in file order; a parameter with ``when`` is suggested only when each condition key's
     value (an earlier suggested parameter, else the fixed overrides) is one of the allowed values. Works with
     ``optuna.Trial`` and with Ray Tune's ``OptunaSearch(space=...)``.
     """
-    params = parameters(sweep)
-    fixed = fixed_overrides(sweep)
-    conditions = {key: condition(sweep, p.when) for key, p in params.items()}
 
-    def space(trial) -> dict[str, Any]:
+    def __init__(self, params: Mapping[str, Parameter], fixed: Mapping[str, Any],
+                 conditions: Mapping[str, Mapping[str, list[Any]]]):
+        self.params, self.fixed, self.conditions = dict(params), dict(fixed), dict(conditions)
+
+    def __call__(self, trial) -> dict[str, Any]:
         chosen: dict[str, Any] = {}
         constants: dict[str, Any] = {}
-        for key, p in params.items():
-            current = {**fixed, **chosen}
-            if any(current.get(k) not in allowed for k, allowed in conditions[key].items()):
+        for key, p in self.params.items():
+            current = {**self.fixed, **chosen}
+            if any(current.get(k) not in allowed for k, allowed in self.conditions[key].items()):
                 continue
             if isinstance(p, Constant):
                 constants[key] = chosen[key] = p.value
             else:
                 chosen[key] = suggest(trial, key, p)
         return constants
-
-    return space
 
 
 def suggest(trial, name: str, p: Choice | Range) -> Any:

@@ -1,0 +1,107 @@
+"""Preflight of raw verl override dicts: batch arithmetic (K08), required keys, bool types (K07), K05 warning."""
+
+from __future__ import annotations
+
+import pytest
+
+from klsweep.errors import PreflightError
+from klsweep.verl.preflight import preflight
+from klsweep.verl.presets import preset_overrides
+
+pytestmark = pytest.mark.slow  # each call composes verl's config (~0.3 s)
+
+A = "actor_rollout_ref."
+
+REAL_VERL = {
+    A + "rollout.name": "vllm",
+    A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct",
+    "data.train_files": "train.parquet",
+    "data.val_files": "test.parquet",
+    A + "rollout.log_prob_micro_batch_size_per_gpu": 4,
+    A + "ref.log_prob_micro_batch_size_per_gpu": 4,
+    A + "actor.ppo_micro_batch_size_per_gpu": 2,
+    "data.train_batch_size": 16,
+    A + "actor.ppo_mini_batch_size": 8,
+    "trainer.n_gpus_per_node": 4,
+}
+
+
+def _problems(overrides, trainer="verl", **kw) -> list[str]:
+    with pytest.raises(PreflightError) as e:
+        preflight(overrides, trainer=trainer, **kw)
+    return str(e.value).splitlines()
+
+
+def test_a_complete_grpo_config_passes():
+    grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
+    # 16 prompts × 5 samples = 80 over 4 GPUs; mini-batch share 8 × 5 / 4 = 10, micro 2 divides it
+    assert preflight(grpo, trainer="verl") == []
+
+
+def test_k08_card_input_shows_the_arithmetic():
+    k08 = {
+        "data.train_batch_size": 8,
+        A + "actor.ppo_mini_batch_size": 4,
+        A + "rollout.n": 2,
+        "trainer.n_gpus_per_node": 4,
+        A + "actor.ppo_micro_batch_size_per_gpu": 4,
+    }
+    (line,) = [p for p in _problems(k08, where={A + "actor.ppo_micro_batch_size_per_gpu": "s.yaml:7"})
+               if "mini-batch per GPU" in p]
+    assert line.startswith("s.yaml:7: ")
+    assert "4 × 2 / 4 = 2" in line and "Use at most 2" in line
+
+
+def test_batch_that_does_not_split_over_gpus():
+    lines = _problems({**REAL_VERL, "data.train_batch_size": 6, A + "actor.ppo_mini_batch_size": 6,
+                       "trainer.n_gpus_per_node": 4})
+    assert any("6 × 1 = 6 sequences do not split evenly over 4 GPUs" in p for p in lines)
+
+
+def test_mini_batch_larger_than_the_batch_and_not_dividing_it():
+    assert any("(32) is larger than data.train_batch_size (16)" in p
+               for p in _problems({**REAL_VERL, A + "actor.ppo_mini_batch_size": 32}))
+    assert any("(20) is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (8)" in p
+               for p in _problems({**REAL_VERL, "data.train_batch_size": 20, A + "actor.ppo_mini_batch_size": 8,
+                                   "trainer.n_gpus_per_node": 2}))
+
+
+def test_required_keys_for_real_verl():
+    lines = _problems(preset_overrides("ppo", "reward"))
+    required = {p.split(" is required")[0] for p in lines if "is required with trainer: verl" in p}
+    assert required >= {A + "rollout.name", "critic.model.path", A + "ref.log_prob_micro_batch_size_per_gpu",
+                        A + "model.path", A + "actor.ppo_micro_batch_size_per_gpu"}
+    # the embedded trainer needs none of them
+    assert preflight(preset_overrides("ppo", "reward", base={"data.train_batch_size": 16,
+                                                             A + "actor.ppo_mini_batch_size": 16}),
+                     trainer="embedded") == []
+
+
+def test_ref_micro_batch_only_when_a_reference_is_needed():
+    no_kl = {**preset_overrides("drgrpo", "none"), **REAL_VERL}
+    del no_kl[A + "ref.log_prob_micro_batch_size_per_gpu"]
+    assert preflight(no_kl, trainer="verl") == []
+
+
+def test_k07_string_where_verl_has_a_bool():
+    lines = _problems({A + "actor.use_dynamic_bsz": "off"}, trainer="embedded")
+    assert any("use_dynamic_bsz='off' is not true/false" in p for p in lines)
+
+
+def test_k07_typo_with_line_and_closest_key():
+    (line,) = _problems({A + "actor.kl_los_type": "kl"}, where={A + "actor.kl_los_type": "s.yaml:9"})
+    assert line.startswith("s.yaml:9: ") and "did you mean 'actor_rollout_ref.actor.kl_loss_type'?" in line
+
+
+def test_k05_zero_coefficient_warns():
+    overrides = {**preset_overrides("grpo", "loss", base={"data.train_batch_size": 10}), A + "actor.kl_loss_coef": 0}
+    overrides[A + "actor.ppo_mini_batch_size"] = 10
+    (warning,) = preflight(overrides, trainer="embedded")
+    assert "kl_loss_coef=0" in warning
+
+
+def test_k04_negative_coefficient_needs_the_opt_in():
+    overrides = {**preset_overrides("grpo", "loss", base={"data.train_batch_size": 10}),
+                 A + "actor.ppo_mini_batch_size": 10, A + "actor.kl_loss_coef": -0.01}
+    assert any("is negative" in p for p in _problems(overrides, trainer="embedded"))
+    assert preflight(overrides, trainer="embedded", allow_negative_kl=True) == []
