@@ -39,7 +39,7 @@ def test_stopper_stops_the_diverging_trial_at_the_right_iteration(ray_local, tmp
     )
     df = tuner.fit().get_dataframe().set_index("config/scenario")
     sick, ok = df.loc["diverge"], df.loc["healthy"]
-    assert sick["training_iteration"] == 8 and sick["health"] == "stopped"
+    assert sick["training_iteration"] == 8 and sick["health"] == "stopped" and sick["stop_kind"] == "diverged"
     assert sick["stop_reason"].startswith("diverged at step 8 by kl_blowup: actor/kl_loss = 2.5")
     assert ok["training_iteration"] == STEPS and ok["health"] == "healthy" and ok["stop_reason"] == ""
     assert not stopper.stop_all()
@@ -56,4 +56,5 @@ def test_stopper_without_ray_tune_writes_health_and_stop_reason():
     stops = [stopper("t1", r) for r in results]
     assert stops.index(True) == 12  # kl exactly 0 after step 10 for 3 reports: iteration 13
     assert results[12]["health"] == "stopped" and "builtin.kl_dead" in results[12]["stop_reason"]
+    assert results[12]["stop_kind"] == "misconfigured" and results[11]["stop_kind"] == ""
     assert results[0]["health"] == "healthy" and results[0]["stop_reason"] == ""

@@ -42,6 +42,7 @@ class HealthStopper(Stopper):
         result["health"] = verdict.health
         result["stop_reason"] = verdict.reason.text() if verdict.reason else ""
         result["stop_kind"] = verdict.reason.kind if verdict.reason else ""
+        result["stop_kind"] = verdict.reason.kind if verdict.reason else ""
         return verdict.stop
 
     def stop_all(self) -> bool:
