@@ -1,0 +1,176 @@
+"""Parity: the losses, rewards and advantages the embedded trainer uses equal verl's functions and closed forms."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from klsweep.trainers.embedded.trainer import EmbeddedTrainer, actor_loss, apply_kl_penalty
+from klsweep.verl.config import KL_ESTIMATORS, LOSS_AGG_MODES
+
+A = "actor_rollout_ref.actor"
+
+
+def _actor_config(kl_loss_type: str, loss_agg_mode: str, entropy_coeff: float = 0.01, loss_scale_factor=None):
+    from verl.workers.config import ActorConfig
+
+    return ActorConfig(
+        strategy="fsdp", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4, rollout_n=2, clip_ratio=0.2,
+        loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, entropy_coeff=entropy_coeff,
+        use_kl_loss=True, kl_loss_coef=0.3, kl_loss_type=kl_loss_type,
+    )
+
+
+def _tensors(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (4, 5)
+    log_prob = (-torch.rand(shape, generator=g) * 2).requires_grad_(True)
+    old = log_prob.detach() + 0.3 * torch.randn(shape, generator=g)
+    ref = log_prob.detach() + 0.5 * torch.randn(shape, generator=g)
+    entropy = torch.rand(shape, generator=g)
+    advantages = torch.randn(shape, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.float)
+    return log_prob, entropy, old, ref, advantages, mask
+
+
+@pytest.mark.parametrize(
+    "kl_loss_type,loss_agg_mode", list(itertools.product(KL_ESTIMATORS, LOSS_AGG_MODES))
+)
+def test_actor_loss_and_gradient_equal_verls_functions(kl_loss_type, loss_agg_mode):
+    from verl.trainer.ppo import core_algos
+
+    log_prob, entropy, old, ref, advantages, mask = _tensors()
+    config = _actor_config(kl_loss_type, loss_agg_mode)
+    loss, metrics = actor_loss(log_prob, entropy, old, ref, advantages, mask, config)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+
+    # verl's functions on the same tensors, combined as verl/workers/utils/losses.py ppo_loss does
+    lp = log_prob.detach().clone().requires_grad_(True)
+    expected_cfg = _actor_config(kl_loss_type, loss_agg_mode)
+    expected_cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=4,
+                                          loss_scale_factor=None)
+    pg, _ = core_algos.compute_policy_loss_vanilla(old, lp, advantages, mask.bool(), loss_agg_mode, expected_cfg)
+    ent = core_algos.agg_loss(entropy, mask.bool(), loss_agg_mode)
+    kl = core_algos.agg_loss(core_algos.kl_penalty(lp, ref, kl_loss_type), mask.bool(), loss_agg_mode)
+    expected = pg - 0.01 * ent + 0.3 * kl
+    (expected_grad,) = torch.autograd.grad(expected, lp)
+
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+    assert metrics["actor/kl_loss"] == pytest.approx(kl.item())
+    assert metrics["actor/pg_loss"] == pytest.approx(pg.item())
+    assert metrics["actor/kl_coef"] == 0.3
+
+
+def test_actor_loss_closed_form_token_mean_k1_at_ratio_one():
+    # ratio = 1 (log_prob == old): pg_loss = token-mean(-A); k1 kl_loss = token-mean(log_prob - ref)
+    log_prob, entropy, _, ref, advantages, mask = _tensors(1)
+    config = _actor_config("k1", "token-mean", entropy_coeff=0.0)
+    loss, metrics = actor_loss(log_prob, entropy, log_prob.detach(), ref, advantages, mask, config)
+    n = mask.sum()
+    pg = (-advantages * mask).sum() / n
+    kl = ((log_prob.detach() - ref) * mask).sum() / n
+    assert metrics["actor/pg_loss"] == pytest.approx(pg.item(), rel=1e-5)
+    assert loss.item() == pytest.approx((pg + 0.3 * kl).item(), rel=1e-5)
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_seq_mean_token_sum_norm_uses_loss_scale_factor():
+    # verl-facts example: L = 0..19 (4x5), valid lengths [3,5,4,5]: seq-mean-token-sum 42.25, /10 = 4.225
+    mask = _tensors()[-1]
+    config = _actor_config("k1", "seq-mean-token-sum-norm", entropy_coeff=1.0, loss_scale_factor=10)
+    L = torch.arange(20.0).reshape(4, 5)
+    zeros = torch.zeros(4, 5)
+    loss, _ = actor_loss(zeros.clone().requires_grad_(True), L, zeros, zeros, zeros, mask, config)
+    assert loss.item() == pytest.approx(-4.225)  # pg 0, kl 0, -1.0 * entropy term
+
+
+def test_kl_in_reward_equals_verls_apply_kl_penalty():
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty as verl_apply_kl_penalty
+
+    _, _, old, ref, _, mask = _tensors(2)
+    scores = torch.zeros(4, 5)
+    scores[torch.arange(4), mask.sum(1).long() - 1] = torch.tensor([1.0, 0.2, 0.7, 1.3])
+    for kl_penalty in ("kl", "low_var_kl", "abs"):
+        ours_ctrl = core_algos.AdaptiveKLController(init_kl_coef=0.2, target_kl=0.05, horizon=100)
+        verl_ctrl = core_algos.AdaptiveKLController(init_kl_coef=0.2, target_kl=0.05, horizon=100)
+        rewards, metrics = apply_kl_penalty(scores, old, ref, mask, ours_ctrl, kl_penalty)
+        data = DataProto(batch=TensorDict(
+            {"response_mask": mask, "token_level_scores": scores, "old_log_probs": old, "ref_log_prob": ref},
+            batch_size=[4]))
+        data, verl_metrics = verl_apply_kl_penalty(data, verl_ctrl, kl_penalty=kl_penalty)
+        torch.testing.assert_close(rewards, data.batch["token_level_rewards"])
+        assert metrics == pytest.approx(verl_metrics)
+        assert ours_ctrl.value == verl_ctrl.value != 0.2
+
+
+def _overrides(**extra):
+    base = {"trainer.total_training_steps": 4, "trainer.test_freq": -1, "trainer.val_before_train": False,
+            "data.train_batch_size": 4, "actor_rollout_ref.rollout.n": 4}
+    return {**base, **extra}
+
+
+def test_adaptive_controller_matches_closed_form():
+    target, horizon, beta0 = 0.002, 200, 0.05
+    trainer = EmbeddedTrainer(_overrides(**{
+        "algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive",
+        "algorithm.kl_ctrl.kl_coef": beta0, "algorithm.kl_ctrl.target_kl": target, "algorithm.kl_ctrl.horizon": horizon,
+        "algorithm.kl_penalty": "abs", f"{A}.optim.lr": 3e-3,
+    }))
+    n = 16  # sequences per step: 4 prompts x 4 samples
+    beta = beta0
+    for _ in range(4):
+        metrics = trainer.train_step()
+        assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(beta, rel=1e-12)  # beta before the update
+        kl = metrics["actor/reward_kl_penalty"]
+        beta *= 1 + float(np.clip(kl / target - 1, -0.2, 0.2)) * n / horizon
+    assert trainer.kl_ctrl.value == pytest.approx(beta, rel=1e-12)
+    assert trainer.kl_ctrl.value != beta0
+
+
+@pytest.mark.parametrize("estimator,norm_by_std", [("gae", True), ("grpo", True), ("grpo", False)])
+def test_advantages_equal_verl_and_closed_form(estimator, norm_by_std):
+    from verl.trainer.ppo import core_algos
+
+    trainer = EmbeddedTrainer(_overrides(**{
+        "algorithm.adv_estimator": estimator, "algorithm.norm_adv_by_std_in_grpo": norm_by_std,
+        "algorithm.gamma": 0.99, "algorithm.lam": 0.95,
+    }))
+    batch, _ = trainer.make_experience()
+    mask, rewards = batch["response_mask"], batch["token_level_rewards"]
+    if estimator == "gae":
+        expected, returns = core_algos.compute_gae_advantage_return(rewards, batch["values"], mask, 0.99, 0.95)
+        torch.testing.assert_close(batch["returns"], returns)
+    else:
+        scores = rewards.sum(-1).view(4, 4)  # 4 prompts x 4 samples, grouped by uid
+        centred = scores - scores.mean(dim=1, keepdim=True)
+        if norm_by_std:
+            centred = centred / (scores.std(dim=1, keepdim=True) + 1e-6)
+        expected = centred.reshape(-1, 1) * mask
+        assert (batch["uid"] == np.repeat(np.arange(4), 4)).all()
+    torch.testing.assert_close(batch["advantages"], expected)
+
+
+def test_update_backpropagates_the_verl_loss_of_the_batch():
+    # One mini-batch, one epoch: the actor's first forward equals old_log_prob (ratio 1), so the logged losses are
+    # verl's functions on the experience tensors.
+    from verl.trainer.ppo import core_algos
+
+    trainer = EmbeddedTrainer(_overrides(**{
+        "algorithm.adv_estimator": "grpo", f"{A}.use_kl_loss": True, f"{A}.kl_loss_type": "k2",
+        f"{A}.kl_loss_coef": 0.5, f"{A}.loss_agg_mode": "seq-mean-token-mean", f"{A}.entropy_coeff": 0.0,
+    }))
+    trainer.global_step = 1
+    batch, _ = trainer.make_experience()
+    metrics = trainer.update(batch)
+    mask = batch["response_mask"].bool()
+    pg = core_algos.agg_loss(-batch["advantages"], mask, "seq-mean-token-mean")
+    kl = core_algos.agg_loss(core_algos.kl_penalty(batch["old_log_prob"], batch["ref_log_prob"], "k2"), mask,
+                             "seq-mean-token-mean")
+    assert metrics["actor/pg_loss"] == pytest.approx(pg.item(), abs=1e-6)
+    assert metrics["actor/kl_loss"] == pytest.approx(kl.item(), abs=1e-6)
+    assert metrics["actor/kl_coef"] == 0.5
