@@ -35,6 +35,9 @@ def test_console_line_with_ansi_numpy_values_and_nan(tmp_path):
     m1 = t.reports[0][1]
     assert m1["actor/kl_loss"] == 0.012 and m1["critic/score/mean"] == -0.25 and math.isnan(m1["actor/grad_norm"])
     assert t.reports[1][1]["actor/pg_loss"] == math.inf
+    assert t.rounded
+    log.write_text("step:1 - actor/kl_loss:np.float32(0.0123456)\n")  # numpy 2 repr at full precision
+    assert not read_trace(log).rounded
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ class Trace:
         path: the file.
         format: ``verl-jsonl``, ``tune-result-json``, ``verl-console``, ``csv``.
         reports: (step, metrics) in file order; step None when the log has none.
-        rounded: values were printed with <= 3 decimals (console logs, or jsonl converted from them).
+        rounded: no value has more than 3 decimals (verl's console logger rounds; jsonl converted from console lines).
         config: the run's flat verl overrides when the log holds them (Tune), else None.
         skipped: lines that could not be parsed (e.g. a truncated last line).
     """
@@ -93,8 +93,7 @@ def read_trace(path: str | Path) -> Trace:
             '({"step": N, "data": {...}} per line), a verl console log (step:N - key:value - ...), a W&B CSV export '
             "or a Ray Tune progress.csv/result.json"
         )
-    if trace.format != "verl-console":
-        trace.rounded = _looks_rounded(trace.reports)
+    trace.rounded = _looks_rounded(trace.reports)
     return trace
 
 
@@ -134,7 +133,7 @@ def _read_json_lines(path: Path, text: str) -> Trace:
 
 
 def _read_console(path: Path, text: str) -> Trace:
-    trace = Trace(path, "verl-console", rounded=True)
+    trace = Trace(path, "verl-console")
     for line in text.splitlines():
         if "step:" not in line:
             continue
