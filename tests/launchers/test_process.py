@@ -217,7 +217,7 @@ def test_verl_command_composes_with_verls_own_config(tmp_path):
     }
     trial_dir = tmp_path / "run_trial_1f2e_00003"
     argv, env = trial_command(overrides, trainer="verl", trial_dir=trial_dir, attempt=2, gpu_ids=[2, 3],
-                              base_env={"RAY_ADDRESS": "10.0.0.1:6379", "HOME": "/root"})
+                              base_env={"RAY_ADDRESS": "10.0.0.1:6379", "RAY_RAYLET_PID": "4242", "HOME": "/root"})
     assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
     assert env == {"HOME": "/root", "CUDA_VISIBLE_DEVICES": "2,3", "PYTHONUNBUFFERED": "1",
                    "VERL_FILE_LOGGER_PATH": str(trial_dir / "attempt-2" / "metrics.jsonl")}

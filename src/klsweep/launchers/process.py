@@ -41,8 +41,10 @@ TRAINER_MODULES = {"verl": "verl.trainer.main_ppo", "embedded": "klsweep.trainer
 MANAGED_VERL_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "hydra.run.dir")
 #: verl's own Ray for each trial (card K18): never the sweep's cluster, where its placement groups would hang.
 RAY_INIT_ADDRESS_KEY = "+ray_kwargs.ray_init.address"
-#: Environment variables that would attach the trial's own Ray to the sweep's cluster.
-DROPPED_ENV = ("RAY_ADDRESS",)
+#: Environment variables of the Ray trial worker the trial's process must not inherit: ``RAY_ADDRESS`` would attach
+#: verl's Ray to the sweep's cluster; the others are Ray's internal flags (``ray_constants.RAY_INTERNAL_FLAGS``, which
+#: Ray itself strips on job submission) naming the sweep's job and raylet.
+DROPPED_ENV = ("RAY_ADDRESS", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
 #: Seconds between two reads of the metrics file.
 TAIL_POLL_S = 0.1
 
@@ -73,7 +75,7 @@ def trial_command(
         directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
         (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list plus ``file``, default ``[console,file]``) and
         ``+ray_kwargs.ray_init.address=local`` unless the sweep sets that key. ``env`` has
-        ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl`` and no ``RAY_ADDRESS``.
+        ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl`` and none of :data:`DROPPED_ENV`.
 
     Raises:
         ValueError: ``trainer`` is not one of :data:`TRAINER_MODULES`.

@@ -1,0 +1,114 @@
+"""Launch profiles: names, default Ray addresses, and the shipped cluster files (parsed, and the `sweep run` command
+inside each parsed by the CLI's own argument parser)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from klsweep.cli import _parser
+from klsweep.launchers.profiles import PROFILES, ray_address
+from klsweep.spec.schema import Sweep
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHERS = REPO / "launchers"
+
+
+def sweep_commands(text: str) -> list[list[str]]:
+    """Every ``sweep run ...`` command in ``text`` as argv, shell variables replaced by a placeholder word."""
+    commands = []
+    for match in re.finditer(r"\bsweep run [^\n']+", text):
+        line = match.group(0).replace('"$@"', "")
+        line = re.sub(r"\$\(.*?\)|\$\{?\w+\}?", "VAR", line)
+        commands.append(shlex.split(line))
+    return commands
+
+
+def parse_run(argv: list[str]):
+    assert argv[:2] == ["sweep", "run"], argv
+    return _parser().parse_args(argv[1:])
+
+
+def test_profile_names_match_the_sweep_file_schema():
+    assert set(PROFILES) == set(typing.get_args(Sweep.model_fields["launcher"].annotation))
+    for profile in PROFILES.values():
+        assert profile.file is None or (LAUNCHERS / profile.file).is_file()
+
+
+def test_ray_address_defaults():
+    assert ray_address("local") is None
+    assert [ray_address(name) for name in ("ray-cluster", "kuberay", "slurm")] == ["auto"] * 3
+    assert ray_address("local", "10.0.0.1:6379") == "10.0.0.1:6379"
+    with pytest.raises(ValueError, match="local, ray-cluster, kuberay, slurm"):
+        ray_address("k8s")
+
+
+def test_ray_cluster_yaml_is_a_valid_cluster_launcher_config():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    text = (LAUNCHERS / "ray-cluster.yaml").read_text()
+    config = yaml.safe_load(text)
+    validate_config(prepare_config(config))  # what `ray up` does: defaults filled in, then Ray's own schema
+    assert any(c.startswith("ray start --head --port=6379") for c in config["head_start_ray_commands"])
+    assert "ray start --address=$RAY_HEAD_IP:6379" in config["worker_start_ray_commands"]
+    assert any("[gpu]" in c for c in config["setup_commands"])
+    (run,) = sweep_commands(text)
+    args = parse_run(run)
+    assert (args.launcher, args.address) == ("ray-cluster", "auto")
+
+
+def test_kuberay_yaml_is_a_rayjob_running_the_sweep():
+    job = yaml.safe_load((LAUNCHERS / "kuberay.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    args = parse_run(shlex.split(job["spec"]["entrypoint"]))
+    assert (args.launcher, args.address) == ("kuberay", "auto")
+    cluster = job["spec"]["rayClusterSpec"]
+    (worker,) = cluster["workerGroupSpecs"]
+    container = worker["template"]["spec"]["containers"][0]
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) > 0
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    head_mounts = {m["mountPath"] for m in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    runs = "/" + args.out.strip("/").split("/")[0]
+    assert runs in mounts and runs in head_mounts  # results on a volume every pod shares
+
+
+def test_slurm_sbatch_starts_ray_then_the_sweep():
+    path = LAUNCHERS / "slurm.sbatch"
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    text = path.read_text()
+    assert "#SBATCH --gpus-per-node=" in text
+    head = text.index("ray start --head")
+    worker = text.index('ray start --address="$HEAD_IP:$PORT"')
+    (run,) = sweep_commands(text)
+    args = parse_run(run)
+    assert args.launcher == "slurm" and args.address == "VAR:VAR"
+    assert head < worker < text.index("sweep run")
+
+
+def test_gpu_smoke_script_parses():
+    subprocess.run(["bash", "-n", str(REPO / "benchmarks" / "gpu_smoke.sh")], check=True)
+
+
+@pytest.mark.slow
+def test_gpu_smoke_sweep_passes_preflight(tmp_path):
+    """The GPU smoke sweep loads, and both trials pass preflight against the installed verl 0.9.1."""
+    from klsweep.space import seed_params, trial_overrides
+    from klsweep.spec.load import load_sweep
+    from klsweep.verl.preflight import preflight
+
+    text = (REPO / "benchmarks" / "gpu_smoke.yaml").read_text()
+    path = tmp_path / "gpu_smoke.yaml"
+    path.write_text(text.replace("@MODEL@", "/models/qwen").replace("@DATA@", "/data"))
+    sweep = load_sweep(path, ["budget.max_steps=3"])
+    assert sweep.trainer == "verl" and sweep.budget.trials == 2 and sweep.budget.resources.gpu == 1
+    trials = [trial_overrides(sweep, p) for p in seed_params(sweep)]
+    assert [t["actor_rollout_ref.actor.kl_loss_coef"] for t in trials] == [0.001, 0.01]
+    for overrides in trials:
+        assert preflight(overrides, trainer="verl") == []
+        assert overrides["trainer.total_training_steps"] == 3
