@@ -66,7 +66,11 @@ def load_reference(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> TinyTr
     model = warm_up(size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
-        torch.save(model.state_dict(), tmp)
+        try:
+            torch.save(model.state_dict(), tmp)
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
     os.replace(tmp.name, path)
     return model
 

@@ -177,6 +177,9 @@ class EmbeddedTrainer:
     Raises:
         OverrideError: an unknown key or an invalid value, before anything is trained.
 
+    The constructor sets ``torch.set_num_threads(1)`` for the process: the matrices are tiny, one thread is faster
+    than two on them, concurrent trials each get a core, and results do not depend on the machine's core count.
+
     Attributes:
         settings: the values read from verl's composed config.
         total_steps: ``trainer.total_training_steps``.
@@ -186,6 +189,7 @@ class EmbeddedTrainer:
     def __init__(self, overrides: Mapping[str, Any], *, allow_negative_kl: bool = False):
         from verl.trainer.ppo import core_algos
 
+        torch.set_num_threads(1)
         self.core_algos = core_algos
         self.settings: Settings = settings_from_overrides(overrides, allow_negative_kl=allow_negative_kl)
         s = self.settings
