@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from klsweep.health.rules import HealthConfig
+from klsweep.health import HealthConfig
 
 
 def _scalar(value: Any) -> Any:

@@ -33,7 +33,7 @@ def preflight(
     Args:
         overrides: the trial's full override dict (e.g. from :func:`klsweep.space.trial_overrides`).
         trainer: ``embedded`` (batch arithmetic on one device) or ``verl`` (GPU counts from ``trainer.nnodes`` ×
-            ``trainer.n_gpus_per_node``, required keys, installed verl version).
+            ``trainer.n_gpus_per_node``, and the keys a real run needs).
         allow_negative_kl: the sweep's opt-in for negative KL coefficients (card K04).
         where: verl key → ``FILE:LINE`` of the sweep-file entry it came from, put in front of each message.
 
@@ -49,11 +49,10 @@ def preflight(
         return f"{where[key]}: {message}" if key in where else message
 
     problems: list[str] = []
-    if trainer == "verl":
-        installed = _installed_verl()
-        if installed != VERL_VERSION:
-            problems.append(f"verl {installed} is installed but klsweep {VERL_VERSION} knows verl {VERL_VERSION}: "
-                            f"pip install verl=={VERL_VERSION}")
+    installed = _installed_verl()
+    if installed != VERL_VERSION:
+        problems.append(f"verl {installed} is installed but klsweep knows verl {VERL_VERSION}'s config and "
+                        f"functions: pip install verl=={VERL_VERSION}")
     try:
         cfg = compose(overrides)
     except OverrideError as e:
