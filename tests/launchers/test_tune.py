@@ -34,13 +34,14 @@ def _pids(trial_dir: Path) -> set[int]:
 
 
 def test_stop_and_crash_through_tune(ray_local, tmp_path):
-    """Tune stops one trial at step 3 (as the health stopper does); the other crashes; both trees are gone."""
+    """The first trial crashes (ERROR, NCCL, retried once) and the sweep goes on; Tune stops the second at step 3
+    (as the health stopper does); both trees are gone."""
     long = {"steps": 1000, "interval": 0.05, "grandchildren": 1}
     crash = {"steps": 2, "crash": 1, "grandchildren": 1, "stderr": NCCL}
     tuner = tune.Tuner(
         fake_trial,
-        param_space=tune.grid_search([long, crash]),
-        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+        param_space=tune.grid_search([crash, long]),
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="t", stop={"step": 3}, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
