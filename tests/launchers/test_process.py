@@ -15,7 +15,7 @@ import pytest
 from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
 
-from .conftest import HERE, alive, seconds_until_gone, tree_of, wait_for
+from .conftest import seconds_until_gone, tree_of, wait_for
 
 #: kill-to-gone seconds measured by the tests of this module (printed with -s; reported in the issue).
 MEASURED: dict[str, float] = {}

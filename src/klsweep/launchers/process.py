@@ -198,7 +198,7 @@ def _run_attempt(
         while True:
             record = handle.exit_record()
             for step, data in metrics.read_new(final=record is not None):
-                if step > last_step:  # a resumed attempt replays the steps after its checkpoint
+                if step > last_step:  # a retry resumed from an older checkpoint logs those steps again
                     report(data | {"step": step})
                     last_step = step
             if record is not None:
