@@ -77,7 +77,8 @@ def test_each_attempt_gets_its_own_metrics_file(fake_trainer, tmp_path):
 
 @pytest.mark.parametrize("ignore_term", [0, 1], ids=["sigterm", "sigkill-after-grace"])
 def test_stop_ends_the_whole_tree(fake_trainer, tmp_path, ignore_term):
-    """Tune stops a trial by raising SystemExit from tune.report: every descendant, grandchildren included, dies."""
+    """Card K19: Tune stops a trial by raising SystemExit from tune.report; every descendant, grandchildren included
+    (one in its own session, one orphaned), dies."""
     tree: set[int] = set()
     parents: dict[str, int] = {}
     stopped_at: list[float] = []
@@ -115,7 +116,8 @@ process.run_process_trial({"steps": 2, "hang": 1, "grandchildren": 1}, trainer="
 
 @pytest.mark.fault
 def test_sigkill_of_the_driver_leaves_no_descendant(fake_trainer, tmp_path):
-    """The process running the trial is SIGKILLed (as when the sweep driver dies): its trainer tree follows."""
+    """Card K19: the process running the trial is SIGKILLed (as when the sweep driver dies): its trainer tree
+    follows."""
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=os.environ.copy())
     run_dir = attempt_dir(tmp_path, 1)
     wait_for(run_dir / "tree.json")
@@ -204,7 +206,8 @@ def test_exit_zero_without_metrics_is_a_failure(fake_trainer, tmp_path):
 
 @pytest.mark.slow
 def test_verl_command_composes_with_verls_own_config(tmp_path):
-    """The command line of a verl trial is accepted by verl 0.9.1's own Hydra config, with the managed keys set."""
+    """Card K18: the command line of a verl trial is accepted by verl 0.9.1's own Hydra config, with unique names and
+    directories, the file logger, and verl's own Ray (`ray_init.address=local`); RAY_ADDRESS is not inherited."""
     from hydra import compose, initialize_config_dir
 
     from klsweep.verl.config import config_dir
