@@ -102,9 +102,11 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
 
 
 def _preflight(sweep) -> None:
+    from klsweep.orchestrate.samplers import build_sampler
     from klsweep.space import seed_params, trial_overrides
     from klsweep.verl.preflight import preflight
 
+    build_sampler(sweep)  # a sampler refusal (grid over a range, cmaes on categories) before any directory or Ray
     for params in seed_params(sweep) or [{}]:
         for warning in preflight(trial_overrides(sweep, params), trainer=sweep.trainer):
             print(f"warning: {warning}", file=sys.stderr)
