@@ -3,13 +3,12 @@
 Overrides are parsed by Hydra's own override parser (the one ``verl.trainer.main_ppo`` uses), so values have the
 types they would have for verl. Each step prints verl's console line (``step:N - key:value - ...``) and, when
 ``$VERL_FILE_LOGGER_PATH`` is set, appends verl's file-logger line ``{"step": N, "data": {...}}`` to that file
-(truncated at start, unbuffered, as verl's ``FileLogger``). Exit codes: 0 done, 2 bad overrides (one line on
+(truncated at start, unbuffered, NaN written as null: verl's ``FileLogger``). Exit codes: 0 done, 2 bad overrides (one line on
 stderr, no traceback).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -41,6 +40,8 @@ def console_line(step: int, metrics: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Train with the given overrides; see the module docstring."""
+    import orjson  # verl's FileLogger writes with it (NaN becomes null); a verl dependency
+
     from klsweep.trainers.embedded.trainer import EmbeddedTrainer, run
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         def report(step: int, metrics: dict[str, float]) -> None:
             print(console_line(step, metrics), flush=True)
             if log_file is not None:
-                log_file.write(json.dumps({"step": step, "data": metrics}).encode() + b"\n")
+                log_file.write(orjson.dumps({"step": step, "data": metrics}) + b"\n")  # as verl's FileLogger
 
         run(overrides, report, trainer=trainer)
     finally:

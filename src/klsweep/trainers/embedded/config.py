@@ -142,7 +142,7 @@ class Settings:
     total_training_steps: int
     test_freq: int  # steps; validation at multiples and at the last step; <= 0: never (as verl)
     val_before_train: bool
-    critic_warmup: int  # steps during which only the critic is updated
+    critic_warmup: int  # the actor is updated from this step on (verl: skipped while critic_warmup > step)
 
     @property
     def use_critic(self) -> bool:

@@ -286,11 +286,11 @@ class EmbeddedTrainer:
         return experience, metrics
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
-        """Step 6: the critic update, then the actor update once ``trainer.critic_warmup`` steps are done."""
+        """Step 6: the critic update, then the actor update unless ``trainer.critic_warmup > global_step`` (as verl)."""
         metrics: dict[str, float] = {}
         if self.critic is not None:
             metrics.update(self._update_critic(batch))
-        if self.global_step > self.settings.critic_warmup:
+        if self.global_step >= self.settings.critic_warmup:
             metrics.update(self._update_actor(batch))
         return metrics
 
