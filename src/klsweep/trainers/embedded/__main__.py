@@ -3,8 +3,8 @@
 Overrides are parsed by Hydra's own override parser (the one ``verl.trainer.main_ppo`` uses), so values have the
 types they would have for verl. Each step prints verl's console line (``step:N - key:value - ...``) and, when
 ``$VERL_FILE_LOGGER_PATH`` is set, appends verl's file-logger line ``{"step": N, "data": {...}}`` to that file
-(truncated at start, unbuffered, NaN written as null: verl's ``FileLogger``). Exit codes: 0 done, 2 bad overrides (one line on
-stderr, no traceback).
+(truncated at start, unbuffered, NaN written as null: verl's ``FileLogger``). Exit codes: 0 done, 2 bad overrides
+(one line on stderr, no traceback).
 """
 
 from __future__ import annotations

@@ -181,7 +181,9 @@ def settings_from_overrides(overrides: Mapping[str, Any], *, allow_negative_kl: 
     _check_runnable(settings, cfg)
     skipped = ignored_keys(overrides)
     if skipped:
-        logger.info("embedded trainer: accepted but not used (GPU, parallelism, paths, logging): %s", ", ".join(skipped))
+        logger.info(
+            "embedded trainer: accepted but not used (GPU, parallelism, paths, logging): %s", ", ".join(skipped)
+        )
     return settings
 
 
@@ -244,7 +246,9 @@ def _read(cfg) -> Settings:
 
 def _required_int(value: Any, key: str) -> int:
     if value is None:
-        raise OverrideError(f"{key}=null: the embedded trainer needs an integer (its default is {EMBEDDED_DEFAULTS[key]})")
+        raise OverrideError(
+            f"{key}=null: the embedded trainer needs an integer (its default is {EMBEDDED_DEFAULTS[key]})"
+        )
     return int(value)
 
 

@@ -50,6 +50,10 @@ class Batch:
     answers: torch.Tensor
     answer_lengths: torch.Tensor
 
+    def repeat(self, n: int) -> Batch:
+        """Each prompt ``n`` times in a row (verl's ``rollout.n`` samples per prompt, interleaved)."""
+        return Batch(*(t.repeat_interleave(n, dim=0) for t in (self.prompts, self.answers, self.answer_lengths)))
+
 
 def is_validation_pair(a: int, b: int) -> bool:
     """The fixed train/validation split: one operand pair in ten is held out (same on every machine)."""

@@ -238,9 +238,7 @@ class EmbeddedTrainer:
         """
         s = self.settings
         metrics: dict[str, float] = {}
-        prompts = task.sample_train(s.train_batch_size, self.generator)
-        batch = task.Batch(*(t.repeat_interleave(s.rollout_n, dim=0) for t in (
-            prompts.prompts, prompts.answers, prompts.answer_lengths)))
+        batch = task.sample_train(s.train_batch_size, self.generator).repeat(s.rollout_n)
         uid = np.arange(s.train_batch_size).repeat(s.rollout_n)
         self.actor.eval()
         responses = generate(
@@ -314,7 +312,9 @@ class EmbeddedTrainer:
         collected: dict[str, list[float]] = {}
         for _ in range(s.actor.ppo_epochs):
             for mb in self._mini_batches(t["responses"].shape[0]):
-                log_prob, entropy = log_prob_and_entropy(self.actor, t["prompts"][mb], t["responses"][mb], s.temperature)
+                log_prob, entropy = log_prob_and_entropy(
+                    self.actor, t["prompts"][mb], t["responses"][mb], s.temperature
+                )
                 ref = t["ref_log_prob"][mb] if t["ref_log_prob"] is not None else None
                 loss, step_metrics = actor_loss(
                     log_prob, entropy, t["old_log_prob"][mb], ref, t["advantages"][mb], t["response_mask"][mb], s.actor
@@ -351,7 +351,9 @@ class EmbeddedTrainer:
         return metrics
 
     @staticmethod
-    def _optimizer_step(loss: torch.Tensor, model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip: float) -> float:
+    def _optimizer_step(
+        loss: torch.Tensor, model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip: float
+    ) -> float:
         """Backward, clip the gradient norm, step; skip the step on a non-finite norm (as verl's actor does)."""
         optimizer.zero_grad()
         loss.backward()
