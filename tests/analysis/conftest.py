@@ -24,7 +24,9 @@ DISTRIBUTIONS = {
     KL_TYPE: optuna.distributions.CategoricalDistribution(["low_var_kl", "kl", "k2"]),
     AGG: optuna.distributions.CategoricalDistribution(["token-mean", "seq-mean-token-sum-norm"]),
 }
-FIXED = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True}
+#: Fixed overrides of every trial, with the value kinds real sweeps store (lists, None).
+FIXED = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True,
+         "actor_rollout_ref.actor.loss_scale_factor": None, "trainer.logger": ["console", "file"]}
 
 
 def curve(params: dict[str, Any], step: int) -> dict[str, float]:

@@ -17,11 +17,10 @@ import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from klsweep.analysis.pareto import Objectives, feasible, kl_scale, least_infeasible, objective_columns, pareto_front
-from klsweep.verl.metrics import ALIASES
+from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE, Objectives, feasible, kl_scale, least_infeasible, objective_columns, pareto_front
+from klsweep.verl.metrics import ALIASES, KlSetup
 
 KL_TYPE = "config/actor_rollout_ref.actor.kl_loss_type"
-KL_PENALTY = "config/algorithm.kl_penalty"
 AGG = "config/actor_rollout_ref.actor.loss_agg_mode"
 GREY = "rgba(150,150,150,0.6)"
 #: The three panels of :func:`curves_figure`: alias (klsweep.verl.metrics.ALIASES) and axis title.
@@ -29,11 +28,17 @@ CURVES = (("ref_kl", "reference KL"), ("entropy", "actor/entropy"), ("score", "c
 
 
 def _label(row: pd.Series) -> str:
-    """Colour group of a trial: its KL estimator and loss aggregation (``kl_loss_type / loss_agg_mode``)."""
-    parts = [str(row[c]) for c in (KL_TYPE, AGG) if c in row and isinstance(row[c], str)]
-    if not parts and isinstance(row.get(KL_PENALTY), str):
-        parts = [f"kl_penalty={row[KL_PENALTY]}"]
-    return " / ".join(parts) or "default KL settings"
+    """Colour group of a trial: how its KL acts. KL in the loss: ``kl_loss_type / loss_agg_mode``; KL in the
+    reward: ``kl_penalty=<estimator> (in reward)``; ``no KL`` when neither mechanism is on (verl 0.9.1 defaults for
+    keys the trial does not set)."""
+    overrides = {c[len("config/"):]: row[c] for c in row.index if c.startswith("config/") and _shown(row[c])}
+    setup = KlSetup.from_overrides(overrides or {"algorithm.use_kl_in_reward": False})
+    parts = []
+    if setup.kl_in_loss:
+        parts.append(f"{setup.loss_estimator} / {overrides.get(AGG[len('config/'):], DEFAULT_LOSS_AGG_MODE)}")
+    if setup.kl_in_reward:
+        parts.append(f"kl_penalty={setup.reward_estimator} (in reward)")
+    return " + ".join(parts) or "no KL"
 
 
 def _hover(row: pd.Series, columns: list[str]) -> str:
@@ -69,7 +74,8 @@ def front_objectives(df: pd.DataFrame, objectives: Objectives) -> list[tuple[str
 def front_figure(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | None = None) -> go.Figure:
     """Pareto front: every trial as a point (y: first objective, x: second, see :func:`front_objectives`).
 
-    Feasible trials are coloured by ``kl_loss_type / loss_agg_mode``, infeasible ones grey, the front outlined and
+    Feasible trials are coloured by how KL acts (``kl_loss_type / loss_agg_mode``, or ``kl_penalty`` with KL in
+    the reward), infeasible ones grey, the front outlined and
     joined. With no feasible trial the least infeasible are labelled with their rank (card K25). The title names the
     KL scale(s) plotted and the warnings of :func:`klsweep.analysis.pareto.pareto_front`.
     """
@@ -124,7 +130,7 @@ def front_figure(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame |
     fig.update_layout(title=dict(text=title, subtitle=dict(text=subtitle)), xaxis_title=x, yaxis_title=y,
                       margin=dict(t=90 + 18 * (subtitle.count("<br>") + 1)),
                       height=520 + 18 * (subtitle.count("<br>") + 1),
-                      legend=dict(title="kl_loss_type / loss_agg_mode"), template="plotly_white")
+                      legend=dict(title="KL: kl_loss_type / loss_agg_mode"), template="plotly_white")
     return fig
 
 
@@ -215,11 +221,13 @@ def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, max_
         panel = bands.get(alias, [])
         if lo > hi:  # no trial logged this metric
             lo = hi = 0.0
-        # the axis shows the data and the strictest threshold on each side; looser ones lie off screen
-        uppers = [b["above"] for b in panel if "above" in b]
-        lowers = [b["below"] for b in panel if "below" in b]
-        top = max(hi, min(uppers)) if uppers else hi
-        bottom = min(lo, max(lowers)) if lowers else lo
+        # the axis shows the data and every rule's threshold; a built-in one (kl_explosion) only when the data
+        # comes within a factor 2 of it, so a KL of 0.1 is not drawn on a 0..5 axis
+        shown = [b for b in panel if not b["rule"].endswith("(built-in)") or b.get("above", 0) <= 2 * max(hi, 0)]
+        uppers = [b["above"] for b in shown if "above" in b]
+        lowers = [b["below"] for b in shown if "below" in b]
+        top = max([hi, *uppers])
+        bottom = min([lo, *lowers])
         pad = 0.08 * ((top - bottom) or abs(top) or 1.0)
         fig.update_yaxes(range=[bottom - pad, top + pad], row=row_no, col=1)
         for band in panel:
@@ -283,11 +291,17 @@ def _message(fig: go.Figure, text: str) -> go.Figure:
     return fig
 
 
+def varying_knobs(df: pd.DataFrame) -> list[str]:
+    """The ``config/`` columns whose value differs between trials (list values such as ``trainer.logger`` compared
+    as text)."""
+    return [c for c in df.columns if c.startswith("config/") and df[c].dropna().astype(str).nunique() > 1]
+
+
 def knobs_figure(df: pd.DataFrame, objectives: Objectives) -> go.Figure:
     """Parallel coordinates of the KL knobs that vary across trials against the first objective (categorical knobs
     as their category index, named on the axis)."""
     (y, _) = objective_columns(df, objectives)[0]
-    knobs = [c for c in df.columns if c.startswith("config/") and df[c].nunique(dropna=True) > 1]
+    knobs = varying_knobs(df)
     dims = []
     for c in knobs:
         values = df[c]
