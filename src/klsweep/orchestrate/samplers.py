@@ -21,8 +21,7 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
 
     Raises:
         SweepFileError: the sampler cannot handle this sweep's space (grid over a continuous range, cmaes on a
-            multi-objective or categorical space), gp without scipy installed, or an option is not accepted by the
-            Optuna sampler.
+            multi-objective or categorical space) or an option is not accepted by the Optuna sampler.
     """
     name = sweep.sampler.name
     options: dict[str, Any] = dict(sweep.sampler.options)
@@ -37,14 +36,6 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
             bool(non_numeric),
             f"cmaes samples numeric, unconditional ranges only, but {', '.join(non_numeric)} "
             "are categorical or conditional (Optuna would sample them at random): use tpe or gp",
-        )
-    if name == "gp":
-        import importlib.util
-
-        _refuse_if(
-            importlib.util.find_spec("scipy") is None,
-            "gp needs scipy (Optuna's GPSampler fits its kernel with scipy), which is not installed: "
-            "`pip install scipy`, or use tpe",
         )
     factories = {
         "tpe": lambda: optuna.samplers.TPESampler(
