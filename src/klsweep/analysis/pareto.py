@@ -208,7 +208,8 @@ def kl_scale(df: pd.DataFrame) -> pd.Series:
                 agg = f"{agg}, loss_scale_factor={factor}"
             return f"actor/kl_loss ({_estimator(setup.loss_estimator)}, {agg})"
         if metric or setup.kl_in_reward:
-            return f"{metric or 'actor/reward_kl_penalty'} ({_estimator(setup.reward_estimator)}, per-sequence token mean)"
+            metric = metric or "actor/reward_kl_penalty"
+            return f"{metric} ({_estimator(setup.reward_estimator)}, per-sequence token mean)"
         return "no reference KL"
 
     return df.apply(one, axis=1) if len(df) else pd.Series(dtype=str)

@@ -8,6 +8,7 @@ which needs a Chrome or Chromium on the machine).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE, Objectives, feasible, kl_scale, least_infeasible, objective_columns, pareto_front
+from klsweep.analysis.pareto import (
+    DEFAULT_LOSS_AGG_MODE, Objectives, feasible, kl_scale, least_infeasible, objective_columns, pareto_front,
+)
 from klsweep.verl.metrics import ALIASES, KlSetup
 
-KL_TYPE = "config/actor_rollout_ref.actor.kl_loss_type"
 AGG = "config/actor_rollout_ref.actor.loss_agg_mode"
 GREY = "rgba(150,150,150,0.6)"
 #: The three panels of :func:`curves_figure`: alias (klsweep.verl.metrics.ALIASES) and axis title.
@@ -75,27 +77,17 @@ def front_figure(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame |
     """Pareto front: every trial as a point (y: first objective, x: second, see :func:`front_objectives`).
 
     Feasible trials are coloured by how KL acts (``kl_loss_type / loss_agg_mode``, or ``kl_penalty`` with KL in
-    the reward), infeasible ones grey, the front outlined and
-    joined. With no feasible trial the least infeasible are labelled with their rank (card K25). The title names the
-    KL scale(s) plotted and the warnings of :func:`klsweep.analysis.pareto.pareto_front`.
+    the reward), infeasible ones grey (at their last reported values), the front outlined and joined. With no
+    feasible trial the least infeasible are labelled with their rank (card K25). The title names the KL scale(s)
+    plotted and the notes of :func:`klsweep.analysis.pareto.pareto_front`.
     """
     axes = front_objectives(df, objectives)
     (y, y_mode), (x, x_mode) = axes[0], (axes[1] if len(axes) > 1 else ("number", ""))
     if front is None:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             front = pareto_front(df, axes)
-    # infeasible trials have no told value: fall back to the last reported one so they can still be drawn
-    def column(col: str) -> pd.Series:
-        values = pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(float("nan"), index=df.index)
-        last = col.replace("value/", "last/", 1)
-        if last != col and last in df:
-            values = values.fillna(pd.to_numeric(df[last], errors="coerce"))
-        return values
-
-    xs, ys = column(x), column(y)
+    xs, ys = _plotted(df, x), _plotted(df, y)
     ok = feasible(df) if len(df) else pd.Series(dtype=bool)
     fig = go.Figure()
     bad = df[~ok]
@@ -132,6 +124,16 @@ def front_figure(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame |
                       height=520 + 18 * (subtitle.count("<br>") + 1),
                       legend=dict(title="KL: kl_loss_type / loss_agg_mode"), template="plotly_white")
     return fig
+
+
+def _plotted(df: pd.DataFrame, column: str) -> pd.Series:
+    """A column as numbers; a ``value/`` column (told to Optuna, empty for PRUNED/FAIL trials) falls back to the
+    trial's ``last/`` value so that infeasible trials can still be drawn."""
+    values = pd.to_numeric(df[column], errors="coerce") if column in df else pd.Series(float("nan"), index=df.index)
+    last = column.replace("value/", "last/", 1)
+    if last != column and last in df:
+        values = values.fillna(pd.to_numeric(df[last], errors="coerce"))
+    return values
 
 
 def _wrap(text: str, width: int = 120) -> str:
@@ -265,8 +267,6 @@ def importance_figure(study, objectives: Sequence[Mapping[str, str]] | None = No
                       barmode="group", xaxis_title="importance (sums to 1 per objective)")
     if len(complete) < 2:
         return _message(fig, f"parameter importance needs at least 2 COMPLETE trials; this study has {len(complete)}")
-    import warnings
-
     for i, name in enumerate(names):
         try:
             with warnings.catch_warnings():
@@ -311,10 +311,9 @@ def knobs_figure(df: pd.DataFrame, objectives: Objectives) -> go.Figure:
             cats = sorted(values.dropna().astype(str).unique())
             dims.append(dict(label=_short(c), values=values.astype(str).map(cats.index),
                              tickvals=list(range(len(cats))), ticktext=cats))
-    score = pd.to_numeric(df[y], errors="coerce").fillna(pd.to_numeric(df.get(y.replace("value/", "last/", 1)),
-                                                                       errors="coerce")) if y in df else None
+    score = _plotted(df, y)
     fig = go.Figure()
-    if not dims or score is None:
+    if not dims:
         return _message(fig, "no searched knob varies across trials")
     dims.append(dict(label=y, values=score))
     fig.add_trace(go.Parcoords(dimensions=dims, line=dict(color=score, colorscale="Viridis", showscale=True)))
