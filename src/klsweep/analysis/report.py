@@ -22,7 +22,6 @@ from klsweep.analysis.plots import (
     curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, table_figure, write_pngs,
 )
 from klsweep.errors import KlsweepError, ResultsError
-from klsweep.verl.config import verl_command
 
 REPORT = "report.html"
 
@@ -133,9 +132,13 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
     objectives = ", ".join(f"{html.escape(o['metric'])} ({o['mode']})" for o in info["objectives"])
     notes = "".join(f"<p class='warn'>⚠ {html.escape(n)}</p>" for n in front.attrs.get("notes", []))
     kl = "; ".join(front.attrs.get("kl_scale", [])) or "n/a"
+    from klsweep.orchestrate.summary import reproduce_commands
+
     commands = []
     for _, row in front.iterrows():
-        commands.append(f"<p>trial {row['number']}:</p><pre>{html.escape(verl_command(overrides_of(row)))}</pre>")
+        commands.append(f"<p>trial {row['number']}:</p>")
+        for label, command in reproduce_commands(overrides_of(row), info.get("sweep", {}).get("trainer", "verl")):
+            commands.append((f"<p>{html.escape(label)}</p>" if label else "") + f"<pre>{html.escape(command)}</pre>")
     if front.empty and front.attrs.get("least_infeasible"):
         front_block = "<p>No feasible trial: the least infeasible, by steps survived: " + html.escape(
             ", ".join(f"trial {n}" for n in front.attrs["least_infeasible"][:10])) + "</p>"
@@ -156,7 +159,7 @@ health rules {preset}; {len(df)} trials, {int(feasible(df).sum())} feasible (COM
 rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <h2 id="summary">Summary</h2>{_table(counts)}
 <h2 id="front">Pareto front</h2><p>KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
-<h3>Front trials and the verl command of each</h3>{front_block}
+<h3>Front trials and the command that reruns each</h3>{front_block}
 <h2 id="curves">Curves</h2>{fig('curves')}
 <h2 id="importance">Parameter importance</h2>{fig('importance')}
 <h2 id="knobs">KL knobs</h2>{fig('knobs')}

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from rich.console import Console
@@ -23,6 +25,18 @@ _EMBEDDED_SIZES = frozenset(EMBEDDED_DEFAULTS) | {
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
+
+
+def reproduce_commands(overrides: Mapping[str, Any], trainer: str) -> list[tuple[str, str]]:
+    """``[(label, command)]`` that rerun a trial: for the embedded trainer its own command, then verl's with the KL
+    and algorithm settings only (the embedded trainer's sizes dropped: add your model, data and batch sizes); for
+    verl, verl's command with every override (label empty)."""
+    if trainer != "embedded":
+        return [("", verl_command(overrides))]
+    transferable = {k: v for k, v in overrides.items() if k not in _EMBEDDED_SIZES}
+    return [("reproduce on the embedded trainer:", verl_command(overrides, module="klsweep.trainers.embedded")),
+            ("the same KL and algorithm settings on verl (add your model, data and batch sizes):",
+             verl_command(transferable))]
 
 
 def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
@@ -81,13 +95,9 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         values = ", ".join(f"{o.metric}={_fmt(row[f'value/{o.metric}'])}" for o in sweep.objectives)
         kl = f", {row['kl_metric']} last={_fmt(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
         console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
-        overrides = overrides_of(row)
-        if sweep.trainer == "embedded":
-            console.print("reproduce on the embedded trainer:", highlight=False)
-            console.print(verl_command(overrides, module="klsweep.trainers.embedded"), **_PLAIN)
-            overrides = {k: v for k, v in overrides.items() if k not in _EMBEDDED_SIZES}
-            console.print("the same KL and algorithm settings on verl (add your model, data and batch sizes):",
-                          highlight=False)
-        console.print(verl_command(overrides), **_PLAIN)
+        for label, command in reproduce_commands(overrides_of(row), sweep.trainer):
+            if label:
+                console.print(label, highlight=False)
+            console.print(command, **_PLAIN)
     console.print(f"\nresults: {out_dir} (trials.csv, study.db, tune/)")
     return 0
