@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import optuna
 import pytest
@@ -92,7 +93,7 @@ def test_optuna_search_accepts_the_define_by_run_space(sweep, ray_local):
     from ray.tune.search.optuna import OptunaSearch
 
     def trainable(config):
-        tune.report({"score": -math.log(config["algorithm.kl_ctrl.kl_coef"]),
+        tune.report({"score": -math.log(config["algorithm.kl_ctrl.kl_coef"]), "started": time.time(),
                      "clip_c": config["actor_rollout_ref.actor.clip_ratio_c"]})
 
     searcher = OptunaSearch(space=define_space(sweep), metric="score", mode="max",
@@ -102,6 +103,6 @@ def test_optuna_search_accepts_the_define_by_run_space(sweep, ray_local):
     results = tuner.fit()
     configs = [r.config for r in results]
     assert len(configs) == 3 and not results.errors
-    first = min(results, key=lambda r: r.metrics["trial_id"]).config
+    first = min(results, key=lambda r: r.metrics["started"]).config  # one trial at a time: the earliest is first
     assert first["algorithm.kl_ctrl.kl_coef"] == 0.002 and first["algorithm.kl_ctrl.target_kl"] == 0.03
     assert all(r.metrics["clip_c"] == 3.0 for r in results)  # constants reach the trial config
