@@ -128,6 +128,53 @@ def test_sigkill_of_the_driver_leaves_no_descendant(fake_trainer, tmp_path):
     assert json.loads((run_dir / "exit.json").read_text())["reason"] == "worker_gone"
 
 
+VERL_DRIVER = """
+import sys
+from klsweep.launchers.process import run_process_trial
+overrides = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.name": "vllm",
+             "actor_rollout_ref.model.path": "/nonexistent/model", "trainer.n_gpus_per_node": 1,
+             "trainer.total_training_steps": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1}
+run_process_trial(overrides, trainer="verl", trial_dir=sys.argv[1], report=print, retries=0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigkill_of_the_driver_ends_verls_own_ray(tmp_path):
+    """Card K19 with real verl: `python -m verl.trainer.main_ppo` starts its own Ray (GCS, raylet, workers, agents,
+    some in their own sessions); SIGKILL of the process running the trial ends all of it. (On this CPU machine verl
+    never trains; it gets as far as its TaskRunner actor, which is all the tree this test needs.)"""
+    env = os.environ | {"RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-c", VERL_DRIVER, str(tmp_path)], env=env)
+    try:
+        run_dir = attempt_dir(tmp_path, 1)
+        wait_for(run_dir / "supervisor.json", timeout=60)
+        supervisor_pid = json.loads((run_dir / "supervisor.json").read_text())["supervisor_pid"]
+        deadline = time.monotonic() + 240
+        tree: set[int] = set()
+        while not any("raylet" in " ".join(_cmdline(p)) for p in tree):
+            assert time.monotonic() < deadline and driver.poll() is None, "verl's Ray never started"
+            time.sleep(0.5)
+            tree = {p.pid for p in psutil.Process(supervisor_pid).children(recursive=True)}
+        time.sleep(3)  # let verl's Ray start its workers and agents too
+        tree |= {p.pid for p in psutil.Process(supervisor_pid).children(recursive=True)} | {supervisor_pid}
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        MEASURED[f"driver SIGKILL, real verl with its own Ray ({len(tree)} processes)"] = seconds_until_gone(tree)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
 #: Real messages (see klsweep.launchers.failures) and the kind each must get.
 CRASHES = [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
@@ -145,6 +192,12 @@ CRASHES = [
      "+actor_rollout_ref.actor.kl_los_type=k3\nKey 'kl_los_type' is not in struct\n"
      "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", 1, "config"),
     ("ValueError: Total available GPUs 0 is less than total desired GPUs 1", 1, "config"),
+    # verl 0.9.1 on this machine, without actor.ppo_micro_batch_size_per_gpu:
+    ("Error executing job with overrides: ['algorithm.adv_estimator=grpo']\n"
+     "Error in call to target 'verl.workers.config.actor.FSDPActorConfig':\n"
+     "AssertionError(\"[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
+     "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled.\")\nfull_key: actor_rollout_ref.actor\n\n"
+     "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", 1, "config"),
     ("usage: sweep [-h]\nsweep: error: unrecognized arguments", 2, "config"),
     ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", 1, "killed"),
     ("RuntimeError: something else went wrong", 1, "error"),
@@ -164,6 +217,7 @@ def test_a_crash_is_classified(fake_trainer, tmp_path, monkeypatch, stderr, exit
     assert record["kind"] == kind and record["returncode"] == exit_code
     assert record["retryable"] == (kind in ("nccl", "killed"))
     assert stderr.splitlines()[-1] in record["stderr_tail"]
+    assert "HYDRA_FULL_ERROR" not in failed.value.message
 
 
 def test_only_retryable_failures_get_a_new_attempt(fake_trainer, tmp_path, monkeypatch):

@@ -73,7 +73,8 @@ def test_kuberay_yaml_is_a_rayjob_running_the_sweep():
     container = worker["template"]["spec"]["containers"][0]
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) > 0
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    head_mounts = {m["mountPath"] for m in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head_mounts = {m["mountPath"] for m in head["volumeMounts"]}
     runs = "/" + args.out.strip("/").split("/")[0]
     assert runs in mounts and runs in head_mounts  # results on a volume every pod shares
 

@@ -25,6 +25,8 @@ kind               real messages matched
                    ``FloatingPointError``
 ``config``         Hydra: ``Could not override 'actor_rollout_ref.actor.kl_los_type'``,
                    ``Key 'kl_los_type' is not in struct``, ``hydra.errors.ConfigCompositionException``,
+                   verl's config dataclasses: ``Error in call to target 'verl.workers.config.actor.FSDPActorConfig':
+                   AssertionError("[actor] Please set at least one of 'actor.ppo_micro_batch_size' or ...")``,
                    ``omegaconf.errors.ConfigAttributeError``; verl's late checks: ``Total available GPUs 0 is
                    less than total desired GPUs 1`` (single_controller/ray/base.py), ``must be divisible by``,
                    ``Invalid loss_agg_mode``; klsweep's ``OverrideError``; exit code 2 (argparse, klsweep's CLI)
@@ -74,12 +76,15 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             "config",
             r"Could not override '|is not in struct|ConfigCompositionException|omegaconf\.errors\.|"
             r"Total available GPUs \d+ is less than total desired GPUs|must be divisible by|"
-            r"Invalid loss_agg_mode|OverrideError|Error merging override",
+            r"Invalid loss_agg_mode|OverrideError|Error merging override|Error in call to target 'verl\.",
         ),
         ("killed", r"node running low on memory|ActorDiedError|WorkerCrashedError"),
         ("timeout", r"GetTimeoutError"),
     )
 )
+
+#: Hydra's line after any exception in a ``@hydra.main`` function: never the message of a failure.
+_HYDRA_NOTICE = re.compile(r"Set the environment variable HYDRA_FULL_ERROR=1")
 
 #: How many characters of stderr are kept in the failure record.
 TAIL_CHARS = 4000
@@ -139,11 +144,12 @@ def classify(returncode: int | None, stderr: str, *, timed_out: bool = False) ->
     tail = stderr[-TAIL_CHARS:]
     if timed_out:
         return Failure("timeout", returncode, "the trial ran past its time limit and was stopped", tail)
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    lines = [line.strip() for line in tail.splitlines() if line.strip() and not _HYDRA_NOTICE.search(line)]
     for kind, pattern in PATTERNS:
-        for line in reversed(lines):
-            if pattern.search(line):
-                return Failure(kind, returncode, line[:500], tail)
+        for i in range(len(lines) - 1, -1, -1):
+            if pattern.search(lines[i]):
+                message = lines[i] + (" " + lines[i + 1] if lines[i].endswith(":") and i + 1 < len(lines) else "")
+                return Failure(kind, returncode, message[:500], tail)
     signum = _signal_of(returncode)
     if signum is not None:
         return Failure("killed", returncode, f"killed by {signal.Signals(signum).name}", tail)
