@@ -102,14 +102,13 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
 
 
 def _preflight(sweep) -> None:
+    """Refuse a sweep verl would reject before any directory is written or Ray starts; print its warnings."""
+    from klsweep.orchestrate.plan import preflight_sweep
     from klsweep.orchestrate.samplers import build_sampler
-    from klsweep.space import seed_params, trial_overrides
-    from klsweep.verl.preflight import preflight
 
-    build_sampler(sweep)  # a sampler refusal (grid over a range, cmaes on categories) before any directory or Ray
-    for params in seed_params(sweep) or [{}]:
-        for warning in preflight(trial_overrides(sweep, params), trainer=sweep.trainer):
-            print(f"warning: {warning}", file=sys.stderr)
+    build_sampler(sweep)  # a sampler refusal (grid over a range, cmaes on categories)
+    for warning in [*sweep.warnings, *preflight_sweep(sweep)]:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _init_ray(sweep, address: str | None) -> None:
@@ -222,6 +221,7 @@ def _fit(sweep, info: dict, out_dir: Path, *, address: str | None, quiet: bool, 
         _record_samples(info, out_dir, sweep.budget.trials)
         _tuner(sweep, info, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
         return _finish(sweep, out_dir)
+    _close_told_trials(tune_path, study_of(info))
     if tune.Tuner.can_restore(tune_path) and not _tune_finished(tune_path, info.get("tune_num_samples", 0)):
         tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
                            resume_errored=False, restart_errored=False).fit()
@@ -249,6 +249,30 @@ def _tune_finished(tune_path: str, num_samples: int) -> bool:
     statuses = [json.loads(state).get("status") if isinstance(state, str) else state.get("status")
                 for state, _meta in trial_data]
     return len(statuses) >= num_samples and all(s in ("TERMINATED", "ERROR") for s in statuses)
+
+
+def _close_told_trials(tune_path: str, study) -> None:
+    """Mark TERMINATED, in Tune's saved experiment state, the trials the study already holds as finished.
+
+    Tune saves its state every few seconds; after a SIGKILL of the driver that state can be older than the study, and
+    ``Tuner.restore`` would re-run from step 0 a trial that had finished and been told to Optuna after the last save
+    (its results on the finished Optuna trial then raise UpdateFinishedTrialError and abort the resume).
+    """
+    import optuna
+
+    done = {t.user_attrs.get("ray_trial_id") for t in study.get_trials(deepcopy=False, states=(
+        optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL))}
+    for state_file in Path(tune_path).glob("experiment_state-*.json"):
+        data = json.loads(state_file.read_text())
+        changed = False
+        for entry in data.get("trial_data", []):
+            trial = json.loads(entry[0])
+            if trial.get("trial_id") in done and trial.get("status") not in ("TERMINATED", "ERROR"):
+                trial["status"] = "TERMINATED"
+                entry[0] = json.dumps(trial)
+                changed = True
+        if changed:
+            state_file.write_text(json.dumps(data))
 
 
 def _fail_leftovers(study) -> None:
