@@ -45,4 +45,4 @@ def test_notebook_runs_on_a_sweep(synthetic_sweep):
     assert "python3 -m verl.trainer.main_ppo" in text and "actor_rollout_ref.actor.kl_loss_coef=0.0001" in text
     figures = [o for c in nb.cells for o in c.get("outputs", [])
                if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    assert len(figures) == 4  # front, curves, importance, knobs
+    assert len(figures) == 5  # front, curves, importance, knobs, slice

@@ -16,7 +16,7 @@ from klsweep.analysis.report import write_report
 from klsweep.cli import main
 from klsweep.errors import ResultsError
 
-PNGS = ("summary", "front", "curves", "importance", "knobs", "stop_reasons", "accounting")
+PNGS = ("summary", "front", "curves", "importance", "knobs", "slice", "stop_reasons", "accounting")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_report_html_is_self_contained_and_says_what_it_plots(report):
     page = (report / "report.html").read_text()
     assert not re.search(r"<script[^>]+src=", page)  # plotly.js inlined, nothing fetched
     assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.min.js is ~3.5 MB
-    for fig in ("front", "curves", "importance", "knobs"):
+    for fig in ("front", "curves", "importance", "knobs", "slice"):
         assert f'id="fig-{fig}"' in page
     # the generated sweep mixes kl_loss_type and loss_agg_mode on its front: the report must warn
     assert "the front mixes KL scales" in page
@@ -58,7 +58,7 @@ def test_report_renders_in_headless_chromium_without_errors(report):
         capture_output=True, text=True, timeout=120,
     )
     # every figure was drawn by plotly.js (it adds a plot-container to each figure's div)
-    for fig in ("front", "curves", "importance", "knobs"):
+    for fig in ("front", "curves", "importance", "knobs", "slice"):
         assert re.search(rf'id="fig-{fig}"[^>]*>\s*<div class="plot-container', run.stdout), fig
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
     errors = [line for line in console if re.search(r"Uncaught|Error|error|Failed", line)]

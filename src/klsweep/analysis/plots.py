@@ -322,12 +322,17 @@ def knobs_figure(df: pd.DataFrame, objectives: Objectives) -> go.Figure:
 
 
 def slice_figure(study, objective: int = 0, target_name: str | None = None) -> go.Figure:
-    """Optuna's slice plot (``optuna.visualization.plot_slice``) of one objective against each searched knob."""
+    """Optuna's slice plot (``optuna.visualization.plot_slice``, COMPLETE trials) of one objective against each
+    searched knob."""
     import optuna
 
     multi = len(study.directions) > 1
-    return optuna.visualization.plot_slice(study, target=(lambda t: t.values[objective]) if multi else None,
-                                           target_name=target_name or f"objective {objective}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna warns (and draws nothing) when no trial is COMPLETE
+        fig = optuna.visualization.plot_slice(study, target=(lambda t: t.values[objective]) if multi else None,
+                                              target_name=target_name or f"objective {objective}")
+    fig.update_layout(height=420, template="plotly_white")
+    return fig
 
 
 def table_figure(table: pd.DataFrame, title: str) -> go.Figure:

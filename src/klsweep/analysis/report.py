@@ -2,7 +2,7 @@
 
 Sections: summary, Pareto front (with the verl command of each front trial), curves with health bands, parameter
 importance, KL knobs, stop reasons, compute accounting. PNGs: ``summary``, ``front``, ``curves``, ``importance``,
-``knobs``, ``stop_reasons``, ``accounting`` (kaleido; needs Chrome or Chromium).
+``knobs``, ``slice``, ``stop_reasons``, ``accounting`` (kaleido; needs Chrome or Chromium).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.load import load, load_history, overrides_of, study_of, sweep_info
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import (
-    curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, table_figure, write_pngs,
+    curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, slice_figure, table_figure,
+    write_pngs,
 )
 from klsweep.errors import KlsweepError, ResultsError
 
@@ -71,6 +72,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         "curves": curves_figure(load_history(run_dir), df, ruleset),
         "importance": importance_figure(study, info["objectives"]),
         "knobs": knobs_figure(df, objectives),
+        "slice": slice_figure(study, 0, info["objectives"][0]["metric"]),
         "stop_reasons": table_figure(stops if len(stops) else pd.DataFrame({"stop_reason": ["no trial was stopped"]}),
                                      "Stop reasons"),
         "accounting": table_figure(accounting, _accounting_title(accounting, max_steps, gpu)),
@@ -162,7 +164,7 @@ rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <h3>Front trials and the command that reruns each</h3>{front_block}
 <h2 id="curves">Curves</h2>{fig('curves')}
 <h2 id="importance">Parameter importance</h2>{fig('importance')}
-<h2 id="knobs">KL knobs</h2>{fig('knobs')}
+<h2 id="knobs">KL knobs</h2>{fig('knobs')}{fig('slice')}
 <h2 id="stops">Stop reasons</h2>{_table(stops) if len(stops) else '<p>No trial was stopped.</p>'}
 <h2 id="compute">Compute</h2>
 <p>{int(total['steps_used'])} trial-steps, {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
