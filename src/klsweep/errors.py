@@ -25,7 +25,14 @@ class OverrideError(KlsweepError):
     """A verl override (``key=value``) is unknown, misspelled or has an invalid value.
 
     The message names the key, the value, the valid values and the closest valid key when there is one.
+
+    Args:
+        problems: one message per bad override, each starting with ``KEY=VALUE`` (default: the message alone).
     """
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        self.problems = list(problems) if problems else [message]
+        super().__init__(message)
 
 
 class PreflightError(KlsweepError):

@@ -14,15 +14,17 @@ from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
 from klsweep.verl.presets import CRITIC_KNOBS, KNOBS, preset_overrides, resolve_key
 
 
-def trainer_defaults(trainer: str) -> dict[str, Any]:
+def trainer_defaults(trainer: str, user: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Knob values the trainer brings where verl's defaults do not fit: for ``embedded``, the sizes and learning
-    rates of :data:`klsweep.trainers.embedded.config.EMBEDDED_DEFAULTS` (one mini-batch per step); none for verl."""
+    rates of :data:`klsweep.trainers.embedded.config.EMBEDDED_DEFAULTS` and one mini-batch per step (the mini-batch
+    follows the trial's ``data.train_batch_size`` in ``user`` when set); none for verl."""
     if trainer != "embedded":
         return {}
     from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
 
     knobs = {k: v for k, v in EMBEDDED_DEFAULTS.items() if k in KNOBS or k in CRITIC_KNOBS}
-    return {**knobs, "actor_rollout_ref.actor.ppo_mini_batch_size": EMBEDDED_DEFAULTS["data.train_batch_size"]}
+    batch = (user or {}).get("data.train_batch_size", EMBEDDED_DEFAULTS["data.train_batch_size"])
+    return {**knobs, "actor_rollout_ref.actor.ppo_mini_batch_size": batch}
 
 
 def parameters(sweep: Sweep) -> dict[str, Parameter]:
@@ -117,7 +119,7 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}
-    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**trainer_defaults(sweep.trainer), **user})
+    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**trainer_defaults(sweep.trainer, user), **user})
     return {**preset, **user, **launcher_overrides(sweep)}
 
 

@@ -29,8 +29,6 @@ def tiny_sweep(tmp_path, **extra) -> str:
         "overrides": {
             "algorithm.kl_ctrl.type": "fixed",
             "data.train_batch_size": 4,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-            "critic.ppo_mini_batch_size": 4,
             "actor_rollout_ref.rollout.n": 2,
             "trainer.test_freq": 2,
         },

@@ -89,10 +89,19 @@ def verl_command(overrides: Mapping[str, Any], module: str = "verl.trainer.main_
 
 
 def config_dir() -> str:
-    """Directory of verl's Hydra configs in the installed package (``<verl>/trainer/config``)."""
-    import verl
+    """Directory of verl's Hydra configs in the installed package (``<verl>/trainer/config``).
 
-    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    Found without importing verl (its import pulls in torch and tensordict: seconds).
+
+    Raises:
+        OverrideError: verl is not installed.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise OverrideError("verl is not installed: pip install verl==0.9.1 (klsweep's own dependency)")
+    return os.path.join(spec.submodule_search_locations[0], "trainer", "config")
 
 
 @functools.lru_cache(maxsize=1)
@@ -224,7 +233,7 @@ def check_values(cfg, *, allow_negative_kl: bool = False) -> None:
                     f"Use a value >= 0, or set allow_negative_kl: true in the sweep file if you mean it"
                 )
     if problems:
-        raise OverrideError("; ".join(problems))
+        raise OverrideError("; ".join(problems), problems)
 
 
 def _select(cfg, key: str) -> Any:

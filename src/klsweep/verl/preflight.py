@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,8 +60,7 @@ def preflight(
     try:
         check_values(cfg, allow_negative_kl=allow_negative_kl)
     except OverrideError as e:
-        # check_values joins its problems with "; " and each starts with "KEY=VALUE"
-        for part in re.split(r"; (?=[A-Za-z_][\w.]*=)", str(e)):
+        for part in e.problems:  # each starts with "KEY=VALUE"
             key = part.split("=", 1)[0]
             problems.append(at(key, part))
     value = functools.partial(_select, cfg)
