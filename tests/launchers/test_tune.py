@@ -53,8 +53,8 @@ def test_stop_and_crash_through_tune(ray_local, tmp_path):
     assert "nccl: torch.distributed.DistBackendError: NCCL error" in str(crashed.error)
     assert json.loads((Path(crashed.path) / "failure.json").read_text())["kind"] == "nccl"
     assert (attempt_dir(Path(crashed.path), 2) / "exit.json").exists()  # NCCL is retried once (retries=1)
-    for result in (stopped, crashed):
-        seconds_until_gone(_pids(Path(result.path)))
+    for name, result in (("stopped", stopped), ("crashed", crashed)):
+        print(f"{name} trial: tree gone {seconds_until_gone(_pids(Path(result.path))):.2f} s after fit() returned")
 
 
 @pytest.mark.fault
