@@ -21,6 +21,8 @@ PNGS = ("summary", "front", "curves", "importance", "knobs", "slice", "stop_reas
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
+    if shutil.which("chromium") is None:
+        pytest.skip("needs chromium (apt-get install -y chromium) for the report's PNGs")
     run_dir = make_sweep(tmp_path_factory.mktemp("report") / "s8", 8)
     assert main(["report", str(run_dir)]) == 0
     return run_dir / "report"
@@ -50,7 +52,6 @@ def test_report_html_is_self_contained_and_says_what_it_plots(report):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install -y chromium)")
 def test_report_renders_in_headless_chromium_without_errors(report):
     run = subprocess.run(
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
