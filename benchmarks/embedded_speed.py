@@ -63,13 +63,13 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    print(f"torch threads in the trainer: {torch.get_num_threads()} (the trainer sets 1)")
     results = {}
     for name, overrides in ALGORITHMS.items():
         wall, cpu = steps_per_second(overrides, args.steps)
         results[name] = cpu
         ratio = cpu / GOAL_STEPS_PER_S
         print(f"{name:24s} {wall:6.1f} steps/s wall  {cpu:6.1f} steps/s CPU  ratio to goal {ratio:.2f}")
+    print(f"torch threads in the trainer: {torch.get_num_threads()}")
     if not args.skip_warm_up:
         built, loaded = warm_up_and_load()
         print(f"reference warm-up {built:.1f} s (ratio to 60 s: {built / 60:.2f}), "
