@@ -4,6 +4,13 @@ In process: ``run(overrides, report)`` or ``EmbeddedTrainer(overrides).train_ste
 command-line shape: ``python -m klsweep.trainers.embedded key=value ...``. ``VAL_METRIC`` is the validation metric.
 """
 
-from klsweep.trainers.embedded.trainer import VAL_METRIC, EmbeddedTrainer, run
-
 __all__ = ["VAL_METRIC", "EmbeddedTrainer", "run"]
+
+
+def __getattr__(name: str):
+    # The trainer imports torch (seconds): only those who use it pay for it, not `klsweep.trainers.embedded.config`.
+    if name in __all__:
+        from klsweep.trainers.embedded import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'klsweep.trainers.embedded' has no attribute {name!r}")
