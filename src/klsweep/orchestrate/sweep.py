@@ -193,7 +193,7 @@ def _tuner(sweep, info: dict, out_dir: Path, *, num_samples: int, seed_trials: b
     if sweep.wandb.mode != "disabled":
         from klsweep.orchestrate.wandb_logging import wandb_callback
 
-        callbacks.append(wandb_callback(sweep))
+        callbacks.append(wandb_callback(sweep, out_dir))
     return tune.Tuner(
         _trainable(sweep),
         tune_config=tune.TuneConfig(
@@ -226,6 +226,7 @@ def _fit(sweep, info: dict, out_dir: Path, *, address: str | None, quiet: bool, 
         _tuner(sweep, info, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
         return _finish(sweep, out_dir)
     _close_told_trials(tune_path, study_of(info))
+    _forget_unstarted_trials(tune_path)
     if tune.Tuner.can_restore(tune_path) and not _tune_finished(tune_path, info.get("tune_num_samples", 0)):
         tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
                            resume_errored=False, restart_errored=False).fit()
@@ -277,6 +278,38 @@ def _close_told_trials(tune_path: str, study) -> None:
                 changed = True
         if changed:
             state_file.write_text(json.dumps(data))
+
+
+def _forget_unstarted_trials(tune_path: str) -> None:
+    """Drop, from the saved searcher state, the Tune trials that Tune's saved experiment state does not hold.
+
+    After a SIGKILL the searcher state can be newer than the experiment state: trials suggested after the last
+    experiment save are in ``ConcurrencyLimiter.live_trials`` and ``KlsweepSearch._ot_trials`` but Tune will never
+    start or finish them. Left there, the limiter counts them as running forever and the resume hangs with idle
+    workers. Dropped, their Optuna trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``).
+    """
+    import pickle
+
+    import ray.cloudpickle as cloudpickle
+
+    states = sorted(Path(tune_path).glob("experiment_state-*.json"))
+    if not states:
+        return
+    trials = [json.loads(state) for state, _meta in json.loads(states[-1].read_text()).get("trial_data", [])]
+    known = {t["trial_id"] for t in trials}
+    unfinished = {t["trial_id"] for t in trials if t.get("status") not in ("TERMINATED", "ERROR")}
+    for file in Path(tune_path).glob("search_gen_state-*.json"):
+        state = cloudpickle.loads(file.read_bytes())
+        limiter = state.get("name:ConcurrencyLimiter")
+        if limiter and set(limiter.get("live_trials", ())) - unfinished:
+            limiter["live_trials"] = set(limiter["live_trials"]) & unfinished
+            limiter["num_unfinished_live_trials"] = len(limiter["live_trials"])
+            file.write_bytes(cloudpickle.dumps(state))
+    for file in Path(tune_path).glob("searcher-state-*.pkl"):
+        state = pickle.loads(file.read_bytes())
+        if isinstance(state, dict) and set(state.get("_ot_trials", {})) - known:
+            state["_ot_trials"] = {k: v for k, v in state["_ot_trials"].items() if k in known}
+            file.write_bytes(pickle.dumps(state))
 
 
 def _fail_leftovers(study) -> None:
