@@ -172,3 +172,20 @@ def test_asha_with_multi_objective_is_refused(sweep_file):
 def test_parameter_without_kind_says_what_a_parameter_is(sweep_file):
     (problem,) = _problems(sweep_file("parameters:\n  kl_coef: 0.01\n"))
     assert "parameters.kl_coef" in problem and "`values: [...]`, `value: x`" in problem
+
+
+def test_replay_trace_is_found_next_to_the_sweep_file_and_made_absolute(sweep_file, tmp_path, monkeypatch):
+    (tmp_path / "run.jsonl").write_text('{"step": 1, "data": {"actor/kl_loss": 0.1}}\n')
+    monkeypatch.chdir(tmp_path.parent)  # not the sweep file's folder: Ray workers run elsewhere too
+    sweep = load_sweep(sweep_file("trainer: replay\nreplay: {trace: run.jsonl, speed: 2}\n"))
+    assert (sweep.replay.trace, sweep.replay.speed) == (str((tmp_path / "run.jsonl").resolve()), 2.0)
+
+
+def test_replay_section_and_trainer_must_agree(sweep_file, tmp_path):
+    [missing] = _problems(sweep_file("trainer: replay\nreplay: {trace: absent.jsonl}\n"))
+    assert "sweep.yaml:5: replay.trace: no file 'absent.jsonl'" in missing
+    [without] = _problems(sweep_file("trainer: replay\n"))
+    assert "trainer replay needs the log to play back" in without
+    (tmp_path / "run.jsonl").write_text('{"step": 1, "data": {"actor/kl_loss": 0.1}}\n')
+    [unused] = _problems(sweep_file(f"replay: {{trace: {tmp_path / 'run.jsonl'}}}\n"))
+    assert "replay is only read by trainer: replay, but trainer is embedded" in unused

@@ -25,15 +25,13 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     from klsweep.space import trial_overrides
 
     overrides = trial_overrides(sweep, config)
-    if sweep.trainer != "embedded":
+    if sweep.trainer == "verl":
         from klsweep.launchers.process import run_process_trial
 
         run_process_trial(overrides, sweep=sweep)
         return
 
-    from klsweep.trainers.embedded import EmbeddedTrainer
-
-    trainer = EmbeddedTrainer(overrides)
+    trainer = _in_process_trainer(sweep, overrides)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
@@ -49,3 +47,14 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
         else:
             tune.report(metrics)
+
+
+def _in_process_trainer(sweep, overrides: Mapping[str, Any]):
+    """The embedded trainer, or the replay trainer playing back ``sweep.replay.trace``."""
+    if sweep.trainer == "replay":
+        from klsweep.trainers.replay import ReplayTrainer
+
+        return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed)
+    from klsweep.trainers.embedded import EmbeddedTrainer
+
+    return EmbeddedTrainer(overrides)

@@ -100,6 +100,8 @@ def load_sweep(path: str | Path, cli_overrides: Iterable[str] = ()) -> Sweep:
             problems.append(f"command line {text!r}: {problem}")
     if isinstance(data.get("search_space"), str):
         problems.extend(_include_search_space(path, data, lines))
+    if isinstance(data.get("replay"), dict) and isinstance(data["replay"].get("trace"), str):
+        problems.extend(_resolve_trace(path, data["replay"], lines))
     if problems:
         raise SweepFileError(problems)
     try:
@@ -221,6 +223,19 @@ def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
             node[key] = {}
         node = node[key]
         i += j
+
+
+def _resolve_trace(sweep_path: Path, replay: dict, lines: Lines) -> list[str]:
+    """Make ``replay.trace`` absolute (trials run in Ray workers with another working directory)."""
+    name = replay["trace"]
+    candidates = [Path(name), sweep_path.parent / name]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        where = lines.get(("replay", "trace"), str(sweep_path))
+        return [f"{where}: replay.trace: no file {name!r} (looked in {', '.join(dict.fromkeys(str(c.parent.resolve()) for c in candidates))})"
+                " — give the path of a verl jsonl, console log, W&B CSV or Tune progress.csv"]
+    replay["trace"] = str(found.resolve())
+    return []
 
 
 def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[str]:

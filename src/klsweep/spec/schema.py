@@ -228,6 +228,23 @@ class Wandb(BaseModel):
     mode: Literal["disabled", "offline", "online"] = Field("disabled", description="disabled | offline | online")
 
 
+class Replay(BaseModel):
+    """``trainer: replay``: the recorded training log every trial plays back, one Tune report per logged step
+    (:class:`klsweep.trainers.replay.ReplayTrainer`), to try health rules and the orchestrator on a real run."""
+
+    model_config = _MODEL
+
+    trace: str = Field(
+        min_length=1,
+        description="the log to play back: verl file-logger jsonl, verl console log, W&B CSV export, Ray Tune "
+        "progress.csv or result.json (relative paths: from the working directory, else from the sweep file's folder)",
+    )
+    speed: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="training steps per second of playback (gaps between logged steps included); "
+        "0 plays as fast as possible"
+    )
+
+
 class Sweep(BaseModel):
     """A whole sweep file."""
 
@@ -240,9 +257,11 @@ class Sweep(BaseModel):
         description="ppo (GAE + critic, KL in reward) | grpo (KL in the loss) | drgrpo (grpo, no std norm, "
         "seq-mean-token-sum-norm, no KL)"
     )
-    trainer: Literal["embedded", "verl"] = Field(
-        "embedded", description="embedded (CPU trainer in klsweep) | verl (verl.trainer.main_ppo on GPU nodes)"
+    trainer: Literal["embedded", "verl", "replay"] = Field(
+        "embedded", description="embedded (CPU trainer in klsweep) | verl (verl.trainer.main_ppo on GPU nodes) | "
+        "replay (plays back the log in `replay`)"
     )
+    replay: Replay | None = Field(None, description="trainer replay: {trace: PATH, speed: steps per second}")
     kl_placement: Literal["loss", "reward", "none", "both"] | None = Field(
         None,
         description="where the KL to the reference acts: loss (actor.use_kl_loss) | reward (algorithm."
@@ -329,6 +348,12 @@ class Sweep(BaseModel):
                 f"{len(self.objectives)} (multi-objective studies cannot prune: optuna#5260). "
                 "Use scheduler: none; health rules still stop sick trials"
             )
+        if self.trainer == "replay" and self.replay is None:
+            raise ValueError("trainer replay needs the log to play back: add `replay: {trace: PATH}` (a verl jsonl, "
+                             "console log, W&B CSV or Tune progress.csv)")
+        if self.replay is not None and self.trainer != "replay":
+            raise ValueError(f"replay is only read by trainer: replay, but trainer is {self.trainer}: set "
+                             "trainer: replay or remove the replay section")
         if len(self.seed_trials) > self.budget.trials:
             raise ValueError(
                 f"seed_trials has {len(self.seed_trials)} entries but budget.trials is {self.budget.trials}: "

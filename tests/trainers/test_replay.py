@@ -1,0 +1,144 @@
+"""The replay trainer: what it plays back from real verl logs, and a replay through `sweep run` judged by health rules."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from klsweep.cli import main
+from klsweep.errors import OverrideError, TraceReadError
+from klsweep.trainers.replay import ReplayTrainer, played_reports
+from tests.conftest import SHARED
+
+T1_JSONL = SHARED / "traces" / "T1_ppo_qwen05b_healthy.jsonl"
+T1_CONSOLE = SHARED / "traces" / "T1_ppo_qwen05b_gsm8k_console.log"
+T5 = SHARED / "traces" / "T5_grpo_no_signal.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _shared_traces():
+    if not T1_JSONL.is_file():
+        pytest.skip(f"shared traces not found at {T1_JSONL.parent} (clone the repo next to shared/)")
+
+
+def play(trainer: ReplayTrainer) -> list[tuple[int, dict]]:
+    """Drive the trainer as the Tune trainable does; returns (global_step, metrics) per report."""
+    out = []
+    while trainer.global_step < trainer.total_steps:
+        metrics = trainer.train_step()
+        out.append((trainer.global_step, metrics))
+    return out
+
+
+def jsonl(path) -> list[tuple[int, dict]]:
+    return [(obj["step"], obj["data"]) for obj in map(json.loads, path.read_text().splitlines())]
+
+
+def test_replay_plays_every_line_of_a_verl_jsonl():
+    assert play(ReplayTrainer({}, trace=T1_JSONL)) == jsonl(T1_JSONL)
+
+
+def test_replay_stops_at_total_training_steps():
+    played = play(ReplayTrainer({"trainer.total_training_steps": 9}, trace=T1_JSONL))
+    assert [step for step, _ in played] == [0, 1, 2, 3, 4, 5, 9]  # the log's rows up to step 9
+    assert played == jsonl(T1_JSONL)[:7]
+
+
+def test_console_replay_holds_the_values_of_the_jsonl_made_from_it():
+    # The jsonl holds sampled rows of the console log, values converted from its console lines (lengths rounded to
+    # 0.1; the validation metric renamed from the old val/test_score/... to val-core/...).
+    trainer = ReplayTrainer({}, trace=T1_CONSOLE)
+    played = dict(play(trainer))
+    assert trainer.total_steps == 434 and len(played) == 435  # step:0 ... step:434
+    for step, row in jsonl(T1_JSONL):
+        shared = {k: v for k, v in row.items() if k in played[step]}
+        assert len(shared) >= 7
+        assert {k: played[step][k] for k in shared} == pytest.approx(shared, rel=1e-3, abs=5e-4), step
+
+
+def test_played_reports_keep_numbers_last_duplicate_and_steps_in_range():
+    reports = [
+        (1, {"actor/kl_loss": 0.1, "note": "text", "flag": True, "training_iteration": 7, "time_total_s": 3.0}),
+        (3, {"actor/kl_loss": 0.3}),
+        (2, {"actor/kl_loss": 0.2}),
+        (2, {"actor/kl_loss": 0.25}),  # step 2 logged again (a resumed run): the later report wins
+        (5, {"actor/kl_loss": 0.5}),
+    ]
+    assert played_reports(reports, 4) == [
+        (1, {"actor/kl_loss": 0.1}), (2, {"actor/kl_loss": 0.25}), (3, {"actor/kl_loss": 0.3}),
+    ]
+    unnumbered = [(None, {"a": 1.0}), (None, {"a": 2.0})]  # e.g. a CSV without a step column
+    assert played_reports(unnumbered, None) == [(1, {"a": 1.0}), (2, {"a": 2.0})]
+
+
+def test_save_and_load_continue_where_the_replay_stopped(tmp_path):
+    first = ReplayTrainer({}, trace=T1_JSONL)
+    for _ in range(8):
+        first.train_step()
+    first.save(tmp_path)
+    resumed = ReplayTrainer({}, trace=T1_JSONL)
+    resumed.load(tmp_path)
+    assert resumed.global_step == 19  # the 8th row of the log
+    assert play(resumed) == jsonl(T1_JSONL)[8:]
+
+
+def test_speed_spaces_reports_by_their_step_gap():
+    trainer = ReplayTrainer({}, trace=T5, speed=20.0)  # steps 4 and 7: the second comes 3 / 20 s after the first
+    trainer.train_step()
+    start = time.perf_counter()
+    trainer.train_step()
+    assert time.perf_counter() - start >= 0.15 - 0.01  # ~10 ms: time spent between perf_counter calls in train_step
+
+
+def test_errors_name_the_log_and_the_fix(tmp_path):
+    with pytest.raises(TraceReadError, match="trainer.total_training_steps=3"):
+        ReplayTrainer({"trainer.total_training_steps": 3}, trace=T5)  # T5 logs steps 4 and 7
+    with pytest.raises(TraceReadError, match="cannot read trace"):
+        ReplayTrainer({}, trace=tmp_path / "missing.jsonl")
+    with pytest.raises(OverrideError, match="not an integer"):
+        ReplayTrainer({"trainer.total_training_steps": "ten"}, trace=T5)
+    with pytest.raises(StopIteration):
+        trainer = ReplayTrainer({}, trace=T5)
+        play(trainer)
+        trainer.train_step()
+
+
+def replay_sweep(tmp_path, name: str, trace, algorithm: str, objective: str, max_steps: int) -> str:
+    sweep = {
+        "name": name,
+        "algorithm": algorithm,
+        "trainer": "replay",
+        "replay": {"trace": str(trace)},
+        "overrides": {"actor_rollout_ref.rollout.n": 8} if algorithm == "grpo" else {},
+        "parameters": {"kl_coef": {"values": [0.001]}},
+        "objective": {"metric": objective, "mode": "max"},
+        "sampler": "random",
+        "budget": {"trials": 1, "max_concurrent": 1, "max_steps": max_steps},
+        "health": "default",
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_sweep_run_replay_of_a_no_signal_run_fails_the_trial(tmp_path):
+    path = replay_sweep(tmp_path, "replay_t5", T5, "grpo", "critic/score/mean", max_steps=10)
+    assert main(["run", path, "--out", str(tmp_path / "out"), "--quiet"]) == 1  # no trial completed
+    [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
+    assert trial["state"] == "FAIL" and trial["health"] == "stopped"
+    assert "no_signal" in trial["stop_reason"] and "step 7" in trial["stop_reason"]  # both T5 rows: advantages 0
+
+
+@pytest.mark.slow
+def test_sweep_run_replay_of_a_healthy_run_stays_healthy(tmp_path):
+    val = "val-core/openai/gsm8k/reward/mean@1"
+    path = replay_sweep(tmp_path, "replay_t1", T1_JSONL, "ppo", val, max_steps=435)
+    main(["run", path, "--out", str(tmp_path / "out"), "--quiet"])
+    [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
+    assert trial["health"] == "healthy" and trial["steps"] == 23  # every row of the log played
+    assert trial[f"best/{val}"] == max(d[val] for _, d in jsonl(T1_JSONL) if val in d)
