@@ -226,7 +226,7 @@ def _fit(sweep, info: dict, out_dir: Path, *, address: str | None, quiet: bool, 
         _tuner(sweep, info, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
         return _finish(sweep, out_dir)
     _close_told_trials(tune_path, study_of(info))
-    _forget_unstarted_trials(tune_path)
+    _reconcile_search_state(tune_path, study_of(info))
     if tune.Tuner.can_restore(tune_path) and not _tune_finished(tune_path, info.get("tune_num_samples", 0)):
         tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
                            resume_errored=False, restart_errored=False).fit()
@@ -280,13 +280,15 @@ def _close_told_trials(tune_path: str, study) -> None:
             state_file.write_text(json.dumps(data))
 
 
-def _forget_unstarted_trials(tune_path: str) -> None:
-    """Drop, from the saved searcher state, the Tune trials that Tune's saved experiment state does not hold.
+def _reconcile_search_state(tune_path: str, study) -> None:
+    """Make the saved search state agree with Tune's saved experiment state and the study, after a SIGKILL.
 
-    After a SIGKILL the searcher state can be newer than the experiment state: trials suggested after the last
-    experiment save are in ``ConcurrencyLimiter.live_trials`` and ``KlsweepSearch._ot_trials`` but Tune will never
-    start or finish them. Left there, the limiter counts them as running forever and the resume hangs with idle
-    workers. Dropped, their Optuna trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``).
+    The three are saved at different times. (1) Trials suggested after the last experiment save are in
+    ``ConcurrencyLimiter.live_trials`` and ``KlsweepSearch._ot_trials`` but Tune will never start or finish them: left
+    there, the limiter counts them as running forever and the resume hangs with idle workers; dropped, their Optuna
+    trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``). (2) A trial that started and
+    finished between two experiment saves is finished in the study but unknown to Tune: it counts against the
+    number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not overrun.
     """
     import pickle
 
@@ -298,13 +300,16 @@ def _forget_unstarted_trials(tune_path: str) -> None:
     trials = [json.loads(state) for state, _meta in json.loads(states[-1].read_text()).get("trial_data", [])]
     known = {t["trial_id"] for t in trials}
     unfinished = {t["trial_id"] for t in trials if t.get("status") not in ("TERMINATED", "ERROR")}
+    ran_unknown = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()
+                   and t.user_attrs.get("ray_trial_id") not in known]
     for file in Path(tune_path).glob("search_gen_state-*.json"):
         state = cloudpickle.loads(file.read_bytes())
         limiter = state.get("name:ConcurrencyLimiter")
-        if limiter and set(limiter.get("live_trials", ())) - unfinished:
-            limiter["live_trials"] = set(limiter["live_trials"]) & unfinished
+        if limiter:
+            limiter["live_trials"] = set(limiter.get("live_trials", ())) & unfinished
             limiter["num_unfinished_live_trials"] = len(limiter["live_trials"])
-            file.write_bytes(cloudpickle.dumps(state))
+        state["counter"] = max(state.get("counter", 0), len(known) + len(ran_unknown))
+        file.write_bytes(cloudpickle.dumps(state))
     for file in Path(tune_path).glob("searcher-state-*.pkl"):
         state = pickle.loads(file.read_bytes())
         if isinstance(state, dict) and set(state.get("_ot_trials", {})) - known:
