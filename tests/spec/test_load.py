@@ -189,3 +189,9 @@ def test_replay_section_and_trainer_must_agree(sweep_file, tmp_path):
     (tmp_path / "run.jsonl").write_text('{"step": 1, "data": {"actor/kl_loss": 0.1}}\n')
     [unused] = _problems(sweep_file(f"replay: {{trace: {tmp_path / 'run.jsonl'}}}\n"))
     assert "replay is only read by trainer: replay, but trainer is embedded" in unused
+
+
+@pytest.mark.parametrize("field", ["search_space", "replay.trace"])
+def test_a_file_name_too_long_for_the_file_system_is_a_missing_file(sweep_file, field):
+    [problem] = _problems(sweep_file("trainer: replay\n"), [f"{field}={'x' * 600}"])
+    assert f"{field}: no file" in problem

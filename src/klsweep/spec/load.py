@@ -229,13 +229,20 @@ def _resolve_trace(sweep_path: Path, replay: dict, lines: Lines) -> list[str]:
     """Make ``replay.trace`` absolute (trials run in Ray workers with another working directory)."""
     name = replay["trace"]
     candidates = [Path(name), sweep_path.parent / name]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
         where = lines.get(("replay", "trace"), str(sweep_path))
         return [f"{where}: replay.trace: no file {name!r} (looked in {', '.join(dict.fromkeys(str(c.parent.resolve()) for c in candidates))})"
                 " — give the path of a verl jsonl, console log, W&B CSV or Tune progress.csv"]
     replay["trace"] = str(found.resolve())
     return []
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system
+        return False
 
 
 def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[str]:
@@ -245,7 +252,7 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[st
     candidates = [Path(name), sweep_path.parent / name]
     for folder in (sweep_path.parent.parent / "search_spaces", Path("search_spaces")):
         candidates += [folder / name, folder / f"{name}.yaml"]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
         return [f"{where}: search_space: no file {name!r} (looked in {', '.join(sorted({str(c.parent) for c in candidates}))})"
                 " — give a name from search_spaces/ or a path"]
