@@ -144,3 +144,30 @@ def test_sampler_refusals_before_anything_starts(tmp_path, capsys, fields, messa
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists()  # refused before the results directory or Ray
+
+
+LRS = [1e-5, 1e-2, 3e-4, 3e-3, 1e-4, 3e-2]
+
+
+def test_asha_prunes_trials_early_on_one_objective(ray_local, tmp_path):
+    """ASHA (grace 1, reduction factor 2, max_t 4 steps) judges at the step-2 rung, the first validation step: a
+    trial below the median of those already recorded there stops, and the study records it PRUNED by the scheduler."""
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "asha", parameters={"actor_rollout_ref.actor.optim.lr": {"values": LRS}},
+                      seed_trials=[{"actor_rollout_ref.actor.optim.lr": lr} for lr in LRS],
+                      scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 2},
+                      budget={"trials": len(LRS)})
+    main(["run", path, "--out", str(out), "--quiet"])
+    study = _study(out)
+    assert len(study.trials) == len(LRS)
+    pruned = [t for t in study.trials if t.state == State.PRUNED and t.user_attrs["health"] != "stopped"]
+    assert pruned, [(t.state.name, t.user_attrs) for t in study.trials]
+    step2 = {}
+    for t in study.trials:
+        rows = [json.loads(line) for line in next((out / "tune").glob(f"*{t.user_attrs['ray_trial_id']}*/result.json")).open()]
+        step2[t.number] = rows[1][VAL]
+    for t in pruned:
+        assert t.user_attrs["steps"] == 2 and t.user_attrs["stop_reason"] == "stopped by the scheduler at step 2"
+        assert t.intermediate_values == {2: pytest.approx(step2[t.number])}
+        assert step2[t.number] < max(v for n, v in step2.items() if n != t.number)  # below someone's value
+    assert any(t.state == State.COMPLETE and t.user_attrs["steps"] == 4 for t in study.trials)

@@ -112,6 +112,11 @@ class KlsweepSearch(OptunaSearch):
         stop_reason = str(result.get("stop_reason", "") or "")
         stop_kind = str(result.get("stop_kind", "") or "")
         state, stop_reason = self._outcome(error, health, stop_kind, stop_reason, steps, values)
+        if len(self._metrics) == 1 and state == optuna.trial.TrialState.PRUNED:
+            # Tune gives the result a Stopper or ASHA stopped on to on_trial_complete only, not on_trial_result
+            value = _as_float(result.get(self.metric))
+            if value is not None and math.isfinite(value) and steps and steps not in stored.intermediate_values:
+                ot_trial.report(value, steps)
 
         ot_trial.set_user_attr("ray_trial_id", trial_id)
         ot_trial.set_user_attr("health", health)
