@@ -8,6 +8,8 @@ written to any klsweep file.
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 from ray.air.integrations.wandb import WandbLoggerCallback
 
@@ -24,17 +26,29 @@ class VerlWandbCallback(WandbLoggerCallback):
         super().__init__(**kwargs)
         self._overrides_of = overrides_of
 
+    def setup(self, *args, **kwargs) -> None:
+        # Ray asks for an API key unless the WANDB_MODE variable says offline: an offline sweep needs none.
+        if self.kwargs.get("mode") in ("offline", "disabled"):
+            os.environ["WANDB_MODE"] = self.kwargs["mode"]
+        super().setup(*args, **kwargs)
+
     def log_trial_start(self, trial) -> None:
         # WandbLoggerCallback passes self.kwargs to wandb.init after its own arguments, so this config wins.
         self.kwargs["config"] = dict(self._overrides_of(trial.config))
         super().log_trial_start(trial)
 
 
-def wandb_callback(sweep) -> VerlWandbCallback:
-    """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name)."""
+def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback:
+    """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name).
+
+    W&B run files go to ``$WANDB_DIR`` as the driver sees it, else to the sweep directory ``out_dir``
+    (``out_dir/wandb/offline-run-*``): the logging actors are Ray workers, which do not inherit the driver's
+    environment once Ray runs, and would otherwise write into their own working directory.
+    """
     from klsweep.space import trial_overrides
 
-    kwargs = {"project": sweep.wandb.project or sweep.name, "group": sweep.name, "mode": sweep.wandb.mode}
+    kwargs = {"project": sweep.wandb.project or sweep.name, "group": sweep.name, "mode": sweep.wandb.mode,
+              "dir": os.environ.get("WANDB_DIR") or str(out_dir)}
     if sweep.wandb.entity:
         kwargs["entity"] = sweep.wandb.entity
     return VerlWandbCallback(functools.partial(trial_overrides, sweep), **kwargs)
