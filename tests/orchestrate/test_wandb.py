@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import optuna
@@ -60,6 +61,17 @@ def test_offline_needs_no_api_key(tmp_path, monkeypatch):
     assert (callback.project, callback.group, callback.kwargs["dir"]) == ("wb", "wb", str(tmp_path / "out"))
 
 
+def finished_records(path: Path, timeout_s: float = 60.0) -> list[wandb_internal_pb2.Record]:
+    """The records of a run file once W&B's service process has written its ``exit`` record: ``wandb.finish`` in the
+    logging actor returns before that process has flushed the file, so a loaded machine can see it half written."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        recs = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.5)
+
+
 def test_offline_run_per_trial(ray_local, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_DIR", raising=False)  # run files then go to the sweep directory
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
@@ -74,7 +86,7 @@ def test_offline_run_per_trial(ray_local, tmp_path, monkeypatch):
     run_files = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert sorted(f.stem.removeprefix("run-") for f in run_files) == trial_ids
     for run_file in run_files:
-        recs = records(run_file)
+        recs = finished_records(run_file)
         (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"][:1]
         assert run.run_id == run_file.stem.removeprefix("run-") and run.run_group == "wb" and run.project == "wb"
         config = {}

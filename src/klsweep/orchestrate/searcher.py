@@ -18,9 +18,9 @@ raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
 
 Every finished trial gets user attributes ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
-``steps`` and ``verl_overrides`` (JSON of the full trial config), and the Optuna constraint ``health`` (Optuna 5's
-``Trial.set_constraint``: 1.0 infeasible when a health rule stopped it, -1.0 feasible), which samplers learn from and
-which keeps infeasible trials out of ``study.best_trials``.
+``steps`` and ``verl_overrides`` (JSON of the full trial config); in a multi-objective study also the Optuna
+constraint ``health`` (Optuna 5's ``Trial.set_constraint``: 1.0 infeasible when a health rule stopped it, -1.0
+feasible), which samplers learn from and which keeps infeasible trials out of ``study.best_trials``.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ class KlsweepSearch(OptunaSearch):
         ot_trial.set_user_attr("health", health)
         ot_trial.set_user_attr("stop_reason", stop_reason)
         ot_trial.set_user_attr("steps", steps)
-        ot_trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if health == "stopped" else -1.0)
+        if len(self._metrics) > 1:  # single objective: a health stop is PRUNED (CmaEsSampler warns on constraints)
+            ot_trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if health == "stopped" else -1.0)
         try:
             ot_trial.set_user_attr("verl_overrides", json.dumps(dict(self._overrides_of(ot_trial.params))))
         except Exception as e:  # a broken config must not leave the trial RUNNING

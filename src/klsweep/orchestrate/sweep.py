@@ -193,7 +193,7 @@ def _tuner(sweep, info: dict, out_dir: Path, *, num_samples: int, seed_trials: b
     if sweep.wandb.mode != "disabled":
         from klsweep.orchestrate.wandb_logging import wandb_callback
 
-        callbacks.append(wandb_callback(sweep, out_dir))
+        callbacks += [c for c in (wandb_callback(sweep, out_dir),) if c is not None]
     return tune.Tuner(
         _trainable(sweep),
         tune_config=tune.TuneConfig(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 from ray.air.integrations.wandb import WandbLoggerCallback
@@ -38,8 +39,9 @@ class VerlWandbCallback(WandbLoggerCallback):
         super().log_trial_start(trial)
 
 
-def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback:
-    """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name).
+def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
+    """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name), or None with a
+    warning when ``mode: online`` has no credentials (W&B never stops a sweep: card K24).
 
     W&B run files go to ``$WANDB_DIR`` as the driver sees it, else to the sweep directory ``out_dir``
     (``out_dir/wandb/offline-run-*``): the logging actors are Ray workers, which do not inherit the driver's
@@ -47,8 +49,22 @@ def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback:
     """
     from klsweep.space import trial_overrides
 
+    if sweep.wandb.mode == "online" and not _has_credentials():
+        print("warning: wandb.mode is online but no W&B credentials were found (WANDB_API_KEY or `wandb login`): "
+              "the sweep runs without W&B; use wandb.mode: offline to log locally and `wandb sync` later",
+              file=sys.stderr)
+        return None
     kwargs = {"project": sweep.wandb.project or sweep.name, "group": sweep.name, "mode": sweep.wandb.mode,
               "dir": os.environ.get("WANDB_DIR") or str(out_dir)}
     if sweep.wandb.entity:
         kwargs["entity"] = sweep.wandb.entity
     return VerlWandbCallback(functools.partial(trial_overrides, sweep), **kwargs)
+
+
+def _has_credentials() -> bool:
+    import wandb
+
+    try:
+        return bool(wandb.login(prompt=False, verify=False))
+    except Exception:  # a broken W&B setup is a warning, never a failed sweep
+        return False
