@@ -137,14 +137,14 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
 
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.orchestrate.searcher import KlsweepSearch
-    from klsweep.space import seed_params, trial_overrides
+    from klsweep.space import define_space, seed_params, trial_overrides
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metrics = [o.metric for o in sweep.objectives]
     modes = [o.mode for o in sweep.objectives]
     single = len(metrics) == 1
     return KlsweepSearch(
-        space=functools.partial(_space, sweep),  # picklable: Tune saves the searcher with the experiment
+        space=define_space(sweep),  # a picklable SearchSpace: Tune saves the searcher with the experiment
         metric=metrics[0] if single else metrics,
         mode=modes[0] if single else modes,
         points_to_evaluate=(seed_params(sweep) or None) if seed_trials else None,
@@ -154,12 +154,6 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
         overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=sweep.budget.max_steps,
     )
-
-
-def _space(sweep, trial):
-    from klsweep.space import define_space
-
-    return define_space(sweep)(trial)
 
 
 def _trainable(sweep):
