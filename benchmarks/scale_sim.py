@@ -1,0 +1,141 @@
+"""Scale simulation (issue 8): 1,000 replay trials on a simulated 64-node × 8-GPU Ray cluster.
+
+The cluster is one local Ray with 512 logical GPUs (``num_gpus=64 × 8``; nothing runs on a GPU). Each trial asks
+for 8 GPUs (one node's worth) and no CPU, so 64 run at once, and replays verl's GRPO reference run
+(``../shared/traces/T4_grpo_qwen7b_gsm8k_full.jsonl``: validation at step 0, then steps 1-105) with the replay
+trainer at accelerated time (``--speed`` steps per second, ~170 s per step in the real run), truncated at
+``--steps``. Everything else is ``sweep run``'s own path in this process (:func:`klsweep.orchestrate.sweep.run_sweep`:
+Optuna TPE searcher with its SQLite study, the default health rules on every result, Tune's experiment state,
+trials.csv).
+
+Prints: GPU-slot utilisation = Σ over trials of 8 × the trial's own time (Tune's ``time_total_s``) ÷ (512 × the
+time from the first trial's start to the last one's end), the same over the whole ``sweep run`` call; results per
+second the driver handled; peak RSS of this driver process (sampled every 0.5 s) and of all Ray processes. The last
+line is the utilisation (goal ≥ 0.95) and the driver's peak RSS (goal < 2 GB).
+
+Scaled down: steps 0-20 of the trace (21 results per trial, 21,000 results) at 2 steps/s (a trial lasts ~10 s) so
+1,000 trials fit in 10 minutes on 2 cores; ``--trials``, ``--nodes``, ``--steps``, ``--speed`` change the scale.
+
+    python benchmarks/scale_sim.py [--trials 1000] [--nodes 64] [--gpus-per-node 8] [--steps 20] [--speed 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from _bench import REPO, machine, trials
+
+TRACE = REPO.parent / "shared" / "traces" / "T4_grpo_qwen7b_gsm8k_full.jsonl"
+VAL = "val-core/openai/gsm8k/reward/mean@1"
+
+
+class PeakRss(threading.Thread):
+    """Samples the RSS of this process (and, every 10th sample, of all its child processes) until stopped."""
+
+    def __init__(self, every: float = 0.5):
+        super().__init__(daemon=True)
+        self.every, self.driver, self.tree, self.stopped = every, 0, 0, threading.Event()
+
+    def run(self) -> None:
+        me = psutil.Process()
+        n = 0
+        while not self.stopped.wait(self.every):
+            self.driver = max(self.driver, me.memory_info().rss)
+            if n % 10 == 0:
+                total = me.memory_info().rss
+                for child in me.children(recursive=True):
+                    try:
+                        total += child.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.tree = max(self.tree, total)
+            n += 1
+
+
+def sweep_file(folder: Path, args) -> Path:
+    sweep = {
+        "name": "scale_sim",
+        "algorithm": "grpo",
+        "trainer": "replay",
+        "replay": {"trace": str(TRACE), "speed": args.speed},
+        "overrides": {"actor_rollout_ref.rollout.n": 5, "trainer.n_gpus_per_node": args.gpus_per_node},
+        "parameters": {"kl_coef": {"distribution": "log_uniform_values", "min": 0.0001, "max": 0.01}},
+        "objective": {"metric": VAL, "mode": "max"},
+        "sampler": "tpe",
+        "budget": {"trials": args.trials, "max_concurrent": args.nodes, "max_steps": args.steps,
+                   "resources": {"cpu": 0, "gpu": args.gpus_per_node}},
+        "health": "default",
+    }
+    path = folder / "scale_sim.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return path
+
+
+def trial_windows(out: Path) -> list[tuple[float, float, int]]:
+    """(start, end, results) of each trial from its result.json: end = last ``timestamp`` (whole seconds),
+    start = end − ``time_total_s``."""
+    windows = []
+    for result in (out / "tune").glob("*/result.json"):
+        rows = result.read_text().splitlines()
+        if rows:
+            last = json.loads(rows[-1])
+            windows.append((last["timestamp"] - last["time_total_s"], float(last["timestamp"]), len(rows)))
+    return windows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--speed", type=float, default=2.0)
+    args = parser.parse_args()
+    if not TRACE.is_file():
+        raise SystemExit(f"{TRACE} not found: clone the repository next to shared/")
+    import ray
+
+    from klsweep.orchestrate.sweep import run_sweep
+
+    print(f"machine: {machine()}")
+    gpus = args.nodes * args.gpus_per_node
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    rss = PeakRss()
+    rss.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        start = time.time()
+        run_sweep(str(sweep_file(Path(tmp), args)), [], out=str(out), quiet=True)
+        wall = time.time() - start
+        rss.stopped.set()
+        df = trials(out)
+        windows = trial_windows(out)
+    ray.shutdown()
+    busy = args.gpus_per_node * df["wall_s"].sum()
+    window = max(e for _, e, _ in windows) - min(s for s, _, _ in windows)
+    results = sum(n for _, _, n in windows)
+    util = busy / (gpus * window)
+    print(f"{len(df)} trials ({df['state'].value_counts().to_dict()}), {results} results, "
+          f"{args.nodes} × {args.gpus_per_node} logical GPUs, {args.steps} steps at {args.speed} steps/s")
+    print(f"trial window {window:.0f} s, whole sweep run {wall:.0f} s; mean trial {df['wall_s'].mean():.1f} s "
+          f"(ideal {args.steps / args.speed:.1f} s)")
+    print(f"utilisation over the trial window {util:.3f}, over the whole sweep run {busy / (gpus * wall):.3f}")
+    print(f"results handled {results / window:.0f}/s; peak RSS driver {rss.driver / 2**30:.2f} GiB, "
+          f"driver + Ray processes {rss.tree / 2**30:.1f} GiB")
+    print(f"machine after: {machine()}")
+    print(f"GPU-slot utilisation {util:.3f} (goal ≥ 0.95), driver peak RSS {rss.driver / 2**30:.2f} GiB (goal < 2)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Search efficiency (issue 8): Optuna TPE vs random vs grid on the embedded GRPO KL sweep, 5 sampler seeds.
+
+The sweep is ``sweeps/grpo_kl.yaml`` (kl_loss_coef 0.001-10 log, kl_loss_type × 5, loss_agg_mode × 4, the verl
+preset as seed trial). Every config a sampler can propose is trained once, up front, into a table (a tabular
+benchmark: the same config always gives the same run, ``data.seed`` fixed), with kl_coef on 5 log-spaced points
+(0.001, 0.01, 0.1, 1, 10): 100 configs. TPE and random search the file's continuous range, snapped to the nearest
+point in log space; grid gets the 5 points as ``values``. Each proposal goes through the sweep's own sampler
+(:func:`klsweep.orchestrate.samplers.build_sampler`, seeded) and search space, as ``sweep run`` asks them.
+
+Per config: gold validation accuracy at the last step (``val-core/arith/acc/mean@1``), and the KL of the trained
+actor to the reference measured the same way for every estimator (k1 token mean on a fresh rollout of the training
+prompts). KL budget: the median of that KL over the table (half the space is over budget). A trial over budget is
+told to Optuna as a health stop would be (PRUNED, constraint ``health`` violated); one within it, COMPLETE with its
+accuracy. Target: 95 % of the best accuracy within the budget. Cost: trial-steps (``--steps`` per trial, no early
+stopping) until the first trial within budget at or above the target; a search that never gets there in 100 trials
+counts its 100 trials (a lower bound, marked ``>``).
+
+Prints per sampler the steps of each seed and their mean; the last line gives the ratios random ÷ TPE and grid ÷ TPE
+(goal ≥ 2 and ≥ 3).
+
+Scaled down for 2 cores in 10 minutes: 30 steps per trial of 8 prompts × 8 samples (the sweep's: 80 steps of 16),
+kl_coef on 5 points, one training seed; the table takes most of the time (2 processes).
+
+    python benchmarks/search_efficiency.py [--steps 30] [--batch 8] [--seeds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from _bench import machine
+
+SWEEP = str(Path(__file__).resolve().parents[1] / "sweeps" / "grpo_kl.yaml")
+KL_POINTS = (0.001, 0.01, 0.1, 1.0, 10.0)
+KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type",
+        "actor_rollout_ref.actor.loss_agg_mode")
+SAMPLERS = ("tpe", "random", "grid")
+
+
+def load(steps: int, batch: int, extra: list[str] = ()):
+    from klsweep.spec import load_sweep
+
+    return load_sweep(SWEEP, [f"budget.max_steps={steps}", f"overrides.data.train_batch_size={batch}",
+                              "budget.trials=100", *extra])
+
+
+def evaluate(args: tuple[int, int, tuple]) -> tuple[tuple, float, float]:
+    """Train one config of the table: (config, final validation accuracy, k1 KL to the reference per token)."""
+    steps, batch, config = args
+    from klsweep.space import trial_overrides
+    from klsweep.trainers.embedded import VAL_METRIC, EmbeddedTrainer
+
+    trainer = EmbeddedTrainer(trial_overrides(load(steps, batch), dict(zip(KEYS, config))))
+    while trainer.global_step < trainer.total_steps:
+        metrics = trainer.train_step()
+    experience, _ = trainer.make_experience()  # a fresh rollout of the trained actor
+    mask = experience["response_mask"]
+    kl = ((experience["old_log_prob"] - experience["ref_log_prob"]) * mask).sum() / mask.sum()
+    return config, metrics[VAL_METRIC], kl.item()
+
+
+def table(steps: int, batch: int) -> dict[tuple, tuple[float, float]]:
+    from klsweep.space import parameters
+
+    space = parameters(load(steps, batch))
+    configs = [(c, t, a) for c in KL_POINTS for t in space[KEYS[1]].values for a in space[KEYS[2]].values]
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        return {config: (acc, kl) for config, acc, kl in pool.map(evaluate, [(steps, batch, c) for c in configs])}
+
+
+def snap(coef: float) -> float:
+    return min(KL_POINTS, key=lambda p: abs(math.log(p) - math.log(coef)))
+
+
+def search(name: str, seed: int, results: dict, budget: float, target: float, steps: int, batch: int) -> int | None:
+    """Trial-steps until ``name`` (seeded) proposes a config within the KL budget at or above target, else None."""
+    import optuna
+
+    from klsweep.orchestrate.samplers import build_sampler
+    from klsweep.orchestrate.searcher import HEALTH_CONSTRAINT
+    from klsweep.space import define_space, seed_params
+
+    grid = [f"parameters.kl_coef={{values: [{', '.join(map(str, KL_POINTS))}]}}"] if name == "grid" else []
+    sweep = load(steps, batch, [f"sampler={name}", f"seed={seed}", *grid])
+    study = optuna.create_study(direction="maximize", sampler=build_sampler(sweep))
+    for params in seed_params(sweep):
+        study.enqueue_trial(params)
+    space = define_space(sweep)
+    for n in range(1, sweep.budget.trials + 1):
+        trial = study.ask()
+        space(trial)
+        p = trial.params
+        acc, kl = results[(snap(p[KEYS[0]]), p[KEYS[1]], p[KEYS[2]])]
+        if kl > budget:
+            trial.set_constraint(HEALTH_CONSTRAINT, 1.0)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        trial.set_constraint(HEALTH_CONSTRAINT, -1.0)
+        study.tell(trial, acc)
+        if acc >= target:
+            return n * steps
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    print(f"machine: {machine()}")
+    start = time.perf_counter()
+    results = table(args.steps, args.batch)
+    kls = sorted(kl for _, kl in results.values())
+    budget = statistics.median(kls)
+    best = max(acc for acc, kl in results.values() if kl <= budget)
+    target = 0.95 * best
+    hits = sum(acc >= target and kl <= budget for acc, kl in results.values())
+    print(f"table: {len(results)} configs × {args.steps} steps in {time.perf_counter() - start:.0f} s; accuracy "
+          f"{min(a for a, _ in results.values()):.3f}-{max(a for a, _ in results.values()):.3f}, KL budget "
+          f"{budget:.4f} nats/token (median), best within budget {best:.3f}, target {target:.3f}, "
+          f"{hits} configs reach it")
+    means = {}
+    for name in SAMPLERS:
+        costs = [search(name, seed, results, budget, target, args.steps, args.batch) for seed in range(args.seeds)]
+        shown = [f">{100 * args.steps}" if c is None else str(c) for c in costs]
+        means[name] = statistics.mean(100 * args.steps if c is None else c for c in costs)
+        print(f"{name:6s} trial-steps to target per seed: {', '.join(shown)}; mean {means[name]:.0f}")
+    print(f"machine after: {machine()}")
+    print(f"trial-steps ratio random/tpe {means['random'] / means['tpe']:.2f} (goal ≥ 2), "
+          f"grid/tpe {means['grid'] / means['tpe']:.2f} (goal ≥ 3)")
+
+
+if __name__ == "__main__":
+    main()
