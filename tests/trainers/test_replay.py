@@ -140,5 +140,7 @@ def test_sweep_run_replay_of_a_healthy_run_stays_healthy(tmp_path):
     path = replay_sweep(tmp_path, "replay_t1", T1_JSONL, "ppo", val, max_steps=435)
     main(["run", path, "--out", str(tmp_path / "out"), "--quiet"])
     [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
-    assert trial["health"] == "healthy" and trial["steps"] == 23  # every row of the log played
+    # every row of the log played: 23 sampled reports, up to the log's own last step 434 (a finished trial, not one
+    # cut short by a scheduler: the replay trainer's total_steps is the log's end)
+    assert trial["health"] == "healthy" and trial["steps"] == 434 and trial["state"] == "COMPLETE"
     assert trial[f"best/{val}"] == max(d[val] for _, d in jsonl(T1_JSONL) if val in d)

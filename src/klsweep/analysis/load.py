@@ -99,7 +99,7 @@ def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
 def _summarise(rows: list[dict[str, Any]], objectives: list[dict[str, str]]) -> dict[str, Any]:
     last = rows[-1]
     out: dict[str, Any] = {
-        "steps": int(last.get("training_iteration", len(rows))),
+        "steps": int(last.get("step", last.get("training_iteration", len(rows)))),
         "wall_s": float(last.get("time_total_s", float("nan"))),
         "health": last.get("health"),
         "stop_reason": last.get("stop_reason"),
@@ -178,7 +178,7 @@ def load_history(path: str | Path) -> pd.DataFrame:
     sweep_info(path)
     records = []
     skip = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "time_since_restore",
-            "iterations_since_restore", "pid", "done"}
+            "iterations_since_restore", "pid", "done", "total_steps"}
     for trial_id, rows in _tune_trials(path):
         for row in rows:
             step = row.get("training_iteration")

@@ -107,16 +107,19 @@ class KlsweepSearch(OptunaSearch):
             if value is not None:
                 last[name] = value
         values = [last.get(name) for name in self._metrics]
-        steps = int(result.get("training_iteration", 0) or 0)
+        iteration = int(result.get("training_iteration", 0) or 0)
+        # Training steps: the trainer's own step (a replayed, sampled log skips steps), its own total when it says so.
+        steps = int(result.get("step", iteration) or 0)
+        total_steps = int(result.get("total_steps") or self._total_steps)
         health = str(result.get("health", "healthy") or "healthy")
         stop_reason = str(result.get("stop_reason", "") or "")
         stop_kind = str(result.get("stop_kind", "") or "")
-        state, stop_reason = self._outcome(error, health, stop_kind, stop_reason, steps, values)
+        state, stop_reason = self._outcome(error, health, stop_kind, stop_reason, steps < total_steps, steps, values)
         if len(self._metrics) == 1 and state == optuna.trial.TrialState.PRUNED:
             # Tune gives the result a Stopper or ASHA stopped on to on_trial_complete only, not on_trial_result
             value = _as_float(result.get(self.metric))
-            if value is not None and math.isfinite(value) and steps and steps not in stored.intermediate_values:
-                ot_trial.report(value, steps)
+            if value is not None and math.isfinite(value) and iteration and iteration not in stored.intermediate_values:
+                ot_trial.report(value, iteration)
 
         ot_trial.set_user_attr("ray_trial_id", trial_id)
         ot_trial.set_user_attr("health", health)
@@ -132,7 +135,8 @@ class KlsweepSearch(OptunaSearch):
         self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
 
     def _outcome(
-        self, error: bool, health: str, stop_kind: str, stop_reason: str, steps: int, values: list[float | None]
+        self, error: bool, health: str, stop_kind: str, stop_reason: str, early: bool, steps: int,
+        values: list[float | None],
     ) -> tuple[optuna.trial.TrialState, str]:
         State = optuna.trial.TrialState
         finite = all(v is not None and math.isfinite(v) for v in values)
@@ -147,7 +151,7 @@ class KlsweepSearch(OptunaSearch):
         if not finite:
             missing = [m for m, v in zip(self._metrics, values) if v is None or not math.isfinite(v)]
             return State.FAIL, f"objective {', '.join(missing)} was never reported or is not finite"
-        if steps < self._total_steps:
+        if early:
             if len(values) == 1:
                 return State.PRUNED, stop_reason or f"stopped by the scheduler at step {steps}"
             return State.COMPLETE, stop_reason or f"stopped at step {steps}"

@@ -41,6 +41,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
         metrics = trainer.train_step()
         step = trainer.global_step
         metrics["step"] = step
+        metrics["total_steps"] = trainer.total_steps  # the searcher tells a finished trial from an early-stopped one
         if test_freq > 0 and step % test_freq == 0 and step < trainer.total_steps:
             with tempfile.TemporaryDirectory() as folder:
                 trainer.save(folder)
