@@ -19,3 +19,16 @@ def test_a_half_written_last_line_is_dropped(synthetic_sweep):
     assert df.loc["t00001", "wall_s"] == 20.0  # step 10's time_total_s, the last complete line
     history = load_history(run_dir)
     assert history[history["trial_id"] == "t00001"]["step"].max() == 10
+
+
+def test_overrides_of_gives_verl_ready_values():
+    import math
+
+    from klsweep.analysis.load import overrides_of
+
+    # a column with empty cells is float64 in pandas: ppo_epochs 1.0 must go back to verl as 1 (an int field)
+    row = {"config/actor_rollout_ref.actor.ppo_epochs": 1.0, "config/algorithm.kl_ctrl.kl_coef": 0.05,
+           "config/trainer.logger": ["console", "file"], "config/data.seed": math.nan, "state": "COMPLETE"}
+    assert overrides_of(row) == {"actor_rollout_ref.actor.ppo_epochs": 1, "algorithm.kl_ctrl.kl_coef": 0.05,
+                                 "trainer.logger": ["console", "file"]}
+    assert isinstance(overrides_of(row)["actor_rollout_ref.actor.ppo_epochs"], int)

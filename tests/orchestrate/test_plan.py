@@ -92,3 +92,13 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     empty.write_text("")
     assert main(["validate", str(empty)]) == 2
     assert "the file is empty" in capsys.readouterr().out
+
+
+def test_a_validation_objective_the_embedded_trainer_never_logs_is_refused(tmp_path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("name: typo\nalgorithm: grpo\nobjective: {metric: val-core/arith/acc/mean, mode: max}\n"
+                   "parameters:\n  kl_coef: {values: [0.1, 1.0]}\n")
+    out = io.StringIO()
+    assert validate(str(bad), [], out=out) == 2
+    assert "'val-core/arith/acc/mean' is not logged by the embedded trainer" in out.getvalue()
+    assert "'val-core/arith/acc/mean@1'" in out.getvalue()  # the fix: the name it does log

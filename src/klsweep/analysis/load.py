@@ -157,12 +157,14 @@ def load(path: str | Path) -> pd.DataFrame:
 def overrides_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """The flat verl overrides of one trial, from its ``config/<verl key>`` entries in a :func:`load` row (pandas
     Series or dict); empty cells (keys other trials set) are left out and numpy scalars become Python values, ready
-    for :func:`klsweep.verl.config.verl_command`."""
+    for :func:`klsweep.verl.config.verl_command`. Whole floats become ints: a column with empty cells is float64 in
+    pandas, and verl's int fields (``ppo_epochs``) refuse ``1.0`` while its float fields accept ``1``."""
     out = {}
     for key, value in row.items():
         if not str(key).startswith("config/") or value is None or (isinstance(value, float) and math.isnan(value)):
             continue
-        out[key[len("config/"):]] = value.item() if hasattr(value, "item") else value
+        value = value.item() if hasattr(value, "item") else value
+        out[key[len("config/"):]] = int(value) if isinstance(value, float) and value.is_integer() else value
     return out
 
 

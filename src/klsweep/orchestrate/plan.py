@@ -65,6 +65,20 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
     return configs
 
 
+def _objective_problems(sweep: Sweep) -> list[str]:
+    """A validation objective the embedded trainer never logs (a typo would fail every trial after its budget)."""
+    if sweep.trainer != "embedded":
+        return []
+    from klsweep.trainers.embedded.trainer import VAL_METRIC
+
+    return [
+        f"objective.metric: {o.metric!r} is not logged by the embedded trainer, whose validation metric is "
+        f"{VAL_METRIC!r} — use that name"
+        for o in sweep.objectives
+        if o.metric.startswith(("val-core/", "val/", "test_score/")) and o.metric != VAL_METRIC
+    ]
+
+
 def preflight_sweep(sweep: Sweep) -> list[str]:
     """Preflight every config of :func:`preflight_configs`; returns the warnings (deduplicated).
 
@@ -75,7 +89,7 @@ def preflight_sweep(sweep: Sweep) -> list[str]:
     from klsweep.verl.preflight import preflight
 
     where = key_locations(sweep)
-    problems: dict[str, None] = {}
+    problems: dict[str, None] = dict.fromkeys(_objective_problems(sweep))
     warnings: dict[str, None] = {}
     for overrides in preflight_configs(sweep):
         try:

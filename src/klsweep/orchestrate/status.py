@@ -29,11 +29,12 @@ def status(run_dir: str, console: Console | None = None) -> int:
     running = counts.get("RUNNING", 0)
     left = max(0, sweep.budget.trials - len(df))
     console.print(
-        f"{sweep.name}: {finished} finished, {running} running or interrupted, {left} not started "
+        f"{sweep.name}: {finished} finished, {running} running (or interrupted), {left} not started "
         f"(budget {sweep.budget.trials} trials × {sweep.budget.max_steps} steps)",
         highlight=False,
     )
     if running:
-        console.print(f"continue with: sweep resume {run_dir}", highlight=False)
+        console.print(f"if its `sweep run` is no longer running, continue it with: sweep resume {run_dir}",
+                      highlight=False)
     print_summary(sweep, df, Path(run_dir), console=console)
     return 0

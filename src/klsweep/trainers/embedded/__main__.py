@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         def report(step: int, metrics: dict[str, float]) -> None:
             print(console_line(step, metrics), flush=True)
             if log_file is not None:
-                log_file.write(orjson.dumps({"step": step, "data": metrics}) + b"\n")  # as verl's FileLogger
+                log_file.write(orjson.dumps({"step": step, "data": metrics}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")  # as verl's FileLogger
 
         run(overrides, report, trainer=trainer)
     finally:
