@@ -73,10 +73,17 @@ def _check_consistent(out: Path, budget: int) -> None:
     assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     ray_ids = [t.user_attrs.get("ray_trial_id") for t in trials]
     assert None not in ray_ids and len(set(ray_ids)) == len(ray_ids)  # each Tune trial told once
+    assert len(trials) == budget and all(t.state in FINISHED for t in trials)
     tune_ids = _tune_trial_ids(out)
-    assert len(tune_ids) == len(trials) == budget
-    assert set(tune_ids) == set(ray_ids)
-    assert all(t.state in FINISHED for t in trials)
+    assert set(ray_ids) <= set(tune_ids)  # every study trial ran as a Tune trial
+    # A trial in flight when the driver died, whose start the driver had not saved yet, is re-run by the resumed
+    # sweep under a new Tune id (the study trial Optuna had proposed for it is adopted, so its params are re-used):
+    # its folder stays behind, unfinished. There are at most max_concurrent of them, and none ran to the end.
+    abandoned = set(tune_ids) - set(ray_ids)
+    assert len(abandoned) <= 2
+    for trial_id in abandoned:
+        for result in (out / "tune").glob(f"run_trial_{trial_id}_*/result.json"):
+            assert len(result.read_text().splitlines()) < STEPS
 
 
 def test_resume_after_driver_sigkill(tmp_path):
@@ -106,7 +113,7 @@ def test_resume_after_driver_sigkill(tmp_path):
     running = sum(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
     finished = sum(t.state in FINISHED for t in study.trials)
     assert status.returncode == 0, status.stderr
-    assert (f"crash: {finished} finished, {running} running or interrupted, {TRIALS - len(study.trials)} not started"
+    assert (f"crash: {finished} finished, {running} running (or interrupted), {TRIALS - len(study.trials)} not started"
             in status.stdout)
     assert running > 0 and "sweep resume" in status.stdout
 
