@@ -24,15 +24,18 @@ from klsweep.analysis.load import SWEEP_FILE, TUNE_DIR, storage_from_url
 TRIALS_CSV = "trials.csv"
 
 
-def _prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
-    if out.exists() and any(out.iterdir()):
-        if overwrite:
-            shutil.rmtree(out)
-        elif not resume:
-            raise ResultsError(
-                f"{out} already holds a sweep: pass --resume to continue it, --overwrite to replace it, "
-                f"or --out DIR to write elsewhere"
-            )
+def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse (before the slow preflight) to write into a directory that holds results, unless told what to do."""
+    if out.exists() and any(out.iterdir()) and not (resume or overwrite):
+        raise ResultsError(
+            f"{out} already holds a sweep: pass --resume to continue it, --overwrite to replace it, "
+            f"or --out DIR to write elsewhere"
+        )
+
+
+def _prepare_out(out: Path, *, overwrite: bool) -> None:
+    if overwrite and out.exists():
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -60,11 +63,12 @@ def run_sweep(
     if launcher:
         overrides = [*overrides, f"launcher={launcher}"]
     sweep = load_sweep(sweep_file, overrides)
-    _preflight(sweep)
     out_dir = Path(out or Path("runs") / sweep.name).resolve()
+    _refuse_existing(out_dir, resume=resume, overwrite=overwrite)
+    _preflight(sweep)
     if resume and (out_dir / SWEEP_FILE).is_file():
         return resume_sweep(str(out_dir), overrides, address=address, quiet=quiet)
-    _prepare_out(out_dir, resume=resume, overwrite=overwrite)
+    _prepare_out(out_dir, overwrite=overwrite)
     info = {
         "name": sweep.name,
         "sweep_file": str(Path(sweep_file).resolve()),
