@@ -3,7 +3,6 @@ reproduces each."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,7 +64,7 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if math.isfinite(v) else str(v)
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+    return "" if v is None else str(v)
 
 
 def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None) -> int:

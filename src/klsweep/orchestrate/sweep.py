@@ -243,15 +243,22 @@ def _record_samples(info: dict, out_dir: Path, num_samples: int) -> None:
     (out_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
 
 
-def _tune_finished(tune_path: str, num_samples: int) -> bool:
-    """Whether the saved Tune experiment created its ``num_samples`` trials and every one of them ended."""
+def _saved_trials(tune_path: str) -> list[dict] | None:
+    """The trials of Tune's latest saved experiment state (each a dict with ``trial_id`` and ``status``), or None
+    when Tune saved none."""
     states = sorted(Path(tune_path).glob("experiment_state-*.json"))
     if not states:
+        return None
+    return [json.loads(state) if isinstance(state, str) else state
+            for state, _meta in json.loads(states[-1].read_text()).get("trial_data", [])]
+
+
+def _tune_finished(tune_path: str, num_samples: int) -> bool:
+    """Whether the saved Tune experiment created its ``num_samples`` trials and every one of them ended."""
+    trials = _saved_trials(tune_path)
+    if trials is None:
         return True
-    trial_data = json.loads(states[-1].read_text()).get("trial_data", [])
-    statuses = [json.loads(state).get("status") if isinstance(state, str) else state.get("status")
-                for state, _meta in trial_data]
-    return len(statuses) >= num_samples and all(s in ("TERMINATED", "ERROR") for s in statuses)
+    return len(trials) >= num_samples and all(t.get("status") in ("TERMINATED", "ERROR") for t in trials)
 
 
 def _close_told_trials(tune_path: str, study) -> None:
@@ -292,10 +299,9 @@ def _reconcile_search_state(tune_path: str, study) -> None:
 
     import ray.cloudpickle as cloudpickle
 
-    states = sorted(Path(tune_path).glob("experiment_state-*.json"))
-    if not states:
+    trials = _saved_trials(tune_path)
+    if trials is None:
         return
-    trials = [json.loads(state) for state, _meta in json.loads(states[-1].read_text()).get("trial_data", [])]
     known = {t["trial_id"] for t in trials}
     unfinished = {t["trial_id"] for t in trials if t.get("status") not in ("TERMINATED", "ERROR")}
     ran_unknown = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()
