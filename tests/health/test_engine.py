@@ -159,6 +159,36 @@ def test_k15_length_halving_at_a_format_only_score_is_reward_hacking():
     first = next(i for i, n in enumerate(lengths) if (400 - n) / 400 > 0.5)
     assert summary["stop_step"] == first + 3
 
+def test_drop_from_max_with_peak_above_waits_for_a_real_peak():
+    rule = {"name": "fall", "metric": "v", "stat": "drop_from_max", "peak_above": 0.05, "above": 0.25,
+            "action": "stop"}
+    values = [0.04, 0.01, 0.03, 0.6, 0.5, 0.42]  # 0.04 -> 0.01 is a 75 % drop from a peak under the floor
+    engine, verdicts = _run(_rules(rule), [(s, {"v": v}) for s, v in enumerate(values, start=1)])
+    drops = [(max(values[: i + 1]) - v) / max(values[: i + 1]) for i, v in enumerate(values)]
+    first = next(i for i, (d, v) in enumerate(zip(drops, values)) if d > 0.25 and max(values[: i + 1]) > 0.05)
+    assert [v.stop for v in verdicts] == [i >= first for i in range(len(values))]
+    assert engine.summary()["stop_step"] == first + 1 == 6
+    engine, _ = _run(_rules(rule), [(1, {"v": 0.04}), (2, {"v": 0.01})])
+    assert "waits for a maximum above 0.05; the run's best was 0.04" in engine.summary()["not_applicable"]["fall"]
+
+
+def test_validation_falling_while_the_training_score_holds_is_reward_hacking():
+    # the embedded task's signature: proxy score climbs, gold validation (every 10 steps) falls
+    val = {10: 0.58, 20: 0.53, 30: 0.50, 40: 0.42, 50: 0.33}
+    stream = [(s, {"critic/score/mean": 1.0 + 0.002 * s, **({"val-core/arith/acc/mean@1": val[s]} if s in val else {})})
+              for s in range(1, 51)]
+    engine, _ = _run(load_ruleset("default"), stream)
+    summary = engine.summary()
+    first = next(s for s in sorted(val) if (0.58 - val[s]) / 0.58 > 0.25)
+    assert summary["reason"]["rule"] == "reward_hacking" and summary["stop_kind"] == "diverged"
+    assert summary["stop_step"] == first == 40
+    assert summary["best"] == {"metric": "val-core/arith/acc/mean@1", "step": 10, "value": 0.58}
+    # the same validation curve with a collapsing training score is not hacking (score_collapse's business)
+    falling = [(s, {**m, "critic/score/mean": 1.0 - 0.015 * s}) for s, m in stream]
+    engine, _ = _run(load_ruleset("default"), falling)
+    assert engine.summary()["reason"] is None or engine.summary()["reason"]["rule"] != "reward_hacking"
+
+
 
 # ---- K16: metric names drift across verl versions -------------------------------------------------------------------
 def test_k16_rule_on_actor_entropy_reads_old_entropy_loss_and_absent_kl_is_not_applicable():

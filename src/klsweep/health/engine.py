@@ -63,8 +63,9 @@ class _Series:
         return list(islice(self.steps, len(self.steps) - n, None))
 
 
-def _statistic(stat: str, window: int | None, series: _Series) -> float | None:
-    """A condition's statistic over ``series`` (which holds this report's value), or None if undefined yet.
+def _statistic(stat: str, window: int | None, peak_above: float, series: _Series) -> float | None:
+    """A condition's statistic over ``series`` (which holds this report's value), or None if undefined yet
+    (``drop_from_max`` while the maximum is at or below ``peak_above``).
 
     Window statistics use exactly rounded sums (``math.fsum``): variance = E[x²] − E[x]², population (ddof 0);
     slope = least-squares slope of value against step (against position when steps repeat).
@@ -78,7 +79,7 @@ def _statistic(stat: str, window: int | None, series: _Series) -> float | None:
         else:
             xs = series.last(window)
             peak = max(xs) if xs is not None else max(series.values)
-        return (peak - value) / peak if peak > 0 else None
+        return (peak - value) / peak if peak > max(peak_above, 0.0) else None
     if stat == "ratio_to_first":
         return value / series.first if series.first else None
     xs = series.last(window)  # type: ignore[arg-type]
@@ -110,13 +111,15 @@ class _RuleState:
 
     rule: Rule
     describe: str
-    conditions: tuple[tuple[Any, tuple[str, str, int | None]], ...]  # (condition, statistic cache key)
+    conditions: tuple[tuple[Any, tuple[str, str, int | None, float]], ...]  # (condition, statistic cache key)
     streak: int = 0
     judged: bool = False
 
     @classmethod
     def of(cls, rule: Rule) -> _RuleState:
-        conditions = tuple((c, (c.metric, c.stat, getattr(c, "window", None))) for c in rule.conditions)
+        conditions = tuple(
+            (c, (c.metric, c.stat, getattr(c, "window", None), getattr(c, "peak_above", 0.0))) for c in rule.conditions
+        )
         return cls(rule, rule.describe(), conditions)
 
 
@@ -179,7 +182,7 @@ class HealthEngine:
             event = check.check(step, metrics, values)
             if event is not None:
                 events.append(event)
-        stats: dict[tuple[str, str, int | None], float | None] = {}
+        stats: dict[tuple[str, str, int | None, float], float | None] = {}
         for state in self._states:
             if step > state.rule.after:
                 event = self._judge(state, step, values, stats)
@@ -209,7 +212,7 @@ class HealthEngine:
                 continue
             stat = stats.get(cache_key, _UNSET)
             if stat is _UNSET:
-                stat = stats[cache_key] = _statistic(cache_key[1], cache_key[2], series)
+                stat = stats[cache_key] = _statistic(*cache_key[1:], series)
             if stat is None:
                 if need_all:
                     return None
@@ -297,6 +300,10 @@ class HealthEngine:
             need = getattr(condition, "window", None) or 1
             if self._series[condition.metric].count < need:
                 return f"{condition.label()} needs {need} reports, the run had {self._series[condition.metric].count}"
+            floor = getattr(condition, "peak_above", 0.0)
+            if floor and self._series[condition.metric].run_max <= floor:
+                best = self._series[condition.metric].run_max
+                return f"{condition.label()} waits for a maximum above {floor:g}; the run's best was {best:.4g}"
         if self._last_step is not None and self._last_step <= rule.after:
             return f"no report after the warm-up (after: {rule.after})"
         return f"{', '.join(rule.metrics)} were never logged in the same report"

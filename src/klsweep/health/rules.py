@@ -80,10 +80,19 @@ class WindowCondition(_Condition):
 
 
 class DropCondition(_Condition):
-    """Relative drop from the running maximum: (max − value) / max; max over ``window`` reports or the whole run."""
+    """Relative drop from the running maximum: (max − value) / max; max over ``window`` reports or the whole run.
+
+    Judged only while that maximum is above ``peak_above`` (default 0): a relative drop from a near-zero peak (a
+    validation accuracy of 0.01 at the start of training) is noise, not a drop.
+    """
 
     stat: Literal["drop_from_max"]
     window: int | None = Field(None, ge=2, description="reports the maximum is taken over (default: whole run)")
+    peak_above: float = Field(0.0, ge=0, description="judge only once the maximum is above this (metric units)")
+
+    def describe(self) -> str:
+        floor = f" (max > {self.peak_above:g})" if self.peak_above else ""
+        return super().describe() + floor
 
     def label(self) -> str:
         return f"drop_from_max{self.window or ''}({self.metric})"
@@ -121,7 +130,7 @@ Condition = Annotated[
     ),
 ]
 
-_CONDITION_KEYS = ("metric", "stat", "window", "above", "below")
+_CONDITION_KEYS = ("metric", "stat", "window", "peak_above", "above", "below")
 
 
 class Rule(BaseModel):
