@@ -45,3 +45,13 @@ def test_reproduce_commands_drop_embedded_sizes_from_the_verl_line():
     assert verl == "python3 -m verl.trainer.main_ppo algorithm.kl_ctrl.kl_coef=0.002"
     assert reproduce_commands(overrides, "verl") == [
         ("", "python3 -m verl.trainer.main_ppo algorithm.kl_ctrl.kl_coef=0.002 data.train_batch_size=16")]
+
+
+def test_a_replay_trial_has_no_command_to_reproduce_it():
+    assert reproduce_commands({"algorithm.kl_ctrl.kl_coef": 0.002}, "replay") == []
+
+
+def test_short_numbers():
+    from klsweep._format import short
+
+    assert [short(v) for v in (0.711328125, float("nan"), 80, None, "x")] == ["0.7113", "nan", "80", "", "x"]

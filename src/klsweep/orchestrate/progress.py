@@ -7,7 +7,6 @@ prints one line per finished trial, so logs stay readable.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -19,16 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from klsweep._format import short
 from klsweep.verl.metrics import resolve
 
 #: Aliases shown as the KL, entropy and score columns (klsweep.verl.metrics resolves them per verl version).
 _COLUMNS = ("ref_kl", "entropy", "score")
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
-    return "" if value is None else str(value)
 
 
 class SweepProgress(Callback):
@@ -99,10 +93,10 @@ class SweepProgress(Callback):
         if self._interactive:
             self._redraw()
         else:
-            objectives = " ".join(f"{name}={_fmt(row.get(name))}" for name in self._objectives)
+            objectives = " ".join(f"{name}={short(row.get(name))}" for name in self._objectives)
             reason = f" ({row['stop_reason']})" if row.get("stop_reason") else ""
             self._console.print(
-                f"[{self._done}/{self._total}] {trial.trial_id} {row['status']} step={_fmt(row.get('step'))} "
+                f"[{self._done}/{self._total}] {trial.trial_id} {row['status']} step={short(row.get('step'))} "
                 f"{objectives}{reason}",
                 markup=False,
                 highlight=False,
@@ -115,8 +109,8 @@ class SweepProgress(Callback):
         for header in headers:
             table.add_column(header.rsplit("/", 3)[-3] if header.count("/") >= 3 else header, overflow="fold")
         for row in list(self._rows.values())[-20:]:
-            cells = [row["trial"], row["status"], _fmt(row.get("step")), *(_fmt(row.get(c)) for c in _COLUMNS),
-                     *(_fmt(row.get(n)) for n in self._objectives), str(row.get("health", ""))]
+            cells = [row["trial"], row["status"], short(row.get("step")), *(short(row.get(c)) for c in _COLUMNS),
+                     *(short(row.get(n)) for n in self._objectives), str(row.get("health", ""))]
             table.add_row(*(Text(cell) for cell in cells))
         return table
 

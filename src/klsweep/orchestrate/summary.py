@@ -3,7 +3,6 @@ reproduces each."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from klsweep._format import short
 from klsweep.analysis.load import overrides_of
 from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
 from klsweep.verl.config import verl_command
@@ -29,7 +29,9 @@ _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
 def reproduce_commands(overrides: Mapping[str, Any], trainer: str) -> list[tuple[str, str]]:
     """``[(label, command)]`` that rerun a trial: for the embedded trainer its own command, then verl's with the KL
     and algorithm settings only (the embedded trainer's sizes dropped: add your model, data and batch sizes); for
-    verl, verl's command with every override (label empty)."""
+    verl, verl's command with every override (label empty); none for the replay trainer (it trains nothing)."""
+    if trainer == "replay":
+        return []
     if trainer != "embedded":
         return [("", verl_command(overrides))]
     transferable = {k: v for k, v in overrides.items() if k not in _EMBEDDED_SIZES}
@@ -61,12 +63,6 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
         return pareto_front(df, [(c, o.mode) for c, o in zip(value_cols, sweep.objectives)])
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else str(v)
-    return "" if v is None else str(v)
-
-
 def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None) -> int:
     """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy, else 1."""
     console = console or Console()
@@ -79,7 +75,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         for col in ("number", "state", "steps", "stop_reason"):
             table.add_column(col, overflow="fold")
         for _, row in stopped.iterrows():
-            table.add_row(*(Text(_fmt(row.get(c))) for c in ("number", "state", "steps", "stop_reason")))
+            table.add_row(*(Text(short(row.get(c))) for c in ("number", "state", "steps", "stop_reason")))
         console.print(table)
     best = best_trials(sweep, df)
     if best.empty:
@@ -91,8 +87,8 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     title = "best trial" if len(sweep.objectives) == 1 else f"Pareto front ({len(best)} trials)"
     console.print(f"\n[bold]{title}[/bold]")
     for _, row in best.iterrows():
-        values = ", ".join(f"{o.metric}={_fmt(row[f'value/{o.metric}'])}" for o in sweep.objectives)
-        kl = f", {row['kl_metric']} last={_fmt(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
+        values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
+        kl = f", {row['kl_metric']} last={short(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
         console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
         for label, command in reproduce_commands(overrides_of(row), sweep.trainer):
             if label:
