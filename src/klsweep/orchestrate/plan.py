@@ -69,7 +69,7 @@ def _objective_problems(sweep: Sweep) -> list[str]:
     """A validation objective the embedded trainer never logs (a typo would fail every trial after its budget)."""
     if sweep.trainer != "embedded":
         return []
-    from klsweep.trainers.embedded.trainer import VAL_METRIC
+    from klsweep.trainers.embedded.config import VAL_METRIC
 
     return [
         f"objective.metric: {o.metric!r} is not logged by the embedded trainer, whose validation metric is "

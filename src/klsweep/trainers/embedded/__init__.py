@@ -4,12 +4,14 @@ In process: ``run(overrides, report)`` or ``EmbeddedTrainer(overrides).train_ste
 command-line shape: ``python -m klsweep.trainers.embedded key=value ...``. ``VAL_METRIC`` is the validation metric.
 """
 
+from klsweep.trainers.embedded.config import VAL_METRIC
+
 __all__ = ["VAL_METRIC", "EmbeddedTrainer", "run"]
 
 
 def __getattr__(name: str):
     # The trainer imports torch (seconds): only those who use it pay for it, not `klsweep.trainers.embedded.config`.
-    if name in __all__:
+    if name in ("EmbeddedTrainer", "run"):
         from klsweep.trainers.embedded import trainer
 
         return getattr(trainer, name)

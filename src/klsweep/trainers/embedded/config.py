@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 ACTOR = "actor_rollout_ref.actor"
 
+TASK_NAME = "arith"
+"""The embedded task's name, verl's ``data_source``: the middle of the validation metric."""
+VAL_METRIC = f"val-core/{TASK_NAME}/acc/mean@1"
+"""The validation metric: greedy gold accuracy on held-out prompts (fraction), verl's ``val-core`` naming."""
+
 EMBEDDED_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 16,
     "data.max_response_length": 8,

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-NAME = "arith"
-"""Task name, used as verl's ``data_source`` in the validation metric ``val-core/arith/acc/mean@1``."""
+from klsweep.trainers.embedded.config import TASK_NAME as NAME
 
 DIGITS = "0123456789"
 PLUS, EQUALS, EOS, PAD = 10, 11, 12, 13

@@ -31,12 +31,10 @@ import numpy as np
 import torch
 
 from klsweep.trainers.embedded import task
-from klsweep.trainers.embedded.config import Settings, settings_from_overrides
+from klsweep.trainers.embedded.config import VAL_METRIC, Settings, settings_from_overrides
 from klsweep.trainers.embedded.model import TinyTransformer, generate
 from klsweep.trainers.embedded.reference import load_reference
 
-VAL_METRIC = f"val-core/{task.NAME}/acc/mean@1"
-"""The validation metric: greedy gold accuracy on held-out prompts (fraction), verl's ``val-core`` naming."""
 
 CHECKPOINT_FILE = "embedded_trainer.pt"
 
