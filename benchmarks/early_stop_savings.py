@@ -1,18 +1,22 @@
 """Trial-steps saved by health early stopping (issue 8): ``sweeps/aggressive.yaml`` with and without health rules.
 
 Two ``sweep run`` of the same file, same seed and sampler (TPE, seed 0, the seed preset as trial 0): one with the
-file's rules (``health: aggressive``), one with none (preset ``none`` and the built-in checks off). Prints the
-trial-steps each used (Σ ``steps`` of trials.csv), the trials each rule stopped, and whether the best healthy trial
+file's rules (``health: aggressive``; ``--health PRESET`` for another), one with none (preset ``none`` and the built-in
+checks off). Prints the trial-steps each used (Σ ``steps`` of trials.csv), the trials each rule stopped, and whether the best healthy trial
 (highest validation accuracy among trials no rule stopped) has the same parameters in both. The last line is the
 fraction of trial-steps saved; goal ≥ 40 %.
 
 TPE sees the stopped trials as pruned/infeasible, so after its random start-up trials the two runs can propose
 different parameters: the comparison is of whole sweeps, as a user would run them, not of the same trial list.
 
+What bounds the figure: a rule can only stop a trial once its metrics show the failure. On the embedded task the
+trials that go wrong reward-hack (proxy score up, gold validation accuracy down), which shows at the validations of
+steps 30-60; with 5 of 12 trials hacking, stopping each at its first bad validation saves at most ~25 %.
+
 Scaled down: nothing by default (12 trials × 80 steps, the file's budget, ~2 × 1-3 min on 2 cores);
 ``--steps``/``--trials`` shrink it.
 
-    python benchmarks/early_stop_savings.py [--trials 12] [--steps 80]
+    python benchmarks/early_stop_savings.py [--trials 12] [--steps 80] [--health default]
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--health", help="a health preset instead of the file's (default, conservative, ...)")
     args = parser.parse_args()
     budget = [f"budget.trials={args.trials}", f"budget.max_steps={args.steps}"]
+    rules = [f"health={args.health}"] if args.health else []
     print(f"machine: {machine()}")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, extra in (("with rules", []), ("without rules", [NO_HEALTH])):
+        for label, extra in (("with rules", rules), ("without rules", [NO_HEALTH])):
             out = Path(tmp) / label.replace(" ", "_")
             wall = sweep_run(SWEEP, budget + extra, out)
             df = trials(out)

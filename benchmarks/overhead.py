@@ -7,6 +7,9 @@
     engine, trials.csv and summary all counted) with ``budget.max_concurrent=2`` and the same 8 trials as seed trials.
 
 Prints wall(b) ÷ (Σ bare busy ÷ 2): 1.0 would be a perfect 2-way split with no orchestration cost; goal ≤ 1.03.
+Before it, the two parts of the cost: the steady-state per-trial ratio (median trial in Tune ÷ median bare trial) and
+the fixed cost of (b) (Python and Ray start, preflight, each Ray worker's first import of torch + verl, summary),
+which a sweep pays once, whatever the length of its trials.
 With 2 cores both trials of (b) share the cores with the driver and Ray's own processes, so this is the overhead a
 2-core user pays; on a larger machine the driver has its own cores.
 
@@ -76,6 +79,11 @@ def main() -> None:
         print("warning: (b) did not run every step of (a): the ratio below understates the overhead")
     ideal = sum(busy) / 2
     print(f"ideal 2-way wall Σbusy/2 = {ideal:.1f} s; start-up and tail in (b) ≈ {wall - df['wall_s'].sum() / 2:.1f} s")
+    # The first trial on each Ray worker also imports torch + verl and loads the reference model: the median trial
+    # is the steady state a long sweep runs at.
+    warm = df["wall_s"].median() / (sorted(busy)[len(busy) // 2])
+    print(f"steady state: median trial in Tune {df['wall_s'].median():.1f} s vs bare {sorted(busy)[len(busy) // 2]:.1f} s "
+          f"(×{warm:.3f} per trial once the workers are warm); fixed cost of (b) ≈ {wall - warm * ideal:.0f} s")
     print(f"machine after: {machine()}")
     print(f"overhead ratio wall(b) / (Σ busy / 2): {wall / ideal:.3f} (goal ≤ 1.03)")
 
