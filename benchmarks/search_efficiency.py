@@ -16,7 +16,11 @@ stopping) until the first trial within budget at or above the target; a search t
 counts its 100 trials (a lower bound, marked ``>``).
 
 Prints per sampler the steps of each seed and their mean; the last line gives the ratios random ÷ TPE and grid ÷ TPE
-(goal ≥ 2 and ≥ 3).
+(goal ≥ 2 and ≥ 3) for the 95 % target; ``--targets 0.95 0.99`` adds stricter targets (printed before it).
+
+The samplers are built as ``sweep run`` builds them for the file's budget (12 trials: TPE's random start-up phase is
+3 trials); a search may take up to 100. When many configs reach the target, any sampler finds one within its first
+few trials and the ratios say more about the landscape than about the sampler: the ``hits`` line shows how many do.
 
 Scaled down for 2 cores in 10 minutes: 30 steps per trial of 8 prompts × 8 samples (the sweep's: 80 steps of 16),
 kl_coef on 5 points, one training seed; the table takes most of the time (2 processes).
@@ -41,13 +45,14 @@ KL_POINTS = (0.001, 0.01, 0.1, 1.0, 10.0)
 KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type",
         "actor_rollout_ref.actor.loss_agg_mode")
 SAMPLERS = ("tpe", "random", "grid")
+MAX_TRIALS = 100
+"""Trials a search may take; its sampler is still built for the file's budget (TPE: 3 random start-up trials)."""
 
 
 def load(steps: int, batch: int, extra: list[str] = ()):
     from klsweep.spec import load_sweep
 
-    return load_sweep(SWEEP, [f"budget.max_steps={steps}", f"overrides.data.train_batch_size={batch}",
-                              "budget.trials=100", *extra])
+    return load_sweep(SWEEP, [f"budget.max_steps={steps}", f"overrides.data.train_batch_size={batch}", *extra])
 
 
 def evaluate(args: tuple[int, int, tuple]) -> tuple[tuple, float, float]:
@@ -92,7 +97,7 @@ def search(name: str, seed: int, results: dict, budget: float, target: float, st
     for params in seed_params(sweep):
         study.enqueue_trial(params)
     space = define_space(sweep)
-    for n in range(1, sweep.budget.trials + 1):
+    for n in range(1, MAX_TRIALS + 1):
         trial = study.ask()
         space(trial)
         p = trial.params
@@ -113,6 +118,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.95],
+                        help="fractions of the best accuracy within budget to reach; the first is the headline")
     args = parser.parse_args()
     import optuna
 
@@ -123,22 +130,26 @@ def main() -> None:
     kls = sorted(kl for _, kl in results.values())
     budget = statistics.median(kls)
     best = max(acc for acc, kl in results.values() if kl <= budget)
-    target = 0.95 * best
-    hits = sum(acc >= target and kl <= budget for acc, kl in results.values())
     print(f"table: {len(results)} configs × {args.steps} steps in {time.perf_counter() - start:.0f} s; accuracy "
           f"{min(a for a, _ in results.values()):.3f}-{max(a for a, _ in results.values()):.3f}, KL budget "
-          f"{budget:.4f} nats/token (median), best within budget {best:.3f}, target {target:.3f}, "
-          f"{hits} configs reach it")
-    means = {}
-    for name in SAMPLERS:
-        costs = [search(name, seed, results, budget, target, args.steps, args.batch) for seed in range(args.seeds)]
-        shown = [f">{100 * args.steps}" if c is None else str(c) for c in costs]
-        means[name] = statistics.mean(100 * args.steps if c is None else c for c in costs)
-        print(f"{name:6s} trial-steps to target per seed: {', '.join(shown)}; mean {means[name]:.0f}")
+          f"{budget:.4f} nats/token (median), best within budget {best:.3f}")
+    ratios = {}
+    for fraction in reversed(args.targets):
+        target = fraction * best
+        hits = sum(acc >= target and kl <= budget for acc, kl in results.values())
+        print(f"target {fraction:.0%} of the best = {target:.3f}: {hits} of {len(results)} configs reach it")
+        means = {}
+        for name in SAMPLERS:
+            costs = [search(name, seed, results, budget, target, args.steps, args.batch) for seed in range(args.seeds)]
+            shown = [f">{MAX_TRIALS * args.steps}" if c is None else str(c) for c in costs]
+            means[name] = statistics.mean(MAX_TRIALS * args.steps if c is None else c for c in costs)
+            print(f"  {name:6s} trial-steps to target per seed: {', '.join(shown)}; mean {means[name]:.0f}")
+        ratios[fraction] = (means["random"] / means["tpe"], means["grid"] / means["tpe"])
     print(f"machine after: {machine()}")
-    print(f"trial-steps ratio random/tpe {means['random'] / means['tpe']:.2f} (goal ≥ 2), "
-          f"grid/tpe {means['grid'] / means['tpe']:.2f} (goal ≥ 3)")
-
+    for fraction in reversed(args.targets):
+        random_ratio, grid_ratio = ratios[fraction]
+        print(f"target {fraction:.0%}: trial-steps ratio random/tpe {random_ratio:.2f} (goal ≥ 2), "
+              f"grid/tpe {grid_ratio:.2f} (goal ≥ 3)")
 
 if __name__ == "__main__":
     main()
