@@ -10,8 +10,9 @@ trials.csv).
 
 Prints: GPU-slot utilisation = Σ over trials of 8 × the trial's own time (Tune's ``time_total_s``) ÷ (512 × the
 time from the first trial's start to the last one's end), the same over the whole ``sweep run`` call; results per
-second the driver handled; peak RSS of this driver process (sampled every 0.5 s) and of all Ray processes. The last
-line is the utilisation (goal ≥ 0.95) and the driver's peak RSS (goal < 2 GB).
+second the driver handled; where the rest of the slot time went (ramp-up while Ray starts a worker per slot, gaps
+between trials on one worker, tail); peak RSS of this driver process (sampled every 0.5 s) and of all Ray processes.
+The last line is the utilisation (goal ≥ 0.95) and the driver's peak RSS (goal < 2 GB).
 
 Scaled down: steps 0-20 of the trace (21 results per trial, 21,000 results) at 2 steps/s (a trial lasts ~10 s) so
 1,000 trials fit in 10 minutes on 2 cores; ``--trials``, ``--nodes``, ``--steps``, ``--speed`` change the scale.
@@ -80,16 +81,34 @@ def sweep_file(folder: Path, args) -> Path:
     return path
 
 
-def trial_windows(out: Path) -> list[tuple[float, float, int]]:
-    """(start, end, results) of each trial from its result.json: end = last ``timestamp`` (whole seconds),
-    start = end − ``time_total_s``."""
+def trial_windows(out: Path) -> list[tuple[float, float, int, int]]:
+    """(start, end, results, worker pid) of each trial from its result.json: end = last ``timestamp`` (whole
+    seconds), start = end − ``time_total_s``."""
     windows = []
     for result in (out / "tune").glob("*/result.json"):
         rows = result.read_text().splitlines()
         if rows:
             last = json.loads(rows[-1])
-            windows.append((last["timestamp"] - last["time_total_s"], float(last["timestamp"]), len(rows)))
+            windows.append((last["timestamp"] - last["time_total_s"], float(last["timestamp"]), len(rows), last["pid"]))
     return windows
+
+
+def slot_losses(windows: list[tuple[float, float, int, int]], slots: int) -> tuple[float, float, float]:
+    """Where slot time goes besides trials, in slot-seconds: (ramp-up: each slot's wait from the first trial's start
+    to its own first trial, gaps between consecutive trials on one Ray worker, tail: each slot's idle time after its
+    last trial until the last trial ends). Workers beyond ``slots`` (a replaced actor) count as the same slots."""
+    first, last = min(w[0] for w in windows), max(w[1] for w in windows)
+    by_worker: dict[int, list[tuple[float, float]]] = {}
+    for start, end, _, pid in windows:
+        by_worker.setdefault(pid, []).append((start, end))
+    ramp = gaps = tail = 0.0
+    for runs in by_worker.values():
+        runs.sort()
+        ramp += runs[0][0] - first
+        gaps += sum(max(0.0, b[0] - a[1]) for a, b in zip(runs, runs[1:]))
+        tail += last - runs[-1][1]
+    ramp += (slots - len(by_worker)) * (last - first) if len(by_worker) < slots else 0.0
+    return ramp, gaps, tail
 
 
 def main() -> None:
@@ -123,14 +142,19 @@ def main() -> None:
         windows = trial_windows(out)
     ray.shutdown()
     busy = args.gpus_per_node * df["wall_s"].sum()
-    window = max(e for _, e, _ in windows) - min(s for s, _, _ in windows)
-    results = sum(n for _, _, n in windows)
+    window = max(w[1] for w in windows) - min(w[0] for w in windows)
+    results = sum(w[2] for w in windows)
+    ramp, gaps, tail = slot_losses(windows, args.nodes)
     util = busy / (gpus * window)
     print(f"{len(df)} trials ({df['state'].value_counts().to_dict()}), {results} results, "
           f"{args.nodes} × {args.gpus_per_node} logical GPUs, {args.steps} steps at {args.speed} steps/s")
     print(f"trial window {window:.0f} s, whole sweep run {wall:.0f} s; mean trial {df['wall_s'].mean():.1f} s "
           f"(ideal {args.steps / args.speed:.1f} s)")
     print(f"utilisation over the trial window {util:.3f}, over the whole sweep run {busy / (gpus * wall):.3f}")
+    slot_time = args.nodes * window
+    print(f"slot time lost: ramp-up {ramp / slot_time:.3f} (Ray starting {args.nodes} workers), gaps between trials "
+          f"on a worker {gaps / slot_time:.3f} (mean {gaps / max(1, len(windows) - args.nodes):.2f} s), tail "
+          f"{tail / slot_time:.3f}")
     print(f"results handled {results / window:.0f}/s; peak RSS driver {rss.driver / 2**30:.2f} GiB, "
           f"driver + Ray processes {rss.tree / 2**30:.1f} GiB")
     print(f"machine after: {machine()}")
