@@ -1,23 +1,25 @@
-"""Scale simulation (issue 8): 1,000 replay trials on a simulated 64-node × 8-GPU Ray cluster.
+"""Scale simulation (issue 8): replay trials on a simulated N-node × 8-GPU Ray cluster (goal size: 1,000 on 64 × 8).
 
-The cluster is one local Ray with 512 logical GPUs (``num_gpus=64 × 8``; nothing runs on a GPU). Each trial asks
-for 8 GPUs (one node's worth) and no CPU, so 64 run at once, and replays verl's GRPO reference run
+The cluster is one local Ray with N × 8 logical GPUs (``num_gpus``; nothing runs on a GPU). Each trial asks for 8 GPUs
+(one node's worth) and no CPU, so N run at once, and replays verl's GRPO reference run
 (``../shared/traces/T4_grpo_qwen7b_gsm8k_full.jsonl``: validation at step 0, then steps 1-105) with the replay
 trainer at accelerated time (``--speed`` steps per second, ~170 s per step in the real run), truncated at
 ``--steps``. Everything else is ``sweep run``'s own path in this process (:func:`klsweep.orchestrate.sweep.run_sweep`:
 Optuna TPE searcher with its SQLite study, the default health rules on every result, Tune's experiment state,
 trials.csv).
 
-Prints: GPU-slot utilisation = Σ over trials of 8 × the trial's own time (Tune's ``time_total_s``) ÷ (512 × the
+Prints: GPU-slot utilisation = Σ over trials of 8 × the trial's own time (Tune's ``time_total_s``) ÷ (N × 8 × the
 time from the first trial's start to the last one's end), the same over the whole ``sweep run`` call; results per
 second the driver handled; where the rest of the slot time went (ramp-up while Ray starts a worker per slot, gaps
 between trials on one worker, tail); peak RSS of this driver process (sampled every 0.5 s) and of all Ray processes.
 The last line is the utilisation (goal ≥ 0.95) and the driver's peak RSS (goal < 2 GB).
 
-Scaled down: steps 0-20 of the trace (21 results per trial, 21,000 results) at 2 steps/s (a trial lasts ~10 s) so
-1,000 trials fit in 10 minutes on 2 cores; ``--trials``, ``--nodes``, ``--steps``, ``--speed`` change the scale.
+Scaled down by default to what 2 cores hold in 10 minutes (~330 s): 200 trials on 16 × 8 logical GPUs, steps 0-20
+of the trace (21 results per trial) at 1 step/s (a trial lasts ~20 s). Every concurrent trial is a Ray worker process
+(~0.2 GB, a few % of a core even while it sleeps), so the full size, 64 at once, needs a machine with cores for 64
+workers: ``--trials 1000 --nodes 64`` there.
 
-    python benchmarks/scale_sim.py [--trials 1000] [--nodes 64] [--gpus-per-node 8] [--steps 20] [--speed 2]
+    python benchmarks/scale_sim.py [--trials 200] [--nodes 16] [--gpus-per-node 8] [--steps 20] [--speed 1]
 """
 
 from __future__ import annotations
@@ -113,11 +115,11 @@ def slot_losses(windows: list[tuple[float, float, int, int]], slots: int) -> tup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=1000)
-    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--speed", type=float, default=2.0)
+    parser.add_argument("--speed", type=float, default=1.0)
     args = parser.parse_args()
     if not TRACE.is_file():
         raise SystemExit(f"{TRACE} not found: clone the repository next to shared/")
