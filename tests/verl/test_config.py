@@ -135,12 +135,17 @@ def test_value_overrides_compose_exactly_as_hydra_does(overrides):
 
 @pytest.mark.parametrize(
     "strings",
-    [("actor@actor_rollout_ref.actor=dp_actor",), ("actor=dp_actor",), ("algorithm.kl_ctrl.kl_coeff=0.1",)],
+    [("actor@actor_rollout_ref.actor=dp_actor",), ("actor=dp_actor",), ("algorithm.kl_ctrl.kl_coeff=0.1",),
+     ("++hydra.run.dir=x",), ("+hydra.foo=1",)],
 )
 def test_group_selections_and_errors_take_the_full_compose(strings):
     from klsweep.verl.config import _apply_value_overrides
 
     assert _apply_value_overrides(strings) is None
+
+
+def test_hydra_node_overrides_leave_no_hydra_node():
+    assert "hydra" not in compose({"++hydra.run.dir": "outputs/x", "algorithm.kl_ctrl.kl_coef": 0.01})
 
 
 def test_a_mistyped_key_fails_the_same_after_the_defaults_are_cached():

@@ -168,7 +168,7 @@ def _apply_value_overrides(override_strings: tuple[str, ...]):
     """What ``hydra.compose`` returns for overrides that only set values: a copy of the default config with
     Hydra's ``ConfigLoaderImpl._apply_overrides_to_config`` (the step compose ends with) applied. None when an
     override names a config group (``actor_rollout_ref/actor=...``, a ``@package``, a group directory of verl's
-    config) or the step raises: the caller then composes in full, which selects the group or raises Hydra's error."""
+    config) or Hydra's own node (``++hydra.run.dir``: compose drops that node after applying it), or the step raises: the caller then composes in full, which selects the group or raises Hydra's error."""
     import copy
 
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -183,7 +183,8 @@ def _apply_value_overrides(override_strings: tuple[str, ...]):
     root = config_dir()
     for override in parsed:
         key = override.key_or_group
-        if override.package is not None or "/" in key or os.path.isdir(os.path.join(root, *key.split("."))):
+        if (override.package is not None or override.is_hydra_override() or "/" in key
+                or os.path.isdir(os.path.join(root, *key.split(".")))):
             return None
     cfg = copy.deepcopy(_default_config())
     try:
