@@ -79,7 +79,7 @@ def _statistic(stat: str, window: int | None, peak_above: float, series: _Series
         else:
             xs = series.last(window)
             peak = max(xs) if xs is not None else max(series.values)
-        return (peak - value) / peak if peak > max(peak_above, 0.0) else None
+        return (peak - value) / peak if peak > peak_above else None
     if stat == "ratio_to_first":
         return value / series.first if series.first else None
     xs = series.last(window)  # type: ignore[arg-type]
