@@ -243,3 +243,17 @@ def test_non_finite_rule_metric_is_skipped_not_compared():
     rule = {"name": "low", "metric": "m", "below": 1.0, "action": "stop"}
     engine, v = _run(_rules(rule, nonfinite_loss=False), [(1, {"m": math.nan}), (2, {"m": -math.inf})])
     assert not v[-1].stop and "low" in engine.summary()["not_applicable"]
+
+
+def test_window_statistics_of_values_near_the_float_limit_do_not_raise():
+    # found by hypothesis: fsum of [0, -7.98e307, -1e308] overflows although every value and the mean are finite
+    xs = [0.0, -7.976931348623158e307, -1e308]
+    rules = [{"name": f"r_{stat}", "metric": "m", "stat": stat, "window": 3, "above": 1.0, "action": "warn"}
+             for stat in ("mean", "var", "std", "slope")]
+    engine, verdicts = _run(_rules(*rules), [(s, {"m": x}) for s, x in enumerate(xs, start=1)])
+    fired = {e.rule: e.values for e in verdicts[-1].events}
+    assert set(fired) == {"r_var", "r_std"}  # the mean is below 1; the slope is not finite, so never above
+    assert fired["r_var"]["var3(m)"] == math.inf and fired["r_std"]["std3(m)"] == math.inf
+    mean_rule = _rules({"name": "low", "metric": "m", "stat": "mean", "window": 3, "below": -5e307, "action": "warn"})
+    _, verdicts = _run(mean_rule, [(s, {"m": x}) for s, x in enumerate(xs, start=1)])
+    assert verdicts[-1].events[0].values["mean3(m)"] == pytest.approx(sum(x / 3 for x in xs))

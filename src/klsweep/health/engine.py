@@ -68,7 +68,8 @@ def _statistic(stat: str, window: int | None, peak_above: float, series: _Series
     (``drop_from_max`` while the maximum is at or below ``peak_above``).
 
     Window statistics use exactly rounded sums (``math.fsum``): variance = E[x²] − E[x]², population (ddof 0);
-    slope = least-squares slope of value against step (against position when steps repeat).
+    slope = least-squares slope of value against step (against position when steps repeat), NaN (never above or
+    below a bound) when the products overflow the float range.
     """
     value = series.values[-1]
     if stat == "value":
@@ -90,7 +91,10 @@ def _statistic(stat: str, window: int | None, peak_above: float, series: _Series
     if stat == "max":
         return max(xs)
     n = len(xs)
-    mean = math.fsum(xs) / n
+    try:
+        mean = math.fsum(xs) / n
+    except OverflowError:  # finite values near the float limit: their sum overflows, their mean does not
+        mean = math.fsum(x / n for x in xs)
     if stat == "mean":
         return mean
     if stat == "slope":
@@ -99,9 +103,16 @@ def _statistic(stat: str, window: int | None, peak_above: float, series: _Series
             ts = list(range(n))
         t_mean = math.fsum(ts) / n
         sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
-        sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
+        try:
+            sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
+        except (OverflowError, ValueError):  # step × value beyond the float range: no finite slope
+            return math.nan
         return sxy / sxx
-    var = max(0.0, math.fsum(map(mul, xs, xs)) / n - mean * mean)
+    mean_square = math.fsum(map(mul, xs, xs)) / n
+    if math.isfinite(mean_square):
+        var = max(0.0, mean_square - mean * mean)
+    else:  # squares beyond the float range: the spread is that large (inf when it is)
+        var = math.fsum((x - mean) * (x - mean) for x in xs) / n
     return var if stat == "var" else math.sqrt(var)
 
 
