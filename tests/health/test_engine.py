@@ -257,3 +257,10 @@ def test_window_statistics_of_values_near_the_float_limit_do_not_raise():
     mean_rule = _rules({"name": "low", "metric": "m", "stat": "mean", "window": 3, "below": -5e307, "action": "warn"})
     _, verdicts = _run(mean_rule, [(s, {"m": x}) for s, x in enumerate(xs, start=1)])
     assert verdicts[-1].events[0].values["mean3(m)"] == pytest.approx(sum(x / 3 for x in xs))
+
+
+def test_a_slope_over_steps_beyond_the_float_range_is_not_a_number():
+    # found by hypothesis: a step of 1.34e154 squared is an int too large for a float
+    rule = {"name": "rising", "metric": "m", "stat": "slope", "window": 3, "above": 0.0, "action": "warn"}
+    engine, verdicts = _run(_rules(rule), [(None, {"m": 0.0}), (None, {"m": 0.0}), (1.3407807929942597e154, {"m": 0.0})])
+    assert not verdicts[-1].events and engine.summary()["verdict"] == "healthy"

@@ -101,11 +101,11 @@ def _statistic(stat: str, window: int | None, peak_above: float, series: _Series
         ts = series.last_steps(n)
         if len(set(ts)) < n:
             ts = list(range(n))
-        t_mean = math.fsum(ts) / n
-        sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
         try:
+            t_mean = math.fsum(ts) / n
+            sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
             sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
-        except (OverflowError, ValueError):  # step × value beyond the float range: no finite slope
+        except (OverflowError, ValueError):  # steps² or step × value beyond the float range: no finite slope
             return math.nan
         return sxy / sxx
     mean_square = math.fsum(map(mul, xs, xs)) / n
