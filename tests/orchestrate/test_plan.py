@@ -77,13 +77,19 @@ def test_planned_trials_are_reproducible_from_the_sweep_seed():
     assert a == b and len({repr(p) for p in a}) == 4
 
 
+def _validate(path, text: str) -> tuple[int, str]:
+    """``validate`` of a sweep file with ``text``: (exit code, what it printed)."""
+    path.write_text(text)
+    out = io.StringIO()
+    return validate(str(path), [], out=out), out.getvalue()
+
+
 def test_validate_reports_every_problem_and_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\nalgorithm: grpo\nobjective: {metric: m, mode: max}\nparameters:\n"
-                   "  target_kl: {min: 0.01, max: 0.1}\n  kl_coef: {values: [-0.1]}\n")
-    out = io.StringIO()
-    assert validate(str(bad), [], out=out) == 2
-    errors = [line for line in out.getvalue().splitlines() if line.startswith("  error: ")]
+    code, printed = _validate(bad, "name: bad\nalgorithm: grpo\nobjective: {metric: m, mode: max}\nparameters:\n"
+                                   "  target_kl: {min: 0.01, max: 0.1}\n  kl_coef: {values: [-0.1]}\n")
+    assert code == 2
+    errors = [line for line in printed.splitlines() if line.startswith("  error: ")]
     assert len(errors) == 2 and all(f"{bad}:" in e for e in errors)
 
 
@@ -95,10 +101,9 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
 
 
 def test_a_validation_objective_the_embedded_trainer_never_logs_is_refused(tmp_path):
-    bad = tmp_path / "typo.yaml"
-    bad.write_text("name: typo\nalgorithm: grpo\nobjective: {metric: val-core/arith/acc/mean, mode: max}\n"
-                   "parameters:\n  kl_coef: {values: [0.1, 1.0]}\n")
-    out = io.StringIO()
-    assert validate(str(bad), [], out=out) == 2
-    assert "'val-core/arith/acc/mean' is not logged by the embedded trainer" in out.getvalue()
-    assert "'val-core/arith/acc/mean@1'" in out.getvalue()  # the fix: the name it does log
+    code, printed = _validate(tmp_path / "typo.yaml",
+                              "name: typo\nalgorithm: grpo\nobjective: {metric: val-core/arith/acc/mean, mode: max}\n"
+                              "parameters:\n  kl_coef: {values: [0.1, 1.0]}\n")
+    assert code == 2
+    assert "'val-core/arith/acc/mean' is not logged by the embedded trainer" in printed
+    assert "'val-core/arith/acc/mean@1'" in printed  # the fix: the name it does log

@@ -12,6 +12,7 @@ A ``+`` is never added to a key on our own (card K07): a key verl lacks is an er
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import json
@@ -143,8 +144,6 @@ def closest_key(key: str) -> str | None:
 def _compose_raw(override_strings: tuple[str, ...]):
     """verl's config with the overrides: the cached default config plus Hydra's own override step (~10 ms) when
     no override selects a config group, else (or when that step fails, to get Hydra's own error) a full compose."""
-    import copy
-
     if not override_strings:
         return copy.deepcopy(_default_config())
     fast = _apply_value_overrides(override_strings)
@@ -168,9 +167,8 @@ def _apply_value_overrides(override_strings: tuple[str, ...]):
     """What ``hydra.compose`` returns for overrides that only set values: a copy of the default config with
     Hydra's ``ConfigLoaderImpl._apply_overrides_to_config`` (the step compose ends with) applied. None when an
     override names a config group (``actor_rollout_ref/actor=...``, a ``@package``, a group directory of verl's
-    config) or Hydra's own node (``++hydra.run.dir``: compose drops that node after applying it), or the step raises: the caller then composes in full, which selects the group or raises Hydra's error."""
-    import copy
-
+    config) or Hydra's own node (``++hydra.run.dir``: compose drops that node after applying it), or the step
+    raises: the caller then composes in full, which selects the group or raises Hydra's error."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
