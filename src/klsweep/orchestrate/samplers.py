@@ -1,20 +1,27 @@
 """Optuna samplers by the names a sweep file uses: tpe, gp, nsga2, random, grid, cmaes.
 
-Each is Optuna's own sampler, seeded with the sweep seed. Health stops reach the samplers as the trial constraint
+Each is Optuna's own sampler, built for every trial with a seed derived from the sweep seed and the trial number
+(:class:`StudySeededSampler`), so that a resumed sweep continues the study's sequence instead of replaying it. Health stops reach the samplers as the trial constraint
 ``health`` (set by :class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial
 
 from klsweep.errors import SweepFileError
 
 
 def build_sampler(sweep) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler of ``sweep.sampler`` (name + options), seeded with ``sweep.seed``.
+    """The Optuna sampler of ``sweep.sampler`` (name + options), seeded per trial from ``sweep.seed``
+    (:class:`StudySeededSampler`).
 
     TPE's random start-up phase defaults to ``max(2, min(10, trials // 4))`` trials so that a 16-trial sweep spends
     most of its budget on model-guided trials (Optuna's default of 10 suits budgets of 100+).
@@ -27,8 +34,6 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
     options: dict[str, Any] = dict(sweep.sampler.options)
     multi = len(sweep.objectives) > 1
     trials = sweep.budget.trials
-    if name == "grid":
-        return _grid(sweep, options)
     if name == "cmaes":
         _refuse_if(multi, "cmaes optimises a single objective; use nsga2, tpe or gp for a Pareto sweep")
         non_numeric = [k for k, p in sweep.parameters.items() if hasattr(p, "values") or p.when]
@@ -37,29 +42,96 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
             f"cmaes samples numeric, unconditional ranges only, but {', '.join(non_numeric)} "
             "are categorical or conditional (Optuna would sample them at random): use tpe or gp",
         )
-    factories = {
-        "tpe": lambda: optuna.samplers.TPESampler(
-            **{"n_startup_trials": max(2, min(10, trials // 4)), "multivariate": True, **options},
-            seed=sweep.seed,
-        ),
-        "gp": lambda: optuna.samplers.GPSampler(
-            **{"n_startup_trials": max(2, min(10, trials // 4)), **options},
-            seed=sweep.seed,
-        ),
-        "nsga2": lambda: optuna.samplers.NSGAIISampler(
-            **{"population_size": max(4, min(50, trials // 2)), **options},
-            seed=sweep.seed,
-        ),
-        "random": lambda: optuna.samplers.RandomSampler(**options, seed=sweep.seed),
-        "cmaes": lambda: optuna.samplers.CmaEsSampler(**options, seed=sweep.seed),
-    }
+    make = functools.partial(_new_sampler, name, options, trials, _grid_space(sweep) if name == "grid" else None)
     try:
-        return factories[name]()
+        return StudySeededSampler(make, seed=sweep.seed)
     except TypeError as e:
         raise SweepFileError([f"sampler.options: {e} — see the Optuna documentation of the {name} sampler"]) from None
 
 
-def _grid(sweep, options: dict[str, Any]) -> optuna.samplers.GridSampler:
+class StudySeededSampler(optuna.samplers.BaseSampler):
+    """An Optuna sampler made anew for every trial, seeded from the sweep seed and the trial's number.
+
+    Optuna's samplers keep their random state in the process: a seeded sampler built again in a new process (a
+    resumed or extended sweep) proposes its first trials again (optuna/optuna#3255, for ``RandomSampler`` and the
+    random start-up of ``TPESampler``). Seeding each trial from ``(seed, trial.number)`` makes the study, not the
+    process, own the sequence: trial numbers never repeat in a study, so a resume continues the sequence, and the
+    same study history gives the same proposals. Every Optuna sampler keeps the rest of its state in the study
+    (trials, system attributes), so nothing else is lost by building a new one per trial.
+
+    Args:
+        make: builds the wrapped sampler from a seed (an ``int``); must be picklable (Ray Tune saves the searcher).
+        seed: the sweep seed.
+    """
+
+    def __init__(self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int) -> None:
+        self._make = make
+        self._seed = seed
+        self._sampler = make(seed)
+
+    @property
+    def sampler(self) -> optuna.samplers.BaseSampler:
+        """The Optuna sampler of the current trial."""
+        return self._sampler
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._sampler = self._make(trial_seed(self._seed, trial.number))
+        self._sampler.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self._sampler.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self._sampler.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self._sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: optuna.trial.TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._sampler.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._sampler.reseed_rng()
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of trial ``number`` of a sweep seeded ``seed``: a 32-bit integer from numpy's ``SeedSequence``
+    (independent streams for distinct ``(seed, number)`` pairs)."""
+    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
+def _new_sampler(name: str, options: dict[str, Any], trials: int, grid: dict[str, list[Any]] | None,
+                 seed: int) -> optuna.samplers.BaseSampler:
+    """Optuna's sampler ``name`` with the sweep's ``options`` and klsweep's defaults for a budget of ``trials``.
+
+    Raises:
+        TypeError: an option the Optuna sampler does not accept.
+    """
+    startup = max(2, min(10, trials // 4))
+    if name == "tpe":
+        return optuna.samplers.TPESampler(**{"n_startup_trials": startup, "multivariate": True, **options}, seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(**{"n_startup_trials": startup, **options}, seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(**{"population_size": max(4, min(50, trials // 2)), **options}, seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(**options, seed=seed)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(**options, seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(grid or {}, seed=seed, **options)
+    raise ValueError(f"unknown sampler {name!r}: use one of tpe, gp, nsga2, random, grid, cmaes")
+
+
+def _grid_space(sweep) -> dict[str, list[Any]]:
+    """The grid of a ``sampler: grid`` sweep: each categorical parameter's values (constants are not suggested).
+
+    Raises:
+        SweepFileError: a range or a conditional parameter (a grid needs value lists).
+    """
     from klsweep.space import parameters
     from klsweep.spec.schema import Choice, Constant
 
@@ -76,7 +148,7 @@ def _grid(sweep, options: dict[str, Any]) -> optuna.samplers.GridSampler:
             problems.append(f"parameters.{key}: sampler grid cannot sample conditional parameters — use tpe or random")
     if problems:
         raise SweepFileError(problems)
-    return optuna.samplers.GridSampler(space, seed=sweep.seed, **options)
+    return space
 
 
 def _refuse_if(condition: bool, message: str) -> None:
