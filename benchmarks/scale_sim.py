@@ -2,7 +2,7 @@
 
 The cluster is one local Ray with N × 8 logical GPUs (``num_gpus``; nothing runs on a GPU). Each trial asks for 8 GPUs
 (one node's worth) and no CPU, so N run at once, and replays verl's GRPO reference run
-(``../shared/traces/T4_grpo_qwen7b_gsm8k_full.jsonl``: validation at step 0, then steps 1-105) with the replay
+(``tests/data/traces/grpo_qwen7b_gsm8k.jsonl``: validation at step 0, then steps 1-105) with the replay
 trainer at accelerated time (``--speed`` steps per second, ~170 s per step in the real run), truncated at
 ``--steps``. Everything else is ``sweep run``'s own path in this process (:func:`klsweep.orchestrate.sweep.run_sweep`:
 Optuna TPE searcher with its SQLite study, the default health rules on every result, Tune's experiment state,
@@ -37,7 +37,7 @@ import yaml
 
 from _bench import REPO, machine, trials
 
-TRACE = REPO.parent / "shared" / "traces" / "T4_grpo_qwen7b_gsm8k_full.jsonl"
+TRACE = REPO / "tests" / "data" / "traces" / "grpo_qwen7b_gsm8k.jsonl"  # source: tests/data/README.md
 VAL = "val-core/openai/gsm8k/reward/mean@1"
 
 
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=1.0)
     args = parser.parse_args()
     if not TRACE.is_file():
-        raise SystemExit(f"{TRACE} not found: clone the repository next to shared/")
+        raise SystemExit(f"{TRACE} not found: it is part of the repository (tests/data/traces)")
     import ray
 
     from klsweep.orchestrate.sweep import run_sweep

@@ -9,7 +9,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+#: Public logs of real verl runs, with their sources and the verdict each must get: tests/data/README.md.
+TRACES = REPO / "tests" / "data" / "traces"
+#: verl's PPO baseline (Qwen2.5-0.5B, GSM8K, 435 steps): the console log as published, and 23 sampled steps of it.
+PPO_CONSOLE = "ppo_qwen05b_gsm8k_console.log"
+PPO_JSONL = "ppo_qwen05b_gsm8k_sampled.jsonl"
+#: verl's GRPO reference run (Qwen2-7B, GSM8K, 105 steps), every step.
+GRPO = "grpo_qwen7b_gsm8k.jsonl"
+#: A GRPO run with zero reward on every sample (rllm-org/rllm#54): two reports, no learning signal.
+NO_SIGNAL = "grpo_no_signal.jsonl"
+
+
+def trace(name: str) -> Path:
+    """Path of a trace in tests/data/traces; a missing file is an error, never a skip."""
+    path = TRACES / name
+    if not path.is_file():
+        raise FileNotFoundError(f"trace {name} is missing from {TRACES}: it is part of the repository")
+    return path
 
 
 @pytest.fixture(scope="session")

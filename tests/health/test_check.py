@@ -1,4 +1,5 @@
-"""`sweep health check` on the real verl traces (acceptance of issue 3) and its exit codes / JSON output."""
+"""`sweep health check` on public logs of real verl runs (tests/data/traces; acceptance of issue 3), its exit codes
+and JSON output."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from klsweep.cli import main
 from klsweep.health import load_ruleset
 from klsweep.health.check import backtest
 from klsweep.health.readers import read_trace
-from tests.health.conftest import T1_CONSOLE, T1_JSONL, T4, T5, trace
+from tests.conftest import PPO_CONSOLE, PPO_JSONL, GRPO, NO_SIGNAL, trace
 
 
 def _first_step_where(path, predicate):
@@ -25,22 +26,22 @@ def _first_step_where(path, predicate):
     return None
 
 
-@pytest.mark.parametrize("name", [T1_CONSOLE, T1_JSONL, T4])
+@pytest.mark.parametrize("name", [PPO_CONSOLE, PPO_JSONL, GRPO])
 def test_healthy_baselines_are_not_stopped_by_default(name):
     timeline, summary = backtest(read_trace(trace(name)), load_ruleset("default"))
     assert summary["verdict"] == "healthy", summary["stop_reason"]
     assert all(span["action"] == "advise" for span in timeline)
 
 
-@pytest.mark.parametrize("name", [T1_CONSOLE, T1_JSONL, T4])
+@pytest.mark.parametrize("name", [PPO_CONSOLE, PPO_JSONL, GRPO])
 def test_healthy_baselines_pass_conservative_and_aggressive_too(name):
     for preset in ("conservative", "aggressive"):
         _, summary = backtest(read_trace(trace(name)), load_ruleset(preset))
         assert summary["verdict"] == "healthy", (preset, summary["stop_reason"])
 
 
-def test_seed_stops_t1_at_115_by_entropy_and_its_timeline_shows_kl_at_337():
-    path = trace(T1_CONSOLE)
+def test_seed_stops_the_ppo_baseline_at_115_by_entropy_and_its_timeline_shows_kl_at_337():
+    path = trace(PPO_CONSOLE)
     # the README's steps, re-derived from the log itself
     entropy_step = _first_step_where(path, lambda m: float(m["actor/entropy_loss"]) < 0.1)
     assert entropy_step == 115
@@ -52,23 +53,23 @@ def test_seed_stops_t1_at_115_by_entropy_and_its_timeline_shows_kl_at_337():
     assert "collapsed at step 115" in summary["stop_reason"]
 
 
-def test_seed_stops_the_sampled_t1_jsonl_at_115():
-    _, summary = backtest(read_trace(trace(T1_JSONL)), load_ruleset("seed"))
+def test_seed_stops_the_sampled_ppo_baseline_at_115():
+    _, summary = backtest(read_trace(trace(PPO_JSONL)), load_ruleset("seed"))
     assert summary["stop_step"] == 115 and summary["reason"]["rule"] == "entropy_low"
 
 
-def test_t5_is_stopped_as_no_signal_not_divergence():
-    _, summary = backtest(read_trace(trace(T5)), load_ruleset("default"))
+def test_zero_reward_run_is_stopped_as_no_signal_not_divergence():
+    _, summary = backtest(read_trace(trace(NO_SIGNAL)), load_ruleset("default"))
     assert summary["verdict"] == "stopped"
     assert summary["stop_kind"] == "no_signal"
     assert summary["reason"]["rule"] == "builtin.no_signal"
-    assert summary["stop_step"] == 7  # the second of T5's two reports, both with advantages 0
+    assert summary["stop_step"] == 7  # the second of its two reports, both with advantages 0
 
 
 def test_exit_codes_and_json_output(tmp_path, capsys):
-    assert main(["health", "check", str(trace(T4))]) == 0
+    assert main(["health", "check", str(trace(GRPO))]) == 0
     capsys.readouterr()
-    assert main(["health", "check", str(trace(T5)), "--json"]) == 1
+    assert main(["health", "check", str(trace(NO_SIGNAL)), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "stopped" and out["stop_kind"] == "no_signal" and out["format"] == "verl-jsonl"
     assert out["timeline"][0]["rule"] == "builtin.no_signal"
@@ -77,12 +78,12 @@ def test_exit_codes_and_json_output(tmp_path, capsys):
     assert main(["health", "check", str(garbage)]) == 2
     assert "no training steps found" in capsys.readouterr().err
     assert main(["health", "check", str(tmp_path / "missing.jsonl")]) == 2
-    assert main(["health", "check", str(trace(T4)), "--preset", "strict"]) == 2
+    assert main(["health", "check", str(trace(GRPO)), "--preset", "strict"]) == 2
     assert "valid presets are" in capsys.readouterr().err
 
 
 def test_text_output_lists_timeline_not_applicable_and_verdict(capsys):
-    assert main(["health", "check", str(trace(T1_CONSOLE)), "--preset", "seed"]) == 1
+    assert main(["health", "check", str(trace(PPO_CONSOLE)), "--preset", "seed"]) == 1
     out = capsys.readouterr().out
     assert "435 reports (steps 0-434)" in out
     assert re.search(r"steps 337-\d+ +STOP +kl_sustained", out)
@@ -97,8 +98,8 @@ def test_rules_file(tmp_path, capsys):
         "rules:\n"
         "  - {name: score_floor, metric: critic/score/mean, below: 0.5, after: 10, for: 3, action: stop}\n"
     )
-    assert main(["health", "check", str(trace(T4)), "--rules", str(rules), "--json"]) == 0
+    assert main(["health", "check", str(trace(GRPO)), "--rules", str(rules), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ruleset"] == "rules.yaml"
     rules.write_text("rules:\n  - {name: x, metric: ref_kl, above: 1, action: explode}\n")
-    assert main(["health", "check", str(trace(T4)), "--rules", str(rules)]) == 2
+    assert main(["health", "check", str(trace(GRPO)), "--rules", str(rules)]) == 2
     assert "rules.0.action" in capsys.readouterr().err

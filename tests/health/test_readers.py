@@ -9,11 +9,11 @@ import pytest
 
 from klsweep.errors import TraceReadError
 from klsweep.health.readers import parse_value, read_trace
-from tests.health.conftest import T1_CONSOLE, T4, trace
+from tests.conftest import PPO_CONSOLE, GRPO, trace
 
 
-def test_console_log_reads_all_435_steps_of_t1():
-    t = read_trace(trace(T1_CONSOLE))
+def test_console_log_reads_all_435_steps_of_the_ppo_baseline():
+    t = read_trace(trace(PPO_CONSOLE))
     assert t.format == "verl-console" and t.rounded
     assert [s for s, _ in t.reports] == list(range(435))
     first = t.reports[0][1]
@@ -55,7 +55,7 @@ def test_jsonl_full_precision_is_not_rounded_and_bad_lines_are_skipped(tmp_path)
     t = read_trace(path)
     assert t.format == "verl-jsonl" and not t.rounded and t.skipped == 1
     assert t.reports == [(1, rows[0]["data"]), (2, rows[1]["data"])]
-    assert read_trace(trace(T4)).rounded  # converted from 3-decimal console lines
+    assert read_trace(trace(GRPO)).rounded  # converted from 3-decimal console lines
 
 
 def test_wandb_csv_export(tmp_path):

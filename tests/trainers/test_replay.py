@@ -12,17 +12,11 @@ import yaml
 from klsweep.cli import main
 from klsweep.errors import OverrideError, TraceReadError
 from klsweep.trainers.replay import ReplayTrainer, played_reports
-from tests.conftest import SHARED
+from tests.conftest import NO_SIGNAL, PPO_CONSOLE, PPO_JSONL, trace
 
-T1_JSONL = SHARED / "traces" / "T1_ppo_qwen05b_healthy.jsonl"
-T1_CONSOLE = SHARED / "traces" / "T1_ppo_qwen05b_gsm8k_console.log"
-T5 = SHARED / "traces" / "T5_grpo_no_signal.jsonl"
-
-
-@pytest.fixture(autouse=True)
-def _shared_traces():
-    if not T1_JSONL.is_file():
-        pytest.skip(f"shared traces not found at {T1_JSONL.parent} (clone the repo next to shared/)")
+PPO_LOG = trace(PPO_JSONL)
+PPO_CONSOLE_LOG = trace(PPO_CONSOLE)
+NO_SIGNAL_LOG = trace(NO_SIGNAL)
 
 
 def play(trainer: ReplayTrainer) -> list[tuple[int, dict]]:
@@ -39,22 +33,22 @@ def jsonl(path) -> list[tuple[int, dict]]:
 
 
 def test_replay_plays_every_line_of_a_verl_jsonl():
-    assert play(ReplayTrainer({}, trace=T1_JSONL)) == jsonl(T1_JSONL)
+    assert play(ReplayTrainer({}, trace=PPO_LOG)) == jsonl(PPO_LOG)
 
 
 def test_replay_stops_at_total_training_steps():
-    played = play(ReplayTrainer({"trainer.total_training_steps": 9}, trace=T1_JSONL))
+    played = play(ReplayTrainer({"trainer.total_training_steps": 9}, trace=PPO_LOG))
     assert [step for step, _ in played] == [0, 1, 2, 3, 4, 5, 9]  # the log's rows up to step 9
-    assert played == jsonl(T1_JSONL)[:7]
+    assert played == jsonl(PPO_LOG)[:7]
 
 
 def test_console_replay_holds_the_values_of_the_jsonl_made_from_it():
     # The jsonl holds sampled rows of the console log, values converted from its console lines (lengths rounded to
     # 0.1; the validation metric renamed from the old val/test_score/... to val-core/...).
-    trainer = ReplayTrainer({}, trace=T1_CONSOLE)
+    trainer = ReplayTrainer({}, trace=PPO_CONSOLE_LOG)
     played = dict(play(trainer))
     assert trainer.total_steps == 434 and len(played) == 435  # step:0 ... step:434
-    for step, row in jsonl(T1_JSONL):
+    for step, row in jsonl(PPO_LOG):
         shared = {k: v for k, v in row.items() if k in played[step]}
         assert len(shared) >= 7
         assert {k: played[step][k] for k in shared} == pytest.approx(shared, rel=1e-3, abs=5e-4), step
@@ -76,18 +70,18 @@ def test_played_reports_keep_numbers_last_duplicate_and_steps_in_range():
 
 
 def test_save_and_load_continue_where_the_replay_stopped(tmp_path):
-    first = ReplayTrainer({}, trace=T1_JSONL)
+    first = ReplayTrainer({}, trace=PPO_LOG)
     for _ in range(8):
         first.train_step()
     first.save(tmp_path)
-    resumed = ReplayTrainer({}, trace=T1_JSONL)
+    resumed = ReplayTrainer({}, trace=PPO_LOG)
     resumed.load(tmp_path)
     assert resumed.global_step == 19  # the 8th row of the log
-    assert play(resumed) == jsonl(T1_JSONL)[8:]
+    assert play(resumed) == jsonl(PPO_LOG)[8:]
 
 
 def test_speed_spaces_reports_by_their_step_gap():
-    trainer = ReplayTrainer({}, trace=T5, speed=20.0)  # steps 4 and 7: the second comes 3 / 20 s after the first
+    trainer = ReplayTrainer({}, trace=NO_SIGNAL_LOG, speed=20.0)  # steps 4 and 7: the second comes 3 / 20 s later
     trainer.train_step()
     start = time.perf_counter()
     trainer.train_step()
@@ -96,13 +90,13 @@ def test_speed_spaces_reports_by_their_step_gap():
 
 def test_errors_name_the_log_and_the_fix(tmp_path):
     with pytest.raises(TraceReadError, match="trainer.total_training_steps=3"):
-        ReplayTrainer({"trainer.total_training_steps": 3}, trace=T5)  # T5 logs steps 4 and 7
+        ReplayTrainer({"trainer.total_training_steps": 3}, trace=NO_SIGNAL_LOG)  # the log has steps 4 and 7
     with pytest.raises(TraceReadError, match="cannot read trace"):
         ReplayTrainer({}, trace=tmp_path / "missing.jsonl")
     with pytest.raises(OverrideError, match="not an integer"):
-        ReplayTrainer({"trainer.total_training_steps": "ten"}, trace=T5)
+        ReplayTrainer({"trainer.total_training_steps": "ten"}, trace=NO_SIGNAL_LOG)
     with pytest.raises(StopIteration):
-        trainer = ReplayTrainer({}, trace=T5)
+        trainer = ReplayTrainer({}, trace=NO_SIGNAL_LOG)
         play(trainer)
         trainer.train_step()
 
@@ -127,20 +121,20 @@ def replay_sweep(tmp_path, name: str, trace, algorithm: str, objective: str, max
 
 @pytest.mark.slow
 def test_sweep_run_replay_of_a_no_signal_run_fails_the_trial(tmp_path):
-    path = replay_sweep(tmp_path, "replay_t5", T5, "grpo", "critic/score/mean", max_steps=10)
+    path = replay_sweep(tmp_path, "replay_no_signal", NO_SIGNAL_LOG, "grpo", "critic/score/mean", max_steps=10)
     assert main(["run", path, "--out", str(tmp_path / "out"), "--quiet"]) == 1  # no trial completed
     [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
     assert trial["state"] == "FAIL" and trial["health"] == "stopped"
-    assert "no_signal" in trial["stop_reason"] and "step 7" in trial["stop_reason"]  # both T5 rows: advantages 0
+    assert "no_signal" in trial["stop_reason"] and "step 7" in trial["stop_reason"]  # both rows: advantages 0
 
 
 @pytest.mark.slow
 def test_sweep_run_replay_of_a_healthy_run_stays_healthy(tmp_path):
     val = "val-core/openai/gsm8k/reward/mean@1"
-    path = replay_sweep(tmp_path, "replay_t1", T1_JSONL, "ppo", val, max_steps=435)
+    path = replay_sweep(tmp_path, "replay_ppo", PPO_LOG, "ppo", val, max_steps=435)
     main(["run", path, "--out", str(tmp_path / "out"), "--quiet"])
     [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
     # every row of the log played: 23 sampled reports, up to the log's own last step 434 (a finished trial, not one
     # cut short by a scheduler: the replay trainer's total_steps is the log's end)
     assert trial["health"] == "healthy" and trial["steps"] == 434 and trial["state"] == "COMPLETE"
-    assert trial[f"best/{val}"] == max(d[val] for _, d in jsonl(T1_JSONL) if val in d)
+    assert trial[f"best/{val}"] == max(d[val] for _, d in jsonl(PPO_LOG) if val in d)
