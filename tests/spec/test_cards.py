@@ -1,4 +1,6 @@
-"""Config cards K01–K09 (../shared/cases/README.md): the right behaviour, before any trial starts."""
+"""Sweep-file mistakes caught before any trial starts: inert or doubled KL knobs, values verl only rejects after its
+first rollout, negative KL coefficients, KL on with coefficient 0, DrGRPO's preset, typos, batch arithmetic, and
+every algorithm knob written into each trial."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def _problems(path) -> list[str]:
     return e.value.problems
 
 
-def test_k01_searching_the_inert_kl_coefficient_names_the_live_key(sweep_file):
+def test_searching_the_inert_kl_coefficient_names_the_live_key(sweep_file):
     path = sweep_file("parameters:\n  algorithm.kl_ctrl.kl_coef: {distribution: log_uniform, min: 0.0001, max: 0.01}\n")
     (problem,) = _problems(path)
     assert problem.startswith(f"{path}:5: parameters.algorithm.kl_ctrl.kl_coef:")
@@ -33,7 +35,7 @@ def test_k01_searching_the_inert_kl_coefficient_names_the_live_key(sweep_file):
         ("ppo", "loss", "actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef"),
     ],
 )
-def test_k01_kl_placement_emits_exactly_one_live_path(sweep_file, algorithm, placement, live, inert):
+def test_kl_placement_emits_exactly_one_live_path(sweep_file, algorithm, placement, live, inert):
     sweep = load_sweep(sweep_file(f"kl_placement: {placement}\nparameters:\n  kl_coef: {{values: [0.005]}}\n",
                                   algorithm=algorithm))
     overrides = trial_overrides(sweep, {"kl_coef": 0.005})
@@ -44,7 +46,7 @@ def test_k01_kl_placement_emits_exactly_one_live_path(sweep_file, algorithm, pla
     assert overrides[inert] == 0.001  # verl's default, recorded but unused
 
 
-def test_k01_both_mechanisms_need_the_explicit_opt_in(sweep_file):
+def test_both_mechanisms_need_the_explicit_opt_in(sweep_file):
     problems = _problems(sweep_file("overrides:\n  algorithm.use_kl_in_reward: true\n"))
     assert "set by the sweep file's `kl_placement` field" in problems[0]
     sweep = load_sweep(sweep_file("kl_placement: both\n"))
@@ -61,13 +63,13 @@ def test_k01_both_mechanisms_need_the_explicit_opt_in(sweep_file):
         ("kl_placement: loss\n", "Set kl_placement: reward"),  # use_kl_in_reward false
     ],
 )
-def test_k02_target_kl_without_the_adaptive_in_reward_controller(sweep_file, setup, fix):
+def test_target_kl_without_the_adaptive_in_reward_controller(sweep_file, setup, fix):
     path = sweep_file(setup + "parameters:\n  target_kl: {min: 0.02, max: 0.1}\n", algorithm="ppo")
     (problem,) = _problems(path)
     assert "target_kl only drives the adaptive controller" in problem and fix in problem
 
 
-def test_k02_target_kl_conditional_on_adaptive_is_accepted(sweep_file):
+def test_target_kl_conditional_on_adaptive_is_accepted(sweep_file):
     path = sweep_file(
         """
         kl_placement: reward
@@ -87,7 +89,7 @@ def test_k02_target_kl_conditional_on_adaptive_is_accepted(sweep_file):
 
 
 @pytest.mark.slow
-def test_k03_values_verl_rejects_late_are_rejected_before_any_trial(sweep_file):
+def test_values_verl_rejects_late_are_rejected_before_any_trial(sweep_file):
     sweep = load_sweep(sweep_file(
         """
         parameters:
@@ -105,25 +107,25 @@ def test_k03_values_verl_rejects_late_are_rejected_before_any_trial(sweep_file):
     assert all(line.startswith(str(sweep.source)) for line in lines)  # with the sweep file line
 
 
-def test_k03_drgrpo_as_adv_estimator_points_to_the_preset(sweep_file):
+def test_drgrpo_as_adv_estimator_points_to_the_preset(sweep_file):
     (problem,) = _problems(sweep_file("overrides:\n  algorithm.adv_estimator: drgrpo\n"))
     assert "set by the sweep file's `algorithm` field" in problem
 
 
-def test_k04_negative_kl_coefficient_needs_the_opt_in(sweep_file):
+def test_negative_kl_coefficient_needs_the_opt_in(sweep_file):
     text = "parameters:\n  actor_rollout_ref.actor.kl_loss_coef: {distribution: uniform, min: -0.001, max: 0.01}\n"
     (problem,) = _problems(sweep_file(text))
     assert "can be -0.001" in problem and "allow_negative_kl: true" in problem
     assert load_sweep(sweep_file("allow_negative_kl: true\n" + text)).parameters
 
 
-def test_k05_kl_on_with_coefficient_zero_is_a_warning(sweep_file):
+def test_kl_on_with_coefficient_zero_is_a_warning(sweep_file):
     sweep = load_sweep(sweep_file("overrides:\n  actor_rollout_ref.actor.kl_loss_coef: 0\n"))
     (warning,) = sweep.warnings
     assert "use_kl_loss=True with actor_rollout_ref.actor.kl_loss_coef=0" in warning
 
 
-def test_k06_drgrpo_preset_and_kl_loss_search(sweep_file):
+def test_drgrpo_preset_and_kl_loss_search(sweep_file):
     sweep = load_sweep(sweep_file(algorithm="drgrpo"))
     overrides = trial_overrides(sweep, {})
     assert overrides["algorithm.adv_estimator"] == "grpo"
@@ -141,14 +143,14 @@ def test_k06_drgrpo_preset_and_kl_loss_search(sweep_file):
         "actor_rollout_ref.actor.use_kl_loss"] is True
 
 
-def test_k07_typo_gets_line_and_closest_key(sweep_file):
+def test_typo_gets_line_and_closest_key(sweep_file):
     path = sweep_file("parameters:\n  actor_rollout_ref.actor.kl_los_type: {values: [kl]}\n")
     (problem,) = _problems(path)
     assert problem.startswith(f"{path}:5:") and "did you mean 'actor_rollout_ref.actor.kl_loss_type'?" in problem
 
 
 @pytest.mark.slow
-def test_k08_micro_batch_larger_than_the_per_gpu_share(sweep_file):
+def test_micro_batch_larger_than_the_per_gpu_share(sweep_file):
     path = sweep_file(
         """
         overrides:
@@ -162,12 +164,12 @@ def test_k08_micro_batch_larger_than_the_per_gpu_share(sweep_file):
     sweep = load_sweep(path, ["trainer=verl"])
     with pytest.raises(PreflightError) as e:
         preflight_sweep(sweep)
-    (k08,) = [line for line in str(e.value).splitlines() if "mini-batch per GPU" in line]
-    assert k08.startswith(f"{sweep.source}:10:")  # the micro-batch line of the file
-    assert "4 × 2 / 4 = 2" in k08 and "Use at most 2" in k08
+    (batch,) = [line for line in str(e.value).splitlines() if "mini-batch per GPU" in line]
+    assert batch.startswith(f"{sweep.source}:10:")  # the micro-batch line of the file
+    assert "4 × 2 / 4 = 2" in batch and "Use at most 2" in batch
 
 
-def test_k09_every_algorithm_knob_is_explicit_and_trials_differ_only_where_searched(sweep_file):
+def test_every_algorithm_knob_is_explicit_and_trials_differ_only_where_searched(sweep_file):
     sweep = load_sweep(sweep_file("parameters:\n  kl_coef: {values: [0.001, 0.01]}\n"))
     a = trial_overrides(sweep, {"kl_coef": 0.001})
     b = trial_overrides(sweep, {"kl_coef": 0.01})
@@ -178,6 +180,6 @@ def test_k09_every_algorithm_knob_is_explicit_and_trials_differ_only_where_searc
     assert {k for k in a if a[k] != b[k]} == {"actor_rollout_ref.actor.kl_loss_coef"}
 
 
-def test_k09_clip_ratio_alone_is_inert_in_verl_0_9_1(sweep_file):
+def test_clip_ratio_alone_is_inert_in_verl_0_9_1(sweep_file):
     (problem,) = _problems(sweep_file("parameters:\n  actor_rollout_ref.actor.clip_ratio: {values: [0.1, 0.3]}\n"))
     assert "clip_ratio_low and clip_ratio_high" in problem

@@ -1,4 +1,4 @@
-"""Algorithm presets against ../shared/verl-facts.md, aliases, and composition with verl's own config."""
+"""Algorithm presets against verl 0.9.1's documented defaults, aliases, and composition with verl's own config."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from klsweep.verl.presets import CRITIC_KNOBS, KNOBS, preset_overrides, resolve_
 
 A = "actor_rollout_ref.actor."
 
-# verl 0.9.1 defaults as listed in verl-facts.md (not read from our code)
+# verl 0.9.1 defaults, copied by hand from verl/trainer/config/ppo_trainer.yaml (algorithm.*) and
+# verl/trainer/config/actor/actor.yaml (actor.*), not read from our code
 VERL_FACTS_DEFAULTS = {
     "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.target_kl": 0.1,
