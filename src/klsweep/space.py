@@ -11,20 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
-from klsweep.verl.presets import CRITIC_KNOBS, KNOBS, preset_overrides, resolve_key
-
-
-def trainer_defaults(trainer: str, user: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Knob values the trainer brings where verl's defaults do not fit: for ``embedded``, the sizes and learning
-    rates of :data:`klsweep.trainers.embedded.config.EMBEDDED_DEFAULTS` and one mini-batch per step (the mini-batch
-    follows the trial's ``data.train_batch_size`` in ``user`` when set); none for verl."""
-    if trainer != "embedded":
-        return {}
-    from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
-
-    knobs = {k: v for k, v in EMBEDDED_DEFAULTS.items() if k in KNOBS or k in CRITIC_KNOBS}
-    batch = (user or {}).get("data.train_batch_size", EMBEDDED_DEFAULTS["data.train_batch_size"])
-    return {**knobs, "actor_rollout_ref.actor.ppo_mini_batch_size": batch}
+from klsweep.trainers import trainer_kind
+from klsweep.verl.presets import preset_overrides, resolve_key
 
 
 def parameters(sweep: Sweep) -> dict[str, Parameter]:
@@ -114,12 +102,12 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
             constants :func:`define_space` returned, or a Ray Tune trial config).
 
     Every knob of :data:`klsweep.verl.presets.KNOBS` is present (card K09): the trial's value, else the sweep's fixed
-    override, else the trainer's default (:func:`trainer_defaults`), else the preset's, else verl's; interpolated
+    override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's; interpolated
     verl defaults follow the trial's values (``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``).
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}
-    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**trainer_defaults(sweep.trainer, user), **user})
+    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**trainer_kind(sweep.trainer).defaults(user), **user})
     return {**preset, **user, **launcher_overrides(sweep)}
 
 

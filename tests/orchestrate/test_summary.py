@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from klsweep.orchestrate.summary import best_trials, reproduce_commands
+from klsweep.orchestrate.summary import best_trials
 from klsweep.spec.schema import Objective
 
 
@@ -35,20 +35,6 @@ def test_front_several_objectives():
     # all infeasible: empty, no exception, and the front says so
     front = best_trials(sweep_of(("score", "max"), ("kl", "min")), DF.assign(health="stopped"))
     assert front.empty and "no feasible trial" in front.attrs["notes"][0]
-
-
-def test_reproduce_commands_drop_embedded_sizes_from_the_verl_line():
-    overrides = {"algorithm.kl_ctrl.kl_coef": 0.002, "data.train_batch_size": 16}
-    (label, embedded), (_, verl) = reproduce_commands(overrides, "embedded")
-    assert embedded == "python3 -m klsweep.trainers.embedded algorithm.kl_ctrl.kl_coef=0.002 data.train_batch_size=16"
-    # verl's default batch is 1024 prompts: the embedded trainer's 16 is not a setting to carry over
-    assert verl == "python3 -m verl.trainer.main_ppo algorithm.kl_ctrl.kl_coef=0.002"
-    assert reproduce_commands(overrides, "verl") == [
-        ("", "python3 -m verl.trainer.main_ppo algorithm.kl_ctrl.kl_coef=0.002 data.train_batch_size=16")]
-
-
-def test_a_replay_trial_has_no_command_to_reproduce_it():
-    assert reproduce_commands({"algorithm.kl_ctrl.kl_coef": 0.002}, "replay") == []
 
 
 def test_short_numbers():

@@ -29,31 +29,42 @@ from typing import Any
 
 import pandas as pd
 
-from klsweep.errors import ResultsError
+from klsweep.results import (
+    ATTR_HEALTH,
+    ATTR_RAY_TRIAL_ID,
+    ATTR_STEPS,
+    ATTR_STOP_REASON,
+    ATTR_VERL_OVERRIDES,
+    HEALTH,
+    Objective,
+    STEP,
+    STOP_REASON,
+    TOTAL_STEPS,
+    TUNE_DIR,
+    SweepRecord,
+)
 from klsweep.verl.metrics import resolve
 
-SWEEP_FILE = "sweep.json"
-TUNE_DIR = "tune"
-
-
-def sweep_info(path: str | Path) -> dict[str, Any]:
-    """The resolved sweep stored in a sweep directory (``sweep.json``): name, storage, objectives, budget, ...
+def sweep_info(path: str | Path) -> SweepRecord:
+    """The record of a sweep directory (``sweep.json``): name, study, storage, objectives, the resolved sweep.
 
     Raises:
         ResultsError: the directory is not a klsweep sweep directory.
     """
-    file = Path(path) / SWEEP_FILE
-    if not file.is_file():
-        raise ResultsError(f"{path} is not a sweep directory: {SWEEP_FILE} is missing (run `sweep run` first)")
-    return json.loads(file.read_text())
+    return SweepRecord.read(path)
 
 
-def study_of(info: dict[str, Any]):
-    """The Optuna study of a sweep, from the ``study_name`` and ``storage`` of its ``sweep.json`` (see :func:`sweep_info`)."""
+def study_of(path: str | Path, record: SweepRecord | None = None):
+    """The Optuna study of the sweep directory ``path`` (its ``study_name`` and ``storage`` in ``sweep.json``).
+
+    Raises:
+        ResultsError: ``path`` is not a sweep directory.
+    """
     import optuna
 
+    record = record or SweepRecord.read(path)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=info["study_name"], storage=storage_from_url(info["storage"]))
+    return optuna.load_study(study_name=record.study_name, storage=storage_from_url(record.storage_url(path)))
 
 
 def storage_from_url(url: str):
@@ -96,18 +107,18 @@ def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
     return out
 
 
-def _summarise(rows: list[dict[str, Any]], objectives: list[dict[str, str]]) -> dict[str, Any]:
+def _summarise(rows: list[dict[str, Any]], objectives: list[Objective]) -> dict[str, Any]:
     last = rows[-1]
     out: dict[str, Any] = {
-        "steps": int(last.get("step", last.get("training_iteration", len(rows)))),
+        "steps": int(last.get(STEP, last.get("training_iteration", len(rows)))),
         "wall_s": float(last.get("time_total_s", float("nan"))),
-        "health": last.get("health"),
-        "stop_reason": last.get("stop_reason"),
+        "health": last.get(HEALTH),
+        "stop_reason": last.get(STOP_REASON),
     }
     for objective in objectives:
-        metric, values = objective["metric"], _numbers(rows, objective["metric"])
+        metric, values = objective.metric, _numbers(rows, objective.metric)
         out[f"last/{metric}"] = values[-1] if values else None
-        out[f"best/{metric}"] = (max(values) if objective["mode"] == "max" else min(values)) if values else None
+        out[f"best/{metric}"] = (max(values) if objective.mode == "max" else min(values)) if values else None
     for alias, stat, reduce in (("ref_kl", "max", max), ("entropy", "min", min), ("score", "max", max)):
         key = next((k for k in (resolve(r, alias) for r in rows) if k), None)
         values = _numbers(rows, key) if key else []
@@ -125,15 +136,15 @@ def load(path: str | Path) -> pd.DataFrame:
         ResultsError: ``path`` is not a sweep directory.
     """
     path = Path(path)
-    info = sweep_info(path)
-    objectives = info["objectives"]
+    record = SweepRecord.read(path)
+    objectives = record.objectives
     histories = dict(_tune_trials(path))
     rows = []
-    for trial in study_of(info).get_trials(deepcopy=False):
+    for trial in study_of(path, record).get_trials(deepcopy=False):
         attrs = trial.user_attrs
-        trial_id = attrs.get("ray_trial_id") or attrs.get("tune_trial_id")
+        trial_id = attrs.get(ATTR_RAY_TRIAL_ID)
         row: dict[str, Any] = {"number": trial.number, "trial_id": trial_id, "state": trial.state.name}
-        overrides = attrs.get("verl_overrides")
+        overrides = attrs.get(ATTR_VERL_OVERRIDES)
         if isinstance(overrides, str) and overrides.startswith("{"):
             row.update({f"config/{k}": v for k, v in json.loads(overrides).items()})
         else:
@@ -141,16 +152,16 @@ def load(path: str | Path) -> pd.DataFrame:
         history = histories.get(trial_id)
         if history:
             row.update(_summarise(history, objectives))
-        for key in ("health", "stop_reason", "steps"):
-            if attrs.get(key) is not None:
-                row[key] = attrs[key]
+        for column, attr in (("health", ATTR_HEALTH), ("stop_reason", ATTR_STOP_REASON), ("steps", ATTR_STEPS)):
+            if attrs.get(attr) is not None:
+                row[column] = attrs[attr]
         values = trial.values or []
         for objective, value in zip(objectives, values):
-            row[f"value/{objective['metric']}"] = value
+            row[f"value/{objective.metric}"] = value
         rows.append(row)
     df = pd.DataFrame(rows)
     if "wall_s" in df:
-        df["gpu_s"] = df["wall_s"] * float(info.get("sweep", {}).get("budget", {}).get("resources", {}).get("gpu", 0.0))
+        df["gpu_s"] = df["wall_s"] * float(record.sweep.get("budget", {}).get("resources", {}).get("gpu", 0.0))
     return df
 
 
@@ -177,10 +188,10 @@ def load_history(path: str | Path) -> pd.DataFrame:
         ResultsError: ``path`` is not a sweep directory.
     """
     path = Path(path)
-    sweep_info(path)
+    SweepRecord.read(path)
     records = []
     skip = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "time_since_restore",
-            "iterations_since_restore", "pid", "done", "total_steps"}
+            "iterations_since_restore", "pid", "done", TOTAL_STEPS}
     for trial_id, rows in _tune_trials(path):
         for row in rows:
             step = row.get("training_iteration")

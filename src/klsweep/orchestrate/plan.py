@@ -67,15 +67,16 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
 
 def _objective_problems(sweep: Sweep) -> list[str]:
     """A validation objective the embedded trainer never logs (a typo would fail every trial after its budget)."""
-    if sweep.trainer != "embedded":
-        return []
-    from klsweep.trainers.embedded.config import VAL_METRIC
+    from klsweep.trainers import trainer_kind
 
+    kind = trainer_kind(sweep.trainer)
+    if kind.validation_metric is None:
+        return []
     return [
-        f"objective.metric: {o.metric!r} is not logged by the embedded trainer, whose validation metric is "
-        f"{VAL_METRIC!r} — use that name"
+        f"objective.metric: {o.metric!r} is not logged by the {kind.name} trainer, whose validation metric is "
+        f"{kind.validation_metric!r} — use that name"
         for o in sweep.objectives
-        if o.metric.startswith(("val-core/", "val/", "test_score/")) and o.metric != VAL_METRIC
+        if o.metric.startswith(("val-core/", "val/", "test_score/")) and o.metric != kind.validation_metric
     ]
 
 

@@ -16,13 +16,13 @@ def status(run_dir: str, console: Console | None = None) -> int:
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
     """
-    from klsweep.analysis.load import load, sweep_info
+    from klsweep.analysis.load import load
     from klsweep.orchestrate.summary import print_summary
+    from klsweep.results import SweepRecord
     from klsweep.spec.schema import Sweep
 
     console = console or Console()
-    info = sweep_info(run_dir)
-    sweep = Sweep.model_validate(info["sweep"])
+    sweep = Sweep.model_validate(SweepRecord.read(run_dir).sweep)
     df = load(run_dir)
     counts = df["state"].value_counts().to_dict() if len(df) else {}
     finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))

@@ -3,9 +3,7 @@ reproduces each."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from rich.console import Console
@@ -14,31 +12,10 @@ from rich.text import Text
 
 from klsweep._format import short
 from klsweep.analysis.load import overrides_of
-from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
-from klsweep.verl.config import verl_command
-
-#: Keys whose embedded values are sized for the tiny CPU task, left out of the verl command of an embedded trial.
-_EMBEDDED_SIZES = frozenset(EMBEDDED_DEFAULTS) | {
-    "actor_rollout_ref.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "data.max_prompt_length",
-}
+from klsweep.trainers import trainer_kind
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
-
-
-def reproduce_commands(overrides: Mapping[str, Any], trainer: str) -> list[tuple[str, str]]:
-    """``[(label, command)]`` that rerun a trial: for the embedded trainer its own command, then verl's with the KL
-    and algorithm settings only (the embedded trainer's sizes dropped: add your model, data and batch sizes); for
-    verl, verl's command with every override (label empty); none for the replay trainer (it trains nothing)."""
-    if trainer == "replay":
-        return []
-    if trainer != "embedded":
-        return [("", verl_command(overrides))]
-    transferable = {k: v for k, v in overrides.items() if k not in _EMBEDDED_SIZES}
-    return [("reproduce on the embedded trainer:", verl_command(overrides, module="klsweep.trainers.embedded")),
-            ("the same KL and algorithm settings on verl (add your model, data and batch sizes):",
-             verl_command(transferable))]
-
 
 def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
     """The best COMPLETE, healthy trial (single objective) or the Pareto front of them (several objectives).
@@ -90,7 +67,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
         kl = f", {row['kl_metric']} last={short(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
         console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
-        for label, command in reproduce_commands(overrides_of(row), sweep.trainer):
+        for label, command in trainer_kind(sweep.trainer).reproduce(overrides_of(row)):
             if label:
                 console.print(label, highlight=False)
             console.print(command, **_PLAIN)

@@ -12,16 +12,14 @@ Results directory (``runs/<name>/`` or ``--out``): ``sweep.json`` (the resolved 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from klsweep.analysis.load import storage_from_url, study_of
 from klsweep.errors import ResultsError
-from klsweep.analysis.load import SWEEP_FILE, TUNE_DIR, storage_from_url
-
-TRIALS_CSV = "trials.csv"
+from klsweep.results import SWEEP_FILE, TRIALS_CSV, TUNE_DIR, SweepRecord, default_storage
 
 
 def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -54,9 +52,14 @@ def run_sweep(
     """Run the sweep in ``sweep_file`` with command-line ``overrides`` (``budget.trials=4``). Returns the exit code:
     0 when at least one trial completed, 1 when none did.
 
+    With ``resume`` and a sweep already in the results directory, the given file is compared with the saved sweep
+    (:func:`klsweep.orchestrate.resume.check_resume`): a larger budget is applied and said, a changed search space
+    or trial config is refused.
+
     Raises:
         SweepFileError / PreflightError: the sweep file or a trial config is invalid (nothing was started).
-        ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given.
+        ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given, or
+            ``resume`` was given a sweep whose trials differ from the saved one.
     """
     from klsweep.spec import load_sweep
 
@@ -66,43 +69,61 @@ def run_sweep(
     out_dir = Path(out or Path("runs") / sweep.name).resolve()
     _refuse_existing(out_dir, resume=resume, overwrite=overwrite)
     _preflight(sweep)
+    record = SweepRecord(
+        name=sweep.name,
+        sweep_file=str(Path(sweep_file).resolve()),
+        overrides=overrides,
+        study_name=sweep.name,
+        storage=storage or default_storage(),
+        objectives=[o.model_dump() for o in sweep.objectives],
+        sweep=sweep.model_dump(mode="json"),
+    )
     if resume and (out_dir / SWEEP_FILE).is_file():
-        return resume_sweep(str(out_dir), overrides, address=address, quiet=quiet)
+        return _resume(out_dir, sweep, record, source=sweep_file, address=address, quiet=quiet)
     _prepare_out(out_dir, overwrite=overwrite)
-    info = {
-        "name": sweep.name,
-        "sweep_file": str(Path(sweep_file).resolve()),
-        "overrides": overrides,
-        "study_name": sweep.name,
-        "storage": storage or f"sqlite:///{out_dir / 'study.db'}",
-        "objectives": [o.model_dump() for o in sweep.objectives],
-        "sweep": sweep.model_dump(mode="json"),
-    }
-    (out_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
-    return _fit(sweep, info, out_dir, address=address, quiet=quiet, restore=False)
+    record.write(out_dir)
+    return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=False)
 
 
 def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = None, quiet: bool = False) -> int:
     """Continue the sweep stored in ``run_dir`` (after Ctrl-C or a killed driver) or extend it (``budget.trials=N``).
 
-    Tune's saved experiment is restored (unfinished trials continue from their last checkpoint; trials Optuna had
-    proposed but Tune never started are adopted by the next trials, see ``KlsweepSearch.restore``); then, if the
-    budget asks for more trials than the study holds, a new Tuner on the same study runs the rest. Finally any trial
-    still RUNNING in the study (its Tune trial can no longer run) is marked FAIL with the reason.
+    The sweep is its file (as saved in ``sweep.json``) with the saved and the new ``overrides``; if the file changed
+    since, the changes are checked as for ``sweep run FILE --resume``. Tune's saved experiment is restored (unfinished
+    trials continue from their last checkpoint; trials Optuna had proposed but Tune never started are adopted by the
+    next trials, see ``KlsweepSearch.restore``); then, if the budget asks for more trials than the study holds, a new
+    Tuner on the same study runs the rest. Finally any trial still RUNNING in the study (its Tune trial can no longer
+    run) is marked FAIL with the reason.
 
     Raises:
-        ResultsError: ``run_dir`` is not a sweep directory.
+        ResultsError: ``run_dir`` is not a sweep directory, its sweep file is gone, or the file changed in a way a
+            resume cannot apply.
     """
-    from klsweep.analysis.load import sweep_info
     from klsweep.spec import load_sweep
 
     out_dir = Path(run_dir).resolve()
-    info = sweep_info(out_dir)
-    info["overrides"] = [*info.get("overrides", []), *overrides]
-    sweep = load_sweep(info["sweep_file"], info["overrides"])
-    info["sweep"] = sweep.model_dump(mode="json")
-    (out_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
-    return _fit(sweep, info, out_dir, address=address, quiet=quiet, restore=True)
+    saved = SweepRecord.read(out_dir)
+    if not Path(saved.sweep_file).is_file():
+        raise ResultsError(f"{out_dir}: its sweep file {saved.sweep_file} is gone; give the file again: "
+                           f"sweep run FILE --out {out_dir} --resume")
+    sweep = load_sweep(saved.sweep_file, [*saved.overrides, *overrides])
+    _preflight(sweep)
+    record = saved.model_copy(update={"overrides": [*saved.overrides, *overrides],
+                                      "sweep": sweep.model_dump(mode="json")})
+    return _resume(out_dir, sweep, record, source=saved.sweep_file, address=address, quiet=quiet)
+
+
+def _resume(out_dir: Path, sweep, record: SweepRecord, *, source: str, address: str | None, quiet: bool) -> int:
+    """Check ``record`` (the sweep a resume was given) against the saved one, say what changes, save it, resume."""
+    from klsweep.orchestrate.resume import check_resume
+
+    saved = SweepRecord.read(out_dir)
+    for change in check_resume(saved.sweep, record.sweep, run_dir=str(out_dir), source=source):
+        print(f"resume: {change}", file=sys.stderr)
+    record = record.model_copy(update={"study_name": saved.study_name, "storage": saved.storage,
+                                       "tune_num_samples": saved.tune_num_samples})
+    record.write(out_dir)
+    return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=True)
 
 
 def _preflight(sweep) -> None:
@@ -115,7 +136,7 @@ def _preflight(sweep) -> None:
         print(f"warning: {warning}", file=sys.stderr)
 
 
-def _init_ray(sweep, address: str | None) -> None:
+def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
     """Start a private local Ray, or join the cluster of ``--address`` (or of the sweep's launch profile)."""
     import ray
 
@@ -136,7 +157,7 @@ def _init_ray(sweep, address: str | None) -> None:
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
 
 
-def _searcher(sweep, info: dict, *, seed_trials: bool):
+def _searcher(sweep, record: SweepRecord, out_dir: Path, *, seed_trials: bool):
     import optuna
 
     from klsweep.orchestrate.samplers import build_sampler
@@ -153,8 +174,8 @@ def _searcher(sweep, info: dict, *, seed_trials: bool):
         mode=modes[0] if single else modes,
         points_to_evaluate=(seed_params(sweep) or None) if seed_trials else None,
         sampler=build_sampler(sweep),
-        study_name=info["study_name"],
-        storage=storage_from_url(info["storage"]),
+        study_name=record.study_name,
+        storage=storage_from_url(record.storage_url(out_dir)),
         overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=sweep.budget.max_steps,
     )
@@ -169,7 +190,7 @@ def _trainable(sweep):
     return tune.with_resources(tune.with_parameters(run_trial, sweep=sweep), resources)
 
 
-def _tuner(sweep, info: dict, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool):
+def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool):
     from ray import tune
 
     from klsweep.health import HealthStopper, load_ruleset
@@ -195,7 +216,7 @@ def _tuner(sweep, info: dict, out_dir: Path, *, num_samples: int, seed_trials: b
     return tune.Tuner(
         _trainable(sweep),
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(sweep, info, seed_trials=seed_trials),
+            search_alg=_searcher(sweep, record, out_dir, seed_trials=seed_trials),
             scheduler=scheduler,
             num_samples=num_samples,
             max_concurrent_trials=sweep.budget.max_concurrent,
@@ -212,124 +233,34 @@ def _tuner(sweep, info: dict, out_dir: Path, *, num_samples: int, seed_trials: b
     )
 
 
-def _fit(sweep, info: dict, out_dir: Path, *, address: str | None, quiet: bool, restore: bool) -> int:
+def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quiet: bool, restore: bool) -> int:
     from ray import tune
 
-    from klsweep.analysis.load import study_of
+    from klsweep.orchestrate import _repair
 
-    _init_ray(sweep, address)
+    _init_ray(sweep, address, out_dir)
     tune_path = str(out_dir / TUNE_DIR)
     if not restore:
-        _record_samples(info, out_dir, sweep.budget.trials)
-        _tuner(sweep, info, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
+        _record_samples(record, out_dir, sweep.budget.trials)
+        _tuner(sweep, record, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
         return _finish(sweep, out_dir)
-    _close_told_trials(tune_path, study_of(info))
-    _reconcile_search_state(tune_path, study_of(info))
-    if tune.Tuner.can_restore(tune_path) and not _tune_finished(tune_path, info.get("tune_num_samples", 0)):
+    _repair.close_told_trials(tune_path, study_of(out_dir))
+    _repair.reconcile_search_state(tune_path, study_of(out_dir))
+    if tune.Tuner.can_restore(tune_path) and not _repair.tune_finished(tune_path, record.tune_num_samples):
         tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
                            resume_errored=False, restart_errored=False).fit()
-    study = study_of(info)
-    remaining = sweep.budget.trials - len(study.trials)
+    remaining = sweep.budget.trials - len(study_of(out_dir).trials)
     if remaining > 0:
-        _record_samples(info, out_dir, remaining)
-        _tuner(sweep, info, out_dir, num_samples=remaining, seed_trials=False, quiet=quiet).fit()
-    _fail_leftovers(study_of(info))
+        _record_samples(record, out_dir, remaining)
+        _tuner(sweep, record, out_dir, num_samples=remaining, seed_trials=False, quiet=quiet).fit()
+    _repair.fail_leftovers(study_of(out_dir))
     return _finish(sweep, out_dir)
 
 
-def _record_samples(info: dict, out_dir: Path, num_samples: int) -> None:
+def _record_samples(record: SweepRecord, out_dir: Path, num_samples: int) -> None:
     """Remember how many trials the Tuner about to start will create (to tell later whether it finished)."""
-    info["tune_num_samples"] = num_samples
-    (out_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2))
-
-
-def _saved_trials(tune_path: str) -> list[dict] | None:
-    """The trials of Tune's latest saved experiment state (each a dict with ``trial_id`` and ``status``), or None
-    when Tune saved none."""
-    states = sorted(Path(tune_path).glob("experiment_state-*.json"))
-    if not states:
-        return None
-    return [json.loads(state) if isinstance(state, str) else state
-            for state, _meta in json.loads(states[-1].read_text()).get("trial_data", [])]
-
-
-def _tune_finished(tune_path: str, num_samples: int) -> bool:
-    """Whether the saved Tune experiment created its ``num_samples`` trials and every one of them ended."""
-    trials = _saved_trials(tune_path)
-    if trials is None:
-        return True
-    return len(trials) >= num_samples and all(t.get("status") in ("TERMINATED", "ERROR") for t in trials)
-
-
-def _close_told_trials(tune_path: str, study) -> None:
-    """Mark TERMINATED, in Tune's saved experiment state, the trials the study already holds as finished.
-
-    Tune saves its state every few seconds; after a SIGKILL of the driver that state can be older than the study, and
-    ``Tuner.restore`` would re-run from step 0 a trial that had finished and been told to Optuna after the last save
-    (its results on the finished Optuna trial then raise UpdateFinishedTrialError and abort the resume).
-    """
-    import optuna
-
-    done = {t.user_attrs.get("ray_trial_id") for t in study.get_trials(deepcopy=False, states=(
-        optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL))}
-    for state_file in Path(tune_path).glob("experiment_state-*.json"):
-        data = json.loads(state_file.read_text())
-        changed = False
-        for entry in data.get("trial_data", []):
-            trial = json.loads(entry[0])
-            if trial.get("trial_id") in done and trial.get("status") not in ("TERMINATED", "ERROR"):
-                trial["status"] = "TERMINATED"
-                entry[0] = json.dumps(trial)
-                changed = True
-        if changed:
-            state_file.write_text(json.dumps(data))
-
-
-def _reconcile_search_state(tune_path: str, study) -> None:
-    """Make the saved search state agree with Tune's saved experiment state and the study, after a SIGKILL.
-
-    The three are saved at different times. (1) Trials suggested after the last experiment save are in
-    ``ConcurrencyLimiter.live_trials`` and ``KlsweepSearch._ot_trials`` but Tune will never start or finish them: left
-    there, the limiter counts them as running forever and the resume hangs with idle workers; dropped, their Optuna
-    trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``). (2) A trial that started and
-    finished between two experiment saves is finished in the study but unknown to Tune: it counts against the
-    number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not overrun.
-    """
-    import pickle
-
-    import ray.cloudpickle as cloudpickle
-
-    trials = _saved_trials(tune_path)
-    if trials is None:
-        return
-    known = {t["trial_id"] for t in trials}
-    unfinished = {t["trial_id"] for t in trials if t.get("status") not in ("TERMINATED", "ERROR")}
-    ran_unknown = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()
-                   and t.user_attrs.get("ray_trial_id") not in known]
-    for file in Path(tune_path).glob("search_gen_state-*.json"):
-        state = cloudpickle.loads(file.read_bytes())
-        limiter = state.get("name:ConcurrencyLimiter")
-        if limiter:
-            limiter["live_trials"] = set(limiter.get("live_trials", ())) & unfinished
-            limiter["num_unfinished_live_trials"] = len(limiter["live_trials"])
-        state["counter"] = max(state.get("counter", 0), len(known) + len(ran_unknown))
-        file.write_bytes(cloudpickle.dumps(state))
-    for file in Path(tune_path).glob("searcher-state-*.pkl"):
-        state = pickle.loads(file.read_bytes())
-        if isinstance(state, dict) and set(state.get("_ot_trials", {})) - known:
-            state["_ot_trials"] = {k: v for k, v in state["_ot_trials"].items() if k in known}
-            file.write_bytes(pickle.dumps(state))
-
-
-def _fail_leftovers(study) -> None:
-    import optuna
-
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(
-            trial._trial_id, "stop_reason",
-            "in flight when the sweep driver stopped, and its Tune trial could not be resumed: marked FAIL on resume",
-        )
-        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    record.tune_num_samples = num_samples
+    record.write(out_dir)
 
 
 def _finish(sweep, out_dir: Path) -> int:

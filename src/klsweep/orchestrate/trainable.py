@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from klsweep.results import STEP, TOTAL_STEPS
+
 
 def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     """Train one trial of ``sweep`` with the suggested params ``config``, reporting each step to Ray Tune.
@@ -23,39 +25,30 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     from ray import tune
 
     from klsweep.space import trial_overrides
+    from klsweep.trainers import trainer_kind
 
     overrides = trial_overrides(sweep, config)
-    if sweep.trainer == "verl":
+    kind = trainer_kind(sweep.trainer)
+    if kind.in_process is None:
         from klsweep.launchers.process import run_process_trial
 
         run_process_trial(overrides, sweep=sweep)
         return
 
-    trainer = _in_process_trainer(sweep, overrides)
+    trainer = kind.in_process(sweep, overrides)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             trainer.load(folder)
     test_freq = int(overrides.get("trainer.test_freq") or 0)
     while trainer.global_step < trainer.total_steps:
-        metrics = trainer.train_step()
+        metrics: dict[str, Any] = dict(trainer.train_step())
         step = trainer.global_step
-        metrics["step"] = step
-        metrics["total_steps"] = trainer.total_steps  # the searcher tells a finished trial from an early-stopped one
+        metrics[STEP] = step
+        metrics[TOTAL_STEPS] = trainer.total_steps  # the searcher tells a finished trial from an early-stopped one
         if test_freq > 0 and step % test_freq == 0 and step < trainer.total_steps:
             with tempfile.TemporaryDirectory() as folder:
                 trainer.save(folder)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
         else:
             tune.report(metrics)
-
-
-def _in_process_trainer(sweep, overrides: Mapping[str, Any]):
-    """The embedded trainer, or the replay trainer playing back ``sweep.replay.trace``."""
-    if sweep.trainer == "replay":
-        from klsweep.trainers.replay import ReplayTrainer
-
-        return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed)
-    from klsweep.trainers.embedded import EmbeddedTrainer
-
-    return EmbeddedTrainer(overrides)

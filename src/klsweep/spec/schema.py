@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from klsweep.health import HealthConfig
+from klsweep.trainers import TrainerName
 
 
 def _scalar(value: Any) -> Any:
@@ -139,7 +140,8 @@ def _param_kind(data: Any) -> str | None:
             if key in data:
                 return kind
         return "range" if "max" in data else None
-    return {Choice: "values", Constant: "value", Range: "range"}.get(type(data))
+    kinds: dict[type, str] = {Choice: "values", Constant: "value", Range: "range"}
+    return kinds.get(type(data))
 
 
 Parameter = Annotated[
@@ -240,8 +242,9 @@ class Replay(BaseModel):
         "progress.csv or result.json (relative paths: from the working directory, else from the sweep file's folder)",
     )
     speed: float = Field(
-        0.0, ge=0, allow_inf_nan=False, description="training steps per second of playback (gaps between logged steps included); "
-        "0 plays as fast as possible"
+        0.0, ge=0, allow_inf_nan=False,
+        description="training steps per second of playback (gaps between logged steps included); "
+        "0 plays as fast as possible",
     )
 
 
@@ -257,7 +260,7 @@ class Sweep(BaseModel):
         description="ppo (GAE + critic, KL in reward) | grpo (KL in the loss) | drgrpo (grpo, no std norm, "
         "seq-mean-token-sum-norm, no KL)"
     )
-    trainer: Literal["embedded", "verl", "replay"] = Field(
+    trainer: TrainerName = Field(
         "embedded", description="embedded (CPU trainer in klsweep) | verl (verl.trainer.main_ppo on GPU nodes) | "
         "replay (plays back the log in `replay`)"
     )

@@ -1,0 +1,152 @@
+"""The trainers a sweep can run (``trainer:`` in a sweep file), behind one interface and one name table.
+
+==========  =========================================================  ==========================================
+name        what a trial runs                                           how
+==========  =========================================================  ==========================================
+embedded    the CPU trainer of klsweep (verl's ``core_algos`` math)     in the Tune trial's process
+verl        ``python -m verl.trainer.main_ppo`` (GPU nodes)              one supervised process per trial
+replay      a recorded verl log played back step by step               in the Tune trial's process
+==========  =========================================================  ==========================================
+
+An in-process trainer is a :class:`Trainer`; a process trainer is a module run with verl's command-line shape
+(``python -m MODULE key=value ...``) that writes verl's file-logger lines to ``$VERL_FILE_LOGGER_PATH``
+(:mod:`klsweep.launchers.process`). Nothing here imports torch or verl: the trainers load on first use, as Ray Tune's
+``SEARCH_ALG_IMPORT`` maps searcher names to lazy imports.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
+
+from klsweep.verl.config import verl_command
+
+#: The names ``trainer:`` accepts (the keys of :data:`TRAINERS`).
+TrainerName = Literal["embedded", "verl", "replay"]
+
+#: verl's entry point, the command every reproduce line ends up in.
+VERL_MODULE = "verl.trainer.main_ppo"
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """A trainer the Tune trainable drives step by step (orchestrate/trainable.py).
+
+    Attributes:
+        global_step: training steps done (0 before the first; verl's ``global_steps`` after an update).
+        total_steps: the step at which training ends (verl's ``trainer.total_training_steps``).
+    """
+
+    global_step: int
+    total_steps: int
+
+    def train_step(self) -> dict[str, float]:
+        """One training step (rollout, update, validation when due); the metrics it logged under verl's names."""
+        ...
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write a checkpoint of everything :meth:`load` needs into ``directory``; returns the file written."""
+        ...
+
+    def load(self, directory: str | os.PathLike) -> None:
+        """Continue from the checkpoint in ``directory`` (as verl's ``trainer.resume_mode=auto``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TrainerKind:
+    """One row of :data:`TRAINERS`.
+
+    Attributes:
+        name: the ``trainer:`` value.
+        description: one line for help texts.
+        module: the module run as ``python -m MODULE key=value ...`` (process mode); None when it has none.
+        in_process: builds the :class:`Trainer` of a trial from ``(sweep, overrides)``; None when every trial is a
+            process (``verl``).
+        validation_metric: the only validation metric the trainer logs, when it is known before a trial runs.
+        defaults: knob values the trainer brings where verl's defaults do not fit, given the trial's user overrides.
+        reproduce: ``[(label, command)]`` that rerun a trial from its verl overrides.
+    """
+
+    name: str
+    description: str
+    module: str | None
+    in_process: Callable[[Any, Mapping[str, Any]], Trainer] | None
+    validation_metric: str | None = None
+    defaults: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda user: {})
+    reproduce: Callable[[Mapping[str, Any]], list[tuple[str, str]]] = field(default=lambda overrides: [])
+
+
+def _embedded(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
+    from klsweep.trainers.embedded import EmbeddedTrainer
+
+    trainer: Trainer = EmbeddedTrainer(overrides)
+    return trainer
+
+
+def _replay(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
+    from klsweep.trainers.replay import ReplayTrainer
+
+    return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed)
+
+
+def _embedded_defaults(user: Mapping[str, Any]) -> dict[str, Any]:
+    """The sizes and learning rates of :data:`klsweep.trainers.embedded.config.EMBEDDED_DEFAULTS` that are knobs of a
+    trial, and one mini-batch per step (the mini-batch follows the trial's ``data.train_batch_size`` when set)."""
+    from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
+    from klsweep.verl.presets import CRITIC_KNOBS, KNOBS
+
+    knobs = {k: v for k, v in EMBEDDED_DEFAULTS.items() if k in KNOBS or k in CRITIC_KNOBS}
+    batch = user.get("data.train_batch_size", EMBEDDED_DEFAULTS["data.train_batch_size"])
+    return {**knobs, "actor_rollout_ref.actor.ppo_mini_batch_size": batch}
+
+
+def _embedded_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The embedded trainer's own command, then verl's with the KL and algorithm settings only (the embedded sizes
+    dropped: the user adds a model, data and batch sizes)."""
+    from klsweep.trainers.embedded.config import EMBEDDED_SIZES
+
+    transferable = {k: v for k, v in overrides.items() if k not in EMBEDDED_SIZES}
+    return [("reproduce on the embedded trainer:", verl_command(overrides, module="klsweep.trainers.embedded")),
+            ("the same KL and algorithm settings on verl (add your model, data and batch sizes):",
+             verl_command(transferable))]
+
+
+def _embedded_val_metric() -> str:
+    from klsweep.trainers.embedded.config import VAL_METRIC
+
+    return VAL_METRIC
+
+
+#: Every trainer by its ``trainer:`` name.
+TRAINERS: dict[str, TrainerKind] = {
+    "embedded": TrainerKind(
+        "embedded", "the CPU trainer in klsweep (verl's core_algos on a small arithmetic task)",
+        module="klsweep.trainers.embedded", in_process=_embedded, validation_metric=_embedded_val_metric(),
+        defaults=_embedded_defaults, reproduce=_embedded_reproduce,
+    ),
+    "verl": TrainerKind(
+        "verl", "python -m verl.trainer.main_ppo, one process per trial (GPU nodes)",
+        module=VERL_MODULE, in_process=None, reproduce=lambda overrides: [("", verl_command(overrides))],
+    ),
+    "replay": TrainerKind(
+        "replay", "plays back a recorded verl log (replay: {trace: PATH}), to try health rules and the pipeline",
+        module=None, in_process=_replay,
+    ),
+}
+assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
+
+
+def trainer_kind(name: str) -> TrainerKind:
+    """The row of :data:`TRAINERS` for ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a trainer; the message lists the valid names.
+    """
+    try:
+        return TRAINERS[name]
+    except KeyError:
+        raise ValueError(f"trainer {name!r} is not a klsweep trainer: use one of {', '.join(TRAINERS)}") from None

@@ -56,6 +56,11 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
 }
 """Defaults that replace verl's for the tiny CPU task (see the module docstring); user overrides win."""
 
+EMBEDDED_SIZES: frozenset[str] = frozenset(EMBEDDED_DEFAULTS) | {
+    f"{ACTOR}.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "data.max_prompt_length",
+}
+"""Keys whose embedded values are sized for the tiny CPU task: left out of the verl command of an embedded trial."""
+
 HONOURED_KEYS: frozenset[str] = frozenset(
     {
         "algorithm.adv_estimator",

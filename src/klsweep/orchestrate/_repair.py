@@ -1,0 +1,118 @@
+"""Repairs of Ray Tune's and Optuna's saved state after the sweep driver was killed (SIGKILL, a lost login node).
+
+The driver saves three things at different times: Tune's experiment state (every few seconds), Tune's search state
+(with the searcher) and the Optuna study (on every tell). After a SIGKILL they disagree, and ``Tuner.restore`` alone
+would re-run finished trials, hang on trials it will never start, or overrun the budget. The functions here make them
+agree before the restore. They rely on private internals, each named here, checked against **Ray 2.60.0** and
+**Optuna 5.0.0** (``pyproject.toml`` pins both; re-check this module when either moves):
+
+- ``<tune>/experiment_state-*.json``: JSON with ``trial_data``, a list of ``[trial_json, metadata]`` pairs whose
+  ``trial_json`` holds ``trial_id`` and ``status`` (``ray/tune/execution/tune_controller.py``, ``save_to_dir``).
+- ``<tune>/search_gen_state-*.json``: a cloudpickled dict of ``SearchGenerator`` with ``counter`` (trials created)
+  and, for the ``ConcurrencyLimiter``, ``name:ConcurrencyLimiter`` → ``live_trials`` and
+  ``num_unfinished_live_trials`` (``ray/tune/search/search_generator.py``, ``concurrency_limiter.py``).
+- ``<tune>/searcher-state-*.pkl``: the pickled ``__dict__`` of ``OptunaSearch``, whose ``_ot_trials`` maps Tune
+  trial ids to Optuna trials (``ray/tune/search/optuna/optuna_search.py``).
+- Optuna: ``Study._storage`` with ``set_trial_user_attr`` / ``set_trial_state_values``, and ``FrozenTrial._trial_id``
+  (``optuna/storages/_base.py``), to finish a trial another process asked.
+
+``KlsweepSearch.restore`` (orchestrate/searcher.py) then adopts the study's orphaned RUNNING trials.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON
+
+
+def _saved_trials(tune_path: str) -> list[dict] | None:
+    """The trials of Tune's latest saved experiment state (each a dict with ``trial_id`` and ``status``), or None
+    when Tune saved none."""
+    states = sorted(Path(tune_path).glob("experiment_state-*.json"))
+    if not states:
+        return None
+    return [json.loads(state) if isinstance(state, str) else state
+            for state, _meta in json.loads(states[-1].read_text()).get("trial_data", [])]
+
+
+def tune_finished(tune_path: str, num_samples: int) -> bool:
+    """Whether the saved Tune experiment created its ``num_samples`` trials and every one of them ended."""
+    trials = _saved_trials(tune_path)
+    if trials is None:
+        return True
+    return len(trials) >= num_samples and all(t.get("status") in ("TERMINATED", "ERROR") for t in trials)
+
+
+def close_told_trials(tune_path: str, study) -> None:
+    """Mark TERMINATED, in Tune's saved experiment state, the trials the study already holds as finished.
+
+    Tune saves its state every few seconds; after a SIGKILL of the driver that state can be older than the study, and
+    ``Tuner.restore`` would re-run from step 0 a trial that had finished and been told to Optuna after the last save
+    (its results on the finished Optuna trial then raise UpdateFinishedTrialError and abort the resume).
+    """
+    import optuna
+
+    done = {t.user_attrs.get(ATTR_RAY_TRIAL_ID) for t in study.get_trials(deepcopy=False, states=(
+        optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL))}
+    for state_file in Path(tune_path).glob("experiment_state-*.json"):
+        data = json.loads(state_file.read_text())
+        changed = False
+        for entry in data.get("trial_data", []):
+            trial = json.loads(entry[0])
+            if trial.get("trial_id") in done and trial.get("status") not in ("TERMINATED", "ERROR"):
+                trial["status"] = "TERMINATED"
+                entry[0] = json.dumps(trial)
+                changed = True
+        if changed:
+            state_file.write_text(json.dumps(data))
+
+
+def reconcile_search_state(tune_path: str, study) -> None:
+    """Make the saved search state agree with Tune's saved experiment state and the study, after a SIGKILL.
+
+    The three are saved at different times. (1) Trials suggested after the last experiment save are in
+    ``ConcurrencyLimiter.live_trials`` and ``KlsweepSearch._ot_trials`` but Tune will never start or finish them: left
+    there, the limiter counts them as running forever and the resume hangs with idle workers; dropped, their Optuna
+    trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``). (2) A trial that started and
+    finished between two experiment saves is finished in the study but unknown to Tune: it counts against the
+    number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not overrun.
+    """
+    import pickle
+
+    import ray.cloudpickle as cloudpickle
+
+    trials = _saved_trials(tune_path)
+    if trials is None:
+        return
+    known = {t["trial_id"] for t in trials}
+    unfinished = {t["trial_id"] for t in trials if t.get("status") not in ("TERMINATED", "ERROR")}
+    ran_unknown = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()
+                   and t.user_attrs.get(ATTR_RAY_TRIAL_ID) not in known]
+    for file in Path(tune_path).glob("search_gen_state-*.json"):
+        state = cloudpickle.loads(file.read_bytes())
+        limiter = state.get("name:ConcurrencyLimiter")
+        if limiter:
+            limiter["live_trials"] = set(limiter.get("live_trials", ())) & unfinished
+            limiter["num_unfinished_live_trials"] = len(limiter["live_trials"])
+        state["counter"] = max(state.get("counter", 0), len(known) + len(ran_unknown))
+        file.write_bytes(cloudpickle.dumps(state))
+    for file in Path(tune_path).glob("searcher-state-*.pkl"):
+        state = pickle.loads(file.read_bytes())
+        if isinstance(state, dict) and set(state.get("_ot_trials", {})) - known:
+            state["_ot_trials"] = {k: v for k, v in state["_ot_trials"].items() if k in known}
+            file.write_bytes(pickle.dumps(state))
+
+
+def fail_leftovers(study) -> None:
+    """Mark FAIL, with the reason, every trial still RUNNING in the study once the resumed Tuners have ended: its Tune
+    trial can no longer run (Optuna's public API cannot finish a trial of another process's ``ask``)."""
+    import optuna
+
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(
+            trial._trial_id, ATTR_STOP_REASON,
+            "in flight when the sweep driver stopped, and its Tune trial could not be resumed: marked FAIL on resume",
+        )
+        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)

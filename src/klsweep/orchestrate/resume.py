@@ -1,0 +1,67 @@
+"""What a resume may change: the saved sweep (``sweep.json``) against the sweep a resume is given.
+
+A resumed sweep continues the same Optuna study and Tune experiment, so every trial must come from one search space,
+one trial config and one set of health rules. Only the fields of :data:`RESUMABLE` decide how many trials run and
+where, not what a trial is: a resume applies and states them; it refuses any other difference, naming each, with
+the fix (a new results directory). Optuna itself warns that a changed search space within one study misleads its
+samplers (optuna/optuna#2564, #2328).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from klsweep.errors import ResultsError
+
+#: Dotted sweep fields a resume may change (a field and everything below it).
+RESUMABLE = ("budget.trials", "budget.max_concurrent", "launcher", "wandb")
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def sweep_changes(saved: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Every dotted field whose value differs between two resolved sweeps (``Sweep.model_dump(mode="json")``):
+    ``{field: (saved value, given value)}``; a field only one of them has is ``None`` in the other."""
+    old, new = _flatten(saved), _flatten(given)
+    return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+
+
+def check_resume(saved: Mapping[str, Any], given: Mapping[str, Any], *, run_dir: str, source: str) -> list[str]:
+    """The changes a resume applies, one line each (``budget.trials: 3 → 8``).
+
+    Args:
+        saved: the resolved sweep stored in ``run_dir/sweep.json``.
+        given: the resolved sweep of the resume (the file and overrides it was given).
+        run_dir: the results directory (for the message).
+        source: what the resume was given, for the message (``K32_b.yaml``, ``the command line``).
+
+    Raises:
+        ResultsError: a field outside :data:`RESUMABLE` differs; the message lists each with both values and says
+            how to run the changed sweep instead.
+    """
+    changes = sweep_changes(saved, given)
+    resumable = {k: v for k, v in changes.items() if any(k == f or k.startswith(f + ".") for f in RESUMABLE)}
+    refused = {k: v for k, v in changes.items() if k not in resumable}
+    if refused:
+        lines = "\n".join(f"  {k}: {_show(a)} → {_show(b)}" for k, (a, b) in refused.items())
+        raise ResultsError(
+            f"{run_dir} holds a sweep whose trials differ from those of {source}:\n{lines}\n"
+            f"A resume continues the same study, so its trials must come from the same search space, trial config "
+            f"and health rules; only {', '.join(RESUMABLE)} may change. To run the changed sweep, give it a new "
+            f"results directory (--out DIR), or replace this one with --overwrite."
+        )
+    return [f"{k}: {_show(a)} → {_show(b)}" for k, (a, b) in resumable.items()]
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else repr(value)

@@ -1,0 +1,113 @@
+"""The results contract: what a sweep directory holds, the keys of the results klsweep reports to Ray Tune, and the
+Optuna user attributes of every trial. One home for every name, as Ray keeps Tune's in ``ray/tune/result.py``;
+orchestrate writes them, analysis reads them, and neither spells a name itself.
+
+A sweep directory (``runs/<name>/`` or ``--out``)::
+
+    sweep.json      SweepRecord: the resolved sweep, its study and storage, how it was started
+    study.db        the Optuna study (default storage; relative to the directory, so it can be moved or rsynced)
+    tune/           the Ray Tune experiment: one folder per trial with result.json (one JSON object per report)
+    trials.csv      one row per trial (klsweep.analysis.load)
+    report/         report.html and PNGs (sweep report)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from klsweep.errors import ResultsError
+
+# -- files of a sweep directory
+SWEEP_FILE = "sweep.json"
+STUDY_DB = "study.db"
+TUNE_DIR = "tune"
+TRIALS_CSV = "trials.csv"
+REPORT_DIR = "report"
+
+# -- keys of every result a trial reports to Ray Tune (besides verl's metric names)
+#: the trainer's global step after the reported update (verl's ``step`` of its file logger)
+STEP = "step"
+#: the trial's step budget, so that the searcher tells a finished trial from an early-stopped one
+TOTAL_STEPS = "total_steps"
+#: written by the health stopper: ``healthy`` | ``warned`` | ``stopped``
+HEALTH = "health"
+#: written by the health stopper: the stop reason's text ("" when none)
+STOP_REASON = "stop_reason"
+#: written by the health stopper: the kind of stop (``diverged``, ``no_signal``, ``nonfinite``, ...; "" when none)
+STOP_KIND = "stop_kind"
+
+# -- Optuna user attributes of every trial klsweep told
+#: the Ray Tune trial id of the study trial
+ATTR_RAY_TRIAL_ID = "ray_trial_id"
+#: JSON of the trial's full verl override dict
+ATTR_VERL_OVERRIDES = "verl_overrides"
+#: the trial's health verdict (as :data:`HEALTH`)
+ATTR_HEALTH = HEALTH
+#: why the trial stopped early or failed (as :data:`STOP_REASON`)
+ATTR_STOP_REASON = STOP_REASON
+#: training steps the trial ran
+ATTR_STEPS = "steps"
+#: the Optuna constraint a health stop violates in a multi-objective study (``FrozenTrial.constraints``)
+HEALTH_CONSTRAINT = "health"
+
+
+class Objective(BaseModel):
+    """One objective of a sweep: a metric name and ``max`` or ``min``."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str
+    mode: str
+
+
+class SweepRecord(BaseModel):
+    """``sweep.json``: everything needed to read, report on or resume a sweep without the sweep file.
+
+    Raises (on :meth:`read`):
+        ResultsError: the directory holds no ``sweep.json``, or one that is not a klsweep record.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="the sweep's name")
+    sweep_file: str = Field(description="absolute path of the sweep file the sweep was started from")
+    overrides: list[str] = Field(default_factory=list, description="command-line overrides (`budget.trials=8`)")
+    study_name: str = Field(description="Optuna study name")
+    storage: str = Field(description="Optuna storage URL; a relative sqlite path is relative to the sweep directory")
+    objectives: list[Objective] = Field(description="the objectives, in the order of the study's values")
+    sweep: dict[str, Any] = Field(description="the resolved sweep (klsweep.spec.Sweep, as JSON)")
+    tune_num_samples: int = Field(0, description="trials the last Tuner was asked to create (to tell if it finished)")
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> SweepRecord:
+        """The record of the sweep directory ``run_dir``."""
+        file = Path(run_dir) / SWEEP_FILE
+        if not file.is_file():
+            raise ResultsError(f"{run_dir} is not a sweep directory: {SWEEP_FILE} is missing (run `sweep run` first)")
+        try:
+            return cls.model_validate_json(file.read_text())
+        except ValidationError as e:
+            raise ResultsError(f"{file} is not a klsweep sweep record ({e.error_count()} problems, first: "
+                               f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}); was it written by klsweep?") from None
+
+    def write(self, run_dir: str | Path) -> None:
+        """Write ``run_dir/sweep.json`` atomically (a temporary file, then a rename)."""
+        file = Path(run_dir) / SWEEP_FILE
+        tmp = file.with_name(file.name + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        os.replace(tmp, file)
+
+    def storage_url(self, run_dir: str | Path) -> str:
+        """:attr:`storage` with a relative sqlite path resolved against ``run_dir`` (``sqlite:///study.db`` is
+        ``run_dir/study.db``); any other URL as it is."""
+        prefix = "sqlite:///"
+        if self.storage.startswith(prefix) and not Path(self.storage[len(prefix):]).is_absolute():
+            return prefix + str(Path(run_dir).resolve() / self.storage[len(prefix):])
+        return self.storage
+
+
+def default_storage() -> str:
+    """The storage of a sweep started without ``--storage``: ``study.db`` in its directory, as a relative URL."""
+    return f"sqlite:///{STUDY_DB}"

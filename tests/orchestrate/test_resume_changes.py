@@ -1,0 +1,77 @@
+"""A resume keeps its word: the sweep it is given is compared with the saved one; a larger budget is applied and
+said, a changed search space or trial config is refused with the fix (optuna/optuna#2564: a study whose search space
+changed under it misleads its sampler)."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from klsweep.cli import main
+from klsweep.errors import ResultsError
+from klsweep.orchestrate.resume import check_resume, sweep_changes
+from tests.orchestrate.conftest import sweep_file
+
+SAVED = {"name": "s", "budget": {"trials": 3, "max_steps": 15}, "parameters": {"kl_coef": {"values": [1, 2]}},
+         "wandb": {"mode": "disabled"}}
+
+
+def test_a_larger_budget_is_applied_and_said():
+    given = {**SAVED, "budget": {"trials": 8, "max_steps": 15}, "wandb": {"mode": "offline"}}
+    assert check_resume(SAVED, given, run_dir="runs/s", source="b.yaml") == [
+        "budget.trials: 3 → 8", "wandb.mode: 'disabled' → 'offline'"]
+    assert check_resume(SAVED, SAVED, run_dir="runs/s", source="a.yaml") == []
+
+
+def test_a_changed_search_space_or_trial_is_refused_with_each_difference_and_the_fix():
+    given = {**SAVED, "budget": {"trials": 8, "max_steps": 20}, "parameters": {"kl_coef": {"values": [1, 2, 3]}}}
+    with pytest.raises(ResultsError) as e:
+        check_resume(SAVED, given, run_dir="runs/s", source="b.yaml")
+    message = str(e.value)
+    assert "runs/s holds a sweep whose trials differ from those of b.yaml" in message
+    assert "  budget.max_steps: 15 → 20\n" in message and "  parameters.kl_coef.values: [1, 2] → [1, 2, 3]\n" in message
+    assert "budget.trials" not in message.split("only")[0]  # a budget change alone would have been applied
+    assert "--out DIR" in message and "--overwrite" in message
+
+
+def test_fields_only_one_side_has_are_named():
+    assert sweep_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == {"a.c": (None, 2)}
+
+
+@pytest.mark.slow
+def test_sweep_run_resume_with_an_edited_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    budget = {"trials": 2, "max_concurrent": 1, "max_steps": 2}
+    first = sweep_file(tmp_path, "edit", budget=budget, parameters={"kl_coef": {"values": [0.001, 0.002]}})
+    assert main(["run", first, "--out", str(out), "--quiet"]) in (0, 1)
+    saved = (out / "sweep.json").read_text()
+    capsys.readouterr()
+
+    # a category added and more trials: refused, nothing run, nothing rewritten
+    (tmp_path / "b").mkdir()
+    edited = sweep_file(tmp_path / "b", "edit", budget={**budget, "trials": 4},
+                        parameters={"kl_coef": {"values": [0.001, 0.002, 0.003]}})
+    assert main(["run", edited, "--out", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "parameters.kl_coef.values: [0.001, 0.002] → [0.001, 0.002, 0.003]" in err and "--out DIR" in err
+    assert "Traceback" not in err
+    assert (out / "sweep.json").read_text() == saved
+    info = json.loads(saved)
+    assert len(optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}").trials) == 2
+
+    # only a larger budget: applied, and said
+    (tmp_path / "c").mkdir()
+    more = sweep_file(tmp_path / "c", "edit", budget={**budget, "trials": 3},
+                      parameters={"kl_coef": {"values": [0.001, 0.002]}})
+    assert main(["run", more, "--out", str(out), "--resume", "--quiet"]) in (0, 1)
+    assert "resume: budget.trials: 2 → 3" in capsys.readouterr().err
+    assert len(optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}").trials) == 3
+    assert json.loads((out / "sweep.json").read_text())["sweep_file"] == more
+
+    # the saved file edited in place, then `sweep resume`: the edit is seen, not ignored
+    path = tmp_path / "c" / "edit.yaml"
+    path.write_text(path.read_text().replace("max_steps: 2", "max_steps: 3"))
+    assert main(["resume", str(out), "--quiet"]) == 2
+    assert "budget.max_steps: 2 → 3" in capsys.readouterr().err
