@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from klsweep.errors import SweepFileError
-from klsweep.health.rules import PRESETS, BuiltinConfig, HealthConfig, PresetFile, RuleSet
+from klsweep.health.rules import PRESETS, BuiltinConfig, HealthConfig, PresetFile, Rule, RuleSet
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -43,6 +43,7 @@ def preset(name: str) -> PresetFile:
 
 
 def _from_config(config: HealthConfig, name: str | None = None) -> RuleSet:
+    base_rules: tuple[Rule, ...]
     if config.preset == "none":
         base_rules, builtin, description = (), BuiltinConfig(), "custom rules"
     else:

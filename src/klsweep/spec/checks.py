@@ -55,7 +55,9 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
             continue
         errors.extend((("parameters", name), m) for m in _key_problems(key))
         if key in resolved:
-            errors.append((("parameters", name), f"names the same verl key {key} as parameter {resolved[key]!r}: keep one"))
+            errors.append(
+                (("parameters", name), f"names the same verl key {key} as parameter {resolved[key]!r}: keep one")
+            )
         if key in sweep.overrides:
             errors.append((("parameters", name), f"{key} is both fixed in overrides and searched: remove one"))
         errors.extend((("parameters", name, "when") + sub, m) for sub, m in _when_problems(sweep, p.when, resolved))
@@ -78,7 +80,9 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         name = resolved[key]
         reasons = [inert_reason(key, scenario) for scenario in _scenarios(sweep, fixed, params, p.when)]
         if reasons and all(reasons):
-            errors.append((("parameters", name), f"{_label(name, key)} is searched but has no effect in any trial: {reasons[0]}"))
+            errors.append(
+                (("parameters", name), f"{_label(name, key)} is searched but has no effect in any trial: {reasons[0]}")
+            )
         elif any(reasons):
             first = next(r for r in reasons if r)
             warnings.append((("parameters", name), f"{_label(name, key)} has no effect in some trials: {first}. "
@@ -86,7 +90,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     errors.extend(_negative_kl(sweep, params))
     warnings.extend(_zero_kl(fixed, params, resolved))
     n = fixed.get("actor_rollout_ref.rollout.n")
-    if fixed.get("algorithm.adv_estimator") == "grpo" and "actor_rollout_ref.rollout.n" not in params and n is not None and n < 2:
+    if (fixed.get("algorithm.adv_estimator") == "grpo" and "actor_rollout_ref.rollout.n" not in params
+            and n is not None and n < 2):
         errors.append((("overrides", "actor_rollout_ref.rollout.n"),
                        f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
@@ -199,7 +204,10 @@ def _numbers(p) -> list[float]:
 
 
 def _zero_kl(fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
-    pairs = ((presets.USE_KL_LOSS, presets.ACTOR + "kl_loss_coef"), (presets.USE_KL_IN_REWARD, "algorithm.kl_ctrl.kl_coef"))
+    pairs = (
+        (presets.USE_KL_LOSS, presets.ACTOR + "kl_loss_coef"),
+        (presets.USE_KL_IN_REWARD, "algorithm.kl_ctrl.kl_coef"),
+    )
     for switch, coef in pairs:
         if not fixed.get(switch):
             continue

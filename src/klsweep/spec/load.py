@@ -78,7 +78,8 @@ def load_sweep(path: str | Path, cli_overrides: Iterable[str] = ()) -> Sweep:
     Args:
         path: the YAML sweep file.
         cli_overrides: ``FIELD=VALUE`` strings (dotted sweep-file paths, values parsed as YAML), e.g.
-            ``budget.trials=4``, ``overrides.actor_rollout_ref.actor.kl_loss_coef=0.01``, ``parameters.kl_coef.max=0.1``.
+            ``budget.trials=4``, ``overrides.actor_rollout_ref.actor.kl_loss_coef=0.01``,
+            ``parameters.kl_coef.max=0.1``.
 
     Returns:
         the validated :class:`Sweep`; ``sweep.warnings`` holds non-fatal findings, ``sweep.where(*path)`` the
@@ -196,6 +197,7 @@ def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
     parts = field.split(".")
     node: Any = data
     trail: tuple[str, ...] = ()
+    key: int | str  # an index into a list, or a (possibly dotted) mapping key
     i = 0
     while True:
         rest = parts[i:]
@@ -232,7 +234,8 @@ def _resolve_trace(sweep_path: Path, replay: dict, lines: Lines) -> list[str]:
     found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
         where = lines.get(("replay", "trace"), str(sweep_path))
-        return [f"{where}: replay.trace: no file {name!r} (looked in {', '.join(dict.fromkeys(str(c.parent.resolve()) for c in candidates))})"
+        looked = ", ".join(dict.fromkeys(str(c.parent.resolve()) for c in candidates))
+        return [f"{where}: replay.trace: no file {name!r} (looked in {looked})"
                 " — give the path of a verl jsonl, console log, W&B CSV or Tune progress.csv"]
     replay["trace"] = str(found.resolve())
     return []
@@ -254,7 +257,8 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[st
         candidates += [folder / name, folder / f"{name}.yaml"]
     found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
-        return [f"{where}: search_space: no file {name!r} (looked in {', '.join(sorted({str(c.parent) for c in candidates}))})"
+        looked = ", ".join(sorted({str(c.parent) for c in candidates}))
+        return [f"{where}: search_space: no file {name!r} (looked in {looked})"
                 " — give a name from search_spaces/ or a path"]
     try:
         space_data, space_lines = _read(found)

@@ -20,7 +20,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from klsweep.errors import OverrideError
 
@@ -118,7 +118,8 @@ def default_keys() -> frozenset[str]:
     """Every dotted key of verl's default ``ppo_trainer`` config (leaves and empty mappings), ~900 keys."""
     from omegaconf import OmegaConf
 
-    container = OmegaConf.to_container(_compose_raw(()), resolve=False)
+    # a DictConfig's container is a dict (to_container is typed for any node)
+    container = cast(dict[str, Any], OmegaConf.to_container(_compose_raw(()), resolve=False))
     return frozenset(_flatten(container))
 
 
@@ -196,7 +197,8 @@ def compose(overrides: Mapping[str, Any]):
     """Compose verl's ``ppo_trainer`` config with ``overrides``, as ``main_ppo`` would on the command line.
 
     The first call composes verl's defaults (~1 s, importing Hydra); later ones copy them and apply the overrides
-    as Hydra does (~10 ms), unless an override selects a config group. Keys may carry verl's own ``+`` (new key) or ``++`` prefix.
+    as Hydra does (~10 ms), unless an override selects a config group. Keys may carry verl's own ``+`` (new key) or
+    ``++`` prefix.
 
     Returns:
         omegaconf.DictConfig: the composed config (interpolations unresolved, as verl receives it).
@@ -259,14 +261,19 @@ def check_values(cfg, *, allow_negative_kl: bool = False) -> None:
 
     estimator = _select(cfg, "algorithm.adv_estimator")
     if estimator not in ADV_ESTIMATORS:
-        extra = " (DrGRPO is grpo with norm_adv_by_std_in_grpo=False: use `algorithm: drgrpo`)" if estimator == "drgrpo" else ""
+        extra = ""
+        if estimator == "drgrpo":
+            extra = " (DrGRPO is grpo with norm_adv_by_std_in_grpo=False: use `algorithm: drgrpo`)"
         problems.append(
-            f"algorithm.adv_estimator={estimator!r} is not registered in verl 0.9.1; valid: {', '.join(ADV_ESTIMATORS)}{extra}"
+            f"algorithm.adv_estimator={estimator!r} is not registered in verl 0.9.1; "
+            f"valid: {', '.join(ADV_ESTIMATORS)}{extra}"
         )
 
     mode = _select(cfg, "actor_rollout_ref.actor.loss_agg_mode")
     if mode not in LOSS_AGG_MODES:
-        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={mode!r} is not valid; use one of: {', '.join(LOSS_AGG_MODES)}")
+        problems.append(
+            f"actor_rollout_ref.actor.loss_agg_mode={mode!r} is not valid; use one of: {', '.join(LOSS_AGG_MODES)}"
+        )
 
     if not allow_negative_kl:
         for key in KL_COEF_KEYS:

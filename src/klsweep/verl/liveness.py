@@ -43,7 +43,8 @@ def inert_reason(key: str, config: Mapping[str, Any]) -> str | None:
         return _REWARD_KL_FIX + hint
     if key in ("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"):
         if not use_kl_in_reward:
-            return f"{key.rsplit('.', 1)[1]} only drives the adaptive controller of the KL in the reward; " + _REWARD_KL_FIX
+            knob = key.rsplit(".", 1)[1]
+            return f"{knob} only drives the adaptive controller of the KL in the reward; " + _REWARD_KL_FIX
         if config.get("algorithm.kl_ctrl.type") != "adaptive":
             return (
                 f"{key.rsplit('.', 1)[1]} only drives the adaptive controller of the KL in the reward but "

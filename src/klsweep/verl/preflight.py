@@ -1,8 +1,9 @@
 """Preflight: reject a trial config verl would reject (or silently misuse) before any trial starts.
 
 One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
-closest valid key), check the values verl only rejects after the first rollout (:func:`klsweep.verl.config.check_values`),
-the batch arithmetic (card K08), the keys a real verl run needs, and the installed verl version. ~10 ms per config after the first (~1 s).
+closest valid key), check the values verl only rejects after the first rollout
+(:func:`klsweep.verl.config.check_values`), the batch arithmetic (card K08), the keys a real verl run needs, and the
+installed verl version. ~10 ms per config after the first (~1 s).
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from typing import Any
-
+from typing import Any, cast
 
 ACTOR = "actor_rollout_ref.actor."
 
@@ -55,7 +54,9 @@ KNOBS: tuple[str, ...] = (
 )
 
 #: Knobs of the critic, emitted only for gae (ppo): without a critic they are unused.
-CRITIC_KNOBS: tuple[str, ...] = ("critic.optim.lr", "critic.ppo_epochs", "critic.ppo_mini_batch_size", "critic.cliprange_value")
+CRITIC_KNOBS: tuple[str, ...] = (
+    "critic.optim.lr", "critic.ppo_epochs", "critic.ppo_mini_batch_size", "critic.cliprange_value",
+)
 
 #: What each preset sets on top of verl's defaults, before ``kl_placement`` sets the two KL switches.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -127,8 +128,8 @@ def _raw_defaults() -> dict[str, Any]:
     out = {}
     for key in (*KNOBS, *CRITIC_KNOBS):
         parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(cfg, parent)
-        out[key] = OmegaConf.to_container(node, resolve=False)[leaf]
+        node = OmegaConf.select(cfg, parent)  # a DictConfig: its container is a dict
+        out[key] = cast(dict[str, Any], OmegaConf.to_container(node, resolve=False))[leaf]
     return out
 
 
