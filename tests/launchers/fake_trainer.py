@@ -8,6 +8,8 @@ Writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_L
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
   own session (escapes ``killpg``), and an orphan (its parent exits at once). Their pids go to ``$PWD/tree.json``.
 - ``ignore_term=1``: ignores SIGTERM (only SIGKILL ends it).
+- ``linger=S``: stays S seconds after the last step before it exits (verl closes its loggers and shuts its own Ray
+  down after the last step; a process that exits right after its last line ends before any reader can see it).
 - ``hang=1``: sleeps forever after the last step.
 - ``crash=1``: after the steps, writes ``$FAKE_TRAINER_STDERR`` to stderr and exits with ``exit=`` (default 1);
   ``crash=SIGKILL`` kills itself with SIGKILL instead; ``crash=once``: crashes only in the trial's first attempt.
@@ -41,6 +43,7 @@ for step in range(1, int(args.get("steps", "3")) + 1):
     out.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
     print(f"step:{step} - actor/kl_loss:{step / 100:.3f}", flush=True)
 
+time.sleep(float(args.get("linger", "0")))
 if args.get("hang") == "1":
     while True:
         time.sleep(1)

@@ -4,8 +4,10 @@ process mode ``python -m klsweep.trainers.embedded`` (CPU), supervised, streamed
 The process writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``
 (``verl.utils.tracking.FileLogger``: unbuffered, truncated on start, so every attempt gets a new path); the trial
 tails that file and calls ``ray.tune.report(data | {"step": N})`` once per line, in order, where the health stopper
-and the searcher see it. When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the process fails,
-and when the sweep driver dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (card K19).
+and the searcher see it; the tail wakes when the file is written (inotify, :mod:`klsweep.launchers._watch`), so a
+step reaches Tune within milliseconds, while the process still runs. When Tune stops the trial (``tune.report``
+raises ``SystemExit``), when the process fails, and when the sweep driver dies, :mod:`klsweep.launchers.supervisor`
+ends the whole process tree (card K19).
 
 Layout of a trial directory (Tune's ``get_trial_dir()``)::
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.launchers import supervisor
+from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import Failure, TrialFailed, classify
 from klsweep.verl.config import format_overrides
 
@@ -45,7 +48,8 @@ RAY_INIT_ADDRESS_KEY = "+ray_kwargs.ray_init.address"
 #: verl's Ray to the sweep's cluster; the others are Ray's internal flags (``ray_constants.RAY_INTERNAL_FLAGS``, which
 #: Ray itself strips on job submission) naming the sweep's job and raylet.
 DROPPED_ENV = ("RAY_ADDRESS", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
-#: Seconds between two reads of the metrics file.
+#: Longest wait between two reads of the metrics file; a write to it, or the exit record, wakes the tail at once
+#: (where inotify is missing, this is the polling period).
 TAIL_POLL_S = 0.1
 
 
@@ -192,6 +196,7 @@ def _run_attempt(
     run_dir.mkdir(parents=True)
     handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
     metrics = _MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
+    watch = DirectoryWatch(run_dir, (metrics.path.name, "exit.json"))  # what was written before: the first read
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     timed_out = False
     try:
@@ -207,8 +212,9 @@ def _run_attempt(
                 timed_out = True
                 record = handle.stop(wait_s=grace_s + 5.0)
                 break
-            time.sleep(TAIL_POLL_S)
+            watch.wait(TAIL_POLL_S)
     finally:
+        watch.close()
         if handle.exit_record() is None:
             handle.stop(wait_s=grace_s + 2.0)
     returncode = record["returncode"] if record else None
