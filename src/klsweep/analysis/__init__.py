@@ -7,7 +7,9 @@ Public API::
     pareto_front, hypervolume,               klsweep.analysis.pareto
     least_infeasible, kl_scale, feasible
     compute_accounting                       klsweep.analysis.accounting
-    klsweep.analysis.plots                   plotly figures (imported on use)
+    klsweep.analysis.figures                 what each figure shows, as data (imported on use)
+    klsweep.analysis.plots                   plotly figures of that data (imported on use)
+    klsweep.analysis.pngs                    matplotlib PNGs of that data (imported on use)
     klsweep.analysis.report.write_report     ``sweep report``
 """
 

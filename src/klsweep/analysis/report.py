@@ -2,7 +2,8 @@
 
 Sections: summary, Pareto front (with the verl command of each front trial), curves with health bands, parameter
 importance, KL knobs, stop reasons, compute accounting. PNGs: ``summary``, ``front``, ``curves``, ``importance``,
-``knobs``, ``slice``, ``stop_reasons``, ``accounting`` (kaleido; needs Chrome or Chromium).
+``knobs``, ``slice``, ``stop_reasons``, ``accounting``, drawn by matplotlib (no browser needed) from the same data
+as the interactive figures of the page (:mod:`klsweep.analysis.figures`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from pathlib import Path
 import pandas as pd
 
 from klsweep.analysis.accounting import compute_accounting
+from klsweep.analysis.figures import (
+    SliceData,
+    curves_data,
+    front_data,
+    front_objectives,
+    importance_data,
+    knobs_data,
+    table_data,
+)
 from klsweep.analysis.load import load, load_history, overrides_of, study_of, sweep_info
 from klsweep.analysis.pareto import feasible, pareto_front
-from klsweep.analysis.plots import (
-    curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, slice_figure, table_figure,
-    write_pngs,
-)
+from klsweep.analysis.plots import plotly_figure
+from klsweep.analysis.pngs import write_pngs
 from klsweep.errors import KlsweepError, ResultsError
 
 REPORT = "report.html"
@@ -31,11 +39,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     """Write ``report.html`` and the PNGs of the sweep in ``run_dir`` to ``out`` (default ``<run_dir>/report``).
 
     Every file is written to a temporary name and moved into place (``os.replace``). ``pngs=False`` writes only
-    the HTML (no Chrome needed).
+    the HTML.
 
     Returns:
-        0 when the report and every PNG were written; 1 when the HTML was written but the PNGs could not be
-        (kaleido found no Chrome/Chromium; the message says how to install one).
+        0 (the report and, unless ``pngs=False``, every PNG were written).
 
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory, or its study holds no trial yet.
@@ -65,18 +72,20 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     value_cols = [c for c, _ in axes]
     front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]
 
-    figures = {
-        "summary": table_figure(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
-                                        f"{int(feasible(df).sum())} feasible"),
-        "front": front_figure(df, axes, front),
-        "curves": curves_figure(load_history(run_dir), df, ruleset),
-        "importance": importance_figure(study, info["objectives"]),
-        "knobs": knobs_figure(df, objectives),
-        "slice": slice_figure(study, 0, info["objectives"][0]["metric"]),
-        "stop_reasons": table_figure(stops if len(stops) else pd.DataFrame({"stop_reason": ["no trial was stopped"]}),
-                                     "Stop reasons"),
-        "accounting": table_figure(accounting, _accounting_title(accounting, max_steps, gpu)),
+    # what each figure shows, drawn twice: plotly for the page, matplotlib for the PNGs
+    views = {
+        "summary": table_data(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
+                                      f"{int(feasible(df).sum())} feasible"),
+        "front": front_data(df, axes, front),
+        "curves": curves_data(load_history(run_dir), df, ruleset),
+        "importance": importance_data(study, info["objectives"]),
+        "knobs": knobs_data(df, objectives),
+        "slice": SliceData(study, 0, info["objectives"][0]["metric"]),
+        "stop_reasons": table_data(stops if len(stops) else pd.DataFrame({"stop_reason": ["no trial was stopped"]}),
+                                   "Stop reasons"),
+        "accounting": table_data(accounting, _accounting_title(accounting, max_steps, gpu)),
     }
+    figures = {name: plotly_figure(views[name]) for name in ("front", "curves", "importance", "knobs", "slice")}
     out_dir = Path(out) if out is not None else run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset)
@@ -84,13 +93,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     if not pngs:
         print(f"report: {out_dir / REPORT}")
         return 0
-    try:
-        write_pngs(figures, out_dir)
-    except Exception as e:  # kaleido raises its own errors when it finds no browser
-        print(f"report: {out_dir / REPORT} written, PNGs not: {e}. kaleido needs Chrome or Chromium: "
-              "`apt-get install -y chromium` (or `plotly_get_chrome`).", file=sys.stderr)
-        return 1
-    print(f"report: {out_dir / REPORT} and {len(figures)} PNGs")
+    write_pngs(views, out_dir)
+    print(f"report: {out_dir / REPORT} and {len(views)} PNGs")
     return 0
 
 
