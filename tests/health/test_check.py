@@ -12,7 +12,7 @@ from klsweep.cli import main
 from klsweep.health import load_ruleset
 from klsweep.health.check import backtest
 from klsweep.health.readers import read_trace
-from tests.conftest import PPO_CONSOLE, PPO_JSONL, GRPO, NO_SIGNAL, trace
+from tests.conftest import GRPO, NO_SIGNAL, PPO_CONSOLE, PPO_JSONL, trace
 
 
 def _first_step_where(path, predicate):

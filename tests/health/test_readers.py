@@ -9,7 +9,7 @@ import pytest
 
 from klsweep.errors import TraceReadError
 from klsweep.health.readers import parse_value, read_trace
-from tests.conftest import PPO_CONSOLE, GRPO, trace
+from tests.conftest import GRPO, PPO_CONSOLE, trace
 
 
 def test_console_log_reads_all_435_steps_of_the_ppo_baseline():

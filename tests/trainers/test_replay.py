@@ -1,4 +1,5 @@
-"""The replay trainer: what it plays back from real verl logs, and a replay through `sweep run` judged by health rules."""
+"""The replay trainer: what it plays back from real verl logs (tests/data/traces), and a replay through `sweep run`
+judged by health rules."""
 
 from __future__ import annotations
 
