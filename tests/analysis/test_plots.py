@@ -73,15 +73,15 @@ def test_front_of_all_infeasible_sweep_shows_least_infeasible(synthetic_sweep):
 
 def test_importance_needs_two_complete_trials(synthetic_sweep):
     run_dir = synthetic_sweep(6)
-    info = sweep_info(run_dir)
-    fig = importance_figure(study_of(info), info["objectives"])
+    objectives = [o.model_dump() for o in sweep_info(run_dir).objectives]
+    fig = importance_figure(study_of(run_dir), objectives)
     # kl_loss_coef drives both metrics of the synthetic curves; Optuna must rank it first for each objective
     assert [t.name for t in fig.data] == ["critic/score/mean", "actor/kl_loss"]
     assert all(t.y[-1] == "actor_rollout_ref.actor.kl_loss_coef" for t in fig.data)
 
     lonely = optuna.create_study(directions=["maximize", "minimize"])
-    lonely.add_trial(study_of(info).trials[0])
-    fig = importance_figure(lonely, info["objectives"])
+    lonely.add_trial(study_of(run_dir).trials[0])
+    fig = importance_figure(lonely, objectives)
     assert not fig.data and "at least 2 COMPLETE trials; this study has 1" in fig.layout.annotations[0].text
 
 

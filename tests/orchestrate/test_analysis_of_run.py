@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _study(out):
     info = json.loads((out / "sweep.json").read_text())
-    return optuna.load_study(study_name=info["study_name"], storage=info["storage"]), info
+    return optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}"), info
 
 
 def test_report_of_a_real_sweep(pareto_run, tmp_path):

@@ -27,7 +27,7 @@ State = optuna.trial.TrialState
 
 def _study(out):
     info = json.loads((out / "sweep.json").read_text())
-    return optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    return optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
 
 
 def _dominates(a, b):

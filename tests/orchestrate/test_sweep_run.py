@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import optuna
 import pandas as pd
@@ -64,7 +65,7 @@ def test_study_records_each_outcome(tiny_run):
     code, out = tiny_run
     assert code == 0  # a trial completed healthy
     info = json.loads((out / "sweep.json").read_text())
-    study = optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    study = optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
     trials = sorted(study.trials, key=lambda t: t.number)
     assert [t.params for t in trials] == [
         {"algorithm.kl_ctrl.kl_coef": s["kl_coef"], "actor_rollout_ref.actor.clip_ratio_c": s[
@@ -86,7 +87,7 @@ def test_study_records_each_outcome(tiny_run):
 def test_trials_csv_matches_the_study(tiny_run):
     _, out = tiny_run
     info = json.loads((out / "sweep.json").read_text())
-    study = optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    study = optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
     df = pd.read_csv(out / "trials.csv")
     assert list(df["number"]) == [t.number for t in study.trials]
     assert list(df["state"]) == [t.state.name for t in study.trials]
@@ -109,3 +110,20 @@ def test_rerun_into_the_same_directory_is_refused(tiny_run, tmp_path, capsys):
     assert main(["run", tiny_sweep(tmp_path), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
+
+
+def test_a_copied_sweep_directory_reads_its_own_study(tiny_run, tmp_path):
+    # sweep.json names the default storage relative to the directory: rsync from a cluster to a laptop just works,
+    # and a copy never reads the original's study
+    from klsweep.analysis import load
+
+    _, out = tiny_run
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(out, copy)
+    expected = load(out)
+    (out / "study.db").rename(out / "study.db.away")
+    try:
+        assert main(["status", str(copy)]) == 0
+        pd.testing.assert_frame_equal(load(copy), expected)
+    finally:
+        (out / "study.db.away").rename(out / "study.db")

@@ -80,7 +80,7 @@ def test_offline_run_per_trial(ray_local, tmp_path, monkeypatch):
                       seed_trials=[{"kl_coef": 0.001}, {"kl_coef": 0.002}])
     assert main(["run", path, "--out", str(out), "--quiet"]) == 0
     info = json.loads((out / "sweep.json").read_text())
-    study = optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    study = optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
     trial_ids = sorted(t.user_attrs["ray_trial_id"] for t in study.trials)
 
     run_files = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from klsweep._format import short
+from klsweep.results import HEALTH, STOP_REASON
 from klsweep.verl.metrics import resolve
 
 #: Aliases shown as the KL, entropy and score columns (klsweep.verl.metrics resolves them per verl version).
@@ -69,9 +70,9 @@ class SweepProgress(Callback):
         for name in self._objectives:
             if isinstance(result.get(name), (int, float)):
                 row[name] = result[name]
-        row["health"] = result.get("health", row.get("health", ""))
-        if result.get("stop_reason"):
-            row["stop_reason"] = result["stop_reason"]
+        row["health"] = result.get(HEALTH, row.get("health", ""))
+        if result.get(STOP_REASON):
+            row["stop_reason"] = result[STOP_REASON]
         return row
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:

@@ -2,7 +2,7 @@
 
 Stock ``OptunaSearch`` (Ray 2.60 + Optuna 5) records a trial stopped by a Stopper or ASHA as COMPLETE with its last
 value, leaves a trial whose last value is NaN RUNNING forever, and raises KeyError on a result that lacks the metric
-(validation metrics come only every ``trainer.test_freq`` steps). See ../shared/ray-optuna-facts.md and card K20.
+(validation metrics come only every ``trainer.test_freq`` steps; ``ray/tune/search/optuna/optuna_search.py``).
 :class:`KlsweepSearch` fixes all of that:
 
 ============================================  ===============================================================
@@ -12,7 +12,7 @@ ran its full budget, objectives finite         COMPLETE with the last reported v
 stopped by a health rule (single objective)    PRUNED (value = last intermediate value), reason in user attrs
 stopped by a health rule (multi-objective)     COMPLETE + constraint violated (infeasible), or FAIL if it
                                                never reported every objective
-stopped for non-finite losses or no signal     FAIL: not a score the sampler should learn from (card K14)
+stopped for non-finite losses or no signal     FAIL: not a score the sampler should learn from
 stopped early by ASHA                          PRUNED, stop_reason "scheduler"
 raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
@@ -33,11 +33,23 @@ from typing import Any
 import optuna
 from ray.tune.search.optuna import OptunaSearch
 
+from klsweep.results import (
+    ATTR_HEALTH,
+    ATTR_RAY_TRIAL_ID,
+    ATTR_STEPS,
+    ATTR_STOP_REASON,
+    ATTR_VERL_OVERRIDES,
+    HEALTH,
+    HEALTH_CONSTRAINT,
+    STEP,
+    STOP_KIND,
+    STOP_REASON,
+    TOTAL_STEPS,
+)
+
 #: Health stop kinds recorded as FAIL: the run is broken (NaN) or learned nothing, so its last value means nothing.
 FAILED_KINDS = frozenset({"nonfinite", "no_signal"})
 
-#: Name of the Optuna constraint a health stop violates (``FrozenTrial.constraints["health"]``).
-HEALTH_CONSTRAINT = "health"
 
 
 class KlsweepSearch(OptunaSearch):
@@ -62,7 +74,7 @@ class KlsweepSearch(OptunaSearch):
         if trial_id not in self._ot_trials and self._orphans:
             self._ot_trials[trial_id] = self._orphans.pop(0)
         params = super().suggest(trial_id)
-        self._ot_trials[trial_id].set_user_attr("ray_trial_id", trial_id)
+        self._ot_trials[trial_id].set_user_attr(ATTR_RAY_TRIAL_ID, trial_id)
         return params
 
     def restore(self, checkpoint_path: str) -> None:
@@ -109,11 +121,11 @@ class KlsweepSearch(OptunaSearch):
         values = [last.get(name) for name in self._metrics]
         iteration = int(result.get("training_iteration", 0) or 0)
         # Training steps: the trainer's own step (a replayed, sampled log skips steps), its own total when it says so.
-        steps = int(result.get("step", iteration) or 0)
-        total_steps = int(result.get("total_steps") or self._total_steps)
-        health = str(result.get("health", "healthy") or "healthy")
-        stop_reason = str(result.get("stop_reason", "") or "")
-        stop_kind = str(result.get("stop_kind", "") or "")
+        steps = int(result.get(STEP, iteration) or 0)
+        total_steps = int(result.get(TOTAL_STEPS) or self._total_steps)
+        health = str(result.get(HEALTH, "healthy") or "healthy")
+        stop_reason = str(result.get(STOP_REASON, "") or "")
+        stop_kind = str(result.get(STOP_KIND, "") or "")
         state, stop_reason = self._outcome(error, health, stop_kind, stop_reason, steps < total_steps, steps, values)
         if len(self._metrics) == 1 and state == optuna.trial.TrialState.PRUNED:
             # Tune gives the result a Stopper or ASHA stopped on to on_trial_complete only, not on_trial_result
@@ -121,16 +133,16 @@ class KlsweepSearch(OptunaSearch):
             if value is not None and math.isfinite(value) and iteration and iteration not in stored.intermediate_values:
                 ot_trial.report(value, iteration)
 
-        ot_trial.set_user_attr("ray_trial_id", trial_id)
-        ot_trial.set_user_attr("health", health)
-        ot_trial.set_user_attr("stop_reason", stop_reason)
-        ot_trial.set_user_attr("steps", steps)
+        ot_trial.set_user_attr(ATTR_RAY_TRIAL_ID, trial_id)
+        ot_trial.set_user_attr(ATTR_HEALTH, health)
+        ot_trial.set_user_attr(ATTR_STOP_REASON, stop_reason)
+        ot_trial.set_user_attr(ATTR_STEPS, steps)
         if len(self._metrics) > 1:  # single objective: a health stop is PRUNED (CmaEsSampler warns on constraints)
             ot_trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if health == "stopped" else -1.0)
         try:
-            ot_trial.set_user_attr("verl_overrides", json.dumps(dict(self._overrides_of(ot_trial.params))))
+            ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, json.dumps(dict(self._overrides_of(ot_trial.params))))
         except Exception as e:  # a broken config must not leave the trial RUNNING
-            ot_trial.set_user_attr("verl_overrides", f"unavailable: {e}")
+            ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, f"unavailable: {e}")
         told = values if len(values) > 1 else values[0]
         self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
 
