@@ -9,6 +9,7 @@ from ray.tune import Stopper
 
 from klsweep.health.engine import HealthEngine
 from klsweep.health.rules import RuleSet
+from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_REASON
 from klsweep.verl.metrics import flat_verl_config
 
 
@@ -37,12 +38,11 @@ class HealthStopper(Stopper):
             config = result.get("config") or {}
             run_config = self.run_config_of(config) if self.run_config_of else flat_verl_config(config)
             engine = self.engines[trial_id] = HealthEngine(self.ruleset, run_config)
-        step = result.get("step", result.get("training_iteration"))
+        step = result.get(STEP, result.get("training_iteration"))
         verdict = engine.update(step, result)
-        result["health"] = verdict.health
-        result["stop_reason"] = verdict.reason.text() if verdict.reason else ""
-        result["stop_kind"] = verdict.reason.kind if verdict.reason else ""
-        result["stop_kind"] = verdict.reason.kind if verdict.reason else ""
+        result[HEALTH] = verdict.health
+        result[STOP_REASON] = verdict.reason.text() if verdict.reason else ""
+        result[STOP_KIND] = verdict.reason.kind if verdict.reason else ""
         return verdict.stop
 
     def stop_all(self) -> bool:
