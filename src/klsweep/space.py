@@ -101,7 +101,7 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
         params: the trial's parameter values keyed by verl key or alias (Optuna's ``trial.params`` plus the
             constants :func:`define_space` returned, or a Ray Tune trial config).
 
-    Every knob of :data:`klsweep.verl.presets.KNOBS` is present (card K09): the trial's value, else the sweep's fixed
+    Every knob of :data:`klsweep.verl.presets.KNOBS` is present: the trial's value, else the sweep's fixed
     override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's; interpolated
     verl defaults follow the trial's values (``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``).
     """

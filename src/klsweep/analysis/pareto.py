@@ -6,12 +6,13 @@ turns table columns and directions into Optuna's minimisation convention and dec
 
 Feasible = Optuna state COMPLETE and health verdict not ``stopped`` (the health constraint of
 :func:`klsweep.orchestrate.searcher.health_constraint`). When no trial is feasible the front is empty, a
-:class:`EmptyFrontWarning` says so and :func:`least_infeasible` ranks the trials that came closest (card K25).
+:class:`EmptyFrontWarning` says so and :func:`least_infeasible` ranks the trials that came closest (optuna#6445).
 
 KL comparability: ``actor/kl_loss`` is aggregated with the run's ``actor.loss_agg_mode`` and computed with
-``actor.kl_loss_type``; ``actor/reward_kl_penalty`` with ``algorithm.kl_penalty`` as a per-sequence token mean
-(../shared/verl-facts.md, "Loss aggregation"). Trials that differ there measure KL on different scales; the front
-names the KL it uses (:func:`kl_scale`) and warns when it mixes scales.
+``actor.kl_loss_type`` (``verl.trainer.ppo.core_algos.agg_loss`` and ``kl_penalty``); ``actor/reward_kl_penalty``
+with ``algorithm.kl_penalty`` as a per-sequence token mean (``apply_kl_penalty`` in
+``verl/trainer/ppo/ray_trainer.py``). Trials that differ there measure KL on different scales; the front names the KL
+it uses (:func:`kl_scale`) and warns when it mixes scales.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
 
     Warns:
         EmptyFrontWarning: no trial is feasible; ``attrs["least_infeasible"]`` lists trial numbers in
-            :func:`least_infeasible` order (card K25).
-        KlScaleWarning: the front mixes KL scales (verl-facts "Loss aggregation": compare like with like).
+            :func:`least_infeasible` order.
+        KlScaleWarning: the front mixes KL scales (compare like with like).
 
     Raises:
         ResultsError: see :func:`objective_columns`.

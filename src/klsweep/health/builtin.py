@@ -2,15 +2,15 @@
 
 - ``builtin.nonfinite_loss``: a NaN/inf actor or critic loss → stop (nonfinite). The update is already broken.
 - ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn; stop only after a streak
-  (card K11: verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer skips them).
+  (verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer skips them).
 - ``builtin.no_signal``: every advantage 0 (``critic/advantages/max`` and ``/min`` are 0; verl whitens or
-  group-normalises advantages to mean 0, so max == 0 means all 0) or every score 0 → stop as no_signal (card K14,
-  rllm#54), not as divergence.
+  group-normalises advantages to mean 0, so max == 0 means all 0) or every score 0 → stop as no_signal
+  (rllm#54), not as divergence.
 - ``builtin.kl_dead``: reference KL exactly 0 after warm-up while a KL mechanism is on with a non-zero coefficient →
-  misconfigured (cards K05, K13: #1573, #2060). Never read from ``actor/ppo_kl`` (KL to the rollout policy, ~0 by
+  misconfigured (verl#1573, #2060). Never read from ``actor/ppo_kl`` (KL to the rollout policy, ~0 by
   design). Not judged on logs printed with 3 decimals, where 0.000 only means < 0.0005.
 - ``builtin.kl_negative``: a negative batch mean from an estimator that is >= 0 per token (abs, k2/mse, k3/low_var_kl)
-  → misconfigured (card K12, #2928). ``kl``/``k1`` means may be slightly negative: normal.
+  → misconfigured (verl#2928). ``kl``/``k1`` means may be slightly negative: normal.
 - ``builtin.kl_explosion``: reference KL mean at or above ``kl_explosion`` (default 9: k3 clamps each token to
   [-10, 10] in verl's ``core_algos.kl_penalty``, so a mean near 10 means most tokens are at the clamp) → diverged.
 """
@@ -176,7 +176,7 @@ class KlDead(BuiltinCheck):
         if kl is None or step <= self.after:
             return None
         if coef is not None and coef[1] == 0.0:
-            self.zero_coef = True  # card K05: KL on with coefficient 0 is a config warning, not a dead KL path
+            self.zero_coef = True  # KL on with coefficient 0 is a config warning (verl#6519), not a dead KL path
             return None
         self.judged = True
         if kl[1] != 0.0:
@@ -202,7 +202,7 @@ class KlDead(BuiltinCheck):
         if self.signals.setup.kl_off:
             return self.signals.why_absent("ref_kl")
         if self.zero_coef:
-            return "the KL coefficient is 0 (card K05: KL on with coefficient 0)"
+            return "the KL coefficient is 0: KL is on but weighs nothing (a config warning, not a dead KL path)"
         if "ref_kl" in self.signals.keys_seen:
             return f"no report after the warm-up (step {self.after})"
         return self.signals.why_absent("ref_kl")

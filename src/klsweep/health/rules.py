@@ -12,7 +12,7 @@ A rule (YAML, validated here; never evaluated as code)::
       action: stop                # stop | warn | advise
       kind: diverged
       advice: lower the learning rate or raise kl_coef
-      source: our calibration (T1 peaks at 0.227)
+      source: our calibration (verl's PPO baseline peaks at 0.227)
 
 Several conditions combine with ``all: [...]`` or ``any: [...]`` (each item: metric, stat, window, above/below).
 Statistics: ``value`` (the report's value), window ``mean``/``std``/``var``/``min``/``max``/``slope`` (least squares,

@@ -7,7 +7,7 @@ tails that file and calls ``ray.tune.report(data | {"step": N})`` once per line,
 and the searcher see it; the tail wakes when the file is written (inotify, :mod:`klsweep.launchers._watch`), so a
 step reaches Tune within milliseconds, while the process still runs. When Tune stops the trial (``tune.report``
 raises ``SystemExit``), when the process fails, and when the sweep driver dies, :mod:`klsweep.launchers.supervisor`
-ends the whole process tree (card K19).
+ends the whole process tree (ray#23971, ray#34125).
 
 Layout of a trial directory (Tune's ``get_trial_dir()``)::
 
@@ -42,7 +42,7 @@ TRAINER_MODULES = {"verl": "verl.trainer.main_ppo", "embedded": "klsweep.trainer
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
 #: trial, because trainer.resume_mode=auto resumes from whatever checkpoint sits in default_local_dir.
 MANAGED_VERL_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "hydra.run.dir")
-#: verl's own Ray for each trial (card K18): never the sweep's cluster, where its placement groups would hang.
+#: verl's own Ray for each trial: never the sweep's cluster, where its placement groups would hang (ray#25239).
 RAY_INIT_ADDRESS_KEY = "+ray_kwargs.ray_init.address"
 #: Environment variables of the Ray trial worker the trial's process must not inherit: ``RAY_ADDRESS`` would attach
 #: verl's Ray to the sweep's cluster; the others are Ray's internal flags (``ray_constants.RAY_INTERNAL_FLAGS``, which
@@ -145,7 +145,7 @@ def run_process_trial(
             ``ray.tune.report``). Raising from it (Tune raises ``SystemExit`` when it stops the trial) ends the
             process tree and propagates.
         timeout_s: wall-clock limit of each attempt in seconds (None: none). Checkpoint steps of verl take ~10× a
-            normal step (card K17): size it for the whole run, not per step.
+            normal step (~2,500 s against ~170 s in verl's GRPO reference log): size it for the whole run, not per step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
         retries: how many new attempts a retryable failure gets.
 

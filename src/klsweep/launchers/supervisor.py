@@ -1,9 +1,9 @@
-"""Run a trial's command so that its whole process tree dies with the trial (card K19).
+"""Run a trial's command so that its whole process tree dies with the trial.
 
 Ray kills only a trial worker's direct children, so verl's own Ray (raylet, GCS, workers) and vLLM servers started by
 ``python -m verl.trainer.main_ppo`` would outlive a stopped trial, and every process survives when the sweep driver
 is SIGKILLed (ray#23971, ray#34125). The design that cleaned up in every case we tried
-(../shared/ray-optuna-facts.md, "Processes started by a trial"):
+(tests/launchers/test_process.py: a stopped trial, a SIGKILLed driver, verl's own Ray):
 
 1. :func:`start` launches ``python -m klsweep.launchers.supervisor SPEC`` in a new session; that process forks and
    exits, so the supervisor is neither a direct child of the Ray worker nor in its process group or session.

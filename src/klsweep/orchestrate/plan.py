@@ -43,7 +43,7 @@ def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
 def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
     """Distinct trial configs that cover every value the sweep can emit: each seed trial (or the fixed config),
     then for each parameter each of its ``values`` and the ``min``/``max`` of its range, substituted into the first
-    seed trial together with the values its ``when`` needs. Card K03: a bad categorical value is caught before any
+    seed trial together with the values its ``when`` needs. A bad categorical value is caught before any
     trial runs, not when a sampler happens to pick it."""
     from klsweep.space import condition, parameters, seed_params, trial_overrides
 

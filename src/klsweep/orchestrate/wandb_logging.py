@@ -1,8 +1,8 @@
 """W&B: one run per trial, grouped by sweep, named by trial id, with the trial's verl overrides as its config.
 
 Ray Tune's ``WandbLoggerCallback`` does the logging from its own actor, so W&B never blocks a trial; offline mode is
-the default when W&B is on (cards K23, K24). ``WANDB_API_KEY`` is read from the environment by wandb itself and never
-written to any klsweep file.
+the default when W&B is on (wandb#2812: several trials in one W&B run; Search-R1#141: offline W&B on many nodes).
+``WANDB_API_KEY`` is read from the environment by wandb itself and never written to any klsweep file.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class VerlWandbCallback(WandbLoggerCallback):
 
 def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
     """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name), or None with a
-    warning when ``mode: online`` has no credentials (W&B never stops a sweep: card K24).
+    warning when ``mode: online`` has no credentials (W&B never stops a sweep).
 
     W&B run files go to ``$WANDB_DIR`` as the driver sees it, else to the sweep directory ``out_dir``
     (``out_dir/wandb/offline-run-*``): the logging actors are Ray workers, which do not inherit the driver's

@@ -1,7 +1,7 @@
 """Checks of a schema-valid sweep that need verl knowledge: keys, aliases, conditions, seed trials, live/inert knobs.
 
 Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns, so the loader can
-put the file and line in front. Cards K01, K02, K04, K06 and K09 are enforced here, before any verl compose.
+put the file and line in front. These checks run before any verl compose.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
 
     Errors: unknown keys (with the closest valid key), aliases without a live key under the kl_placement, keys owned
     by other fields, a key both fixed and searched, `when` keys that are not fixed or earlier parameters or that can
-    never hold, seed trials outside the space, inert knobs (K01, K02, K06), negative KL coefficients (K04), GRPO with
-    rollout.n < 2. (Sampler options are checked
+    never hold, seed trials outside the space, inert knobs (the coefficient of a KL mechanism that is off, verl#644;
+    target_kl without the adaptive in-reward controller; KL-loss knobs under DrGRPO), negative KL coefficients,
+    GRPO with rollout.n < 2. (Sampler options are checked
     where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.)
-    Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (K05).
+    Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (verl#6519).
     """
     errors: list[Problem] = []
     warnings: list[Problem] = []

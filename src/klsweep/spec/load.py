@@ -5,7 +5,7 @@ Every problem is collected and raised together as one :class:`~klsweep.errors.Sw
     sweeps/x.yaml:12: parameters.kl_coef.min: min (0.1) must be below max (0.01) — fix the range
 
 YAML is read with YAML 1.2 scalars: only ``true``/``false`` are booleans (``on``, ``off``, ``yes``, ``no`` stay
-strings, card K07), ``1e-3`` is a float, dates stay strings; a key given twice is an error.
+strings, as verl expects strings there), ``1e-3`` is a float, dates stay strings; a key given twice is an error.
 """
 
 from __future__ import annotations

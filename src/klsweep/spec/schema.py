@@ -221,7 +221,7 @@ class Budget(BaseModel):
 
 
 class Wandb(BaseModel):
-    """Weights & Biases logging, one W&B run per trial; off by default (card K24)."""
+    """Weights & Biases logging, one W&B run per trial; off by default, and never blocks a sweep (Search-R1#141)."""
 
     model_config = _MODEL
 
@@ -270,7 +270,7 @@ class Sweep(BaseModel):
         description="where the KL to the reference acts: loss (actor.use_kl_loss) | reward (algorithm."
         "use_kl_in_reward) | none | both (explicit opt-in). Default: reward for ppo, loss for grpo, none for drgrpo",
     )
-    allow_negative_kl: bool = Field(False, description="allow negative KL coefficients (card K04)")
+    allow_negative_kl: bool = Field(False, description="allow negative KL coefficients (refused by default)")
     overrides: dict[str, OverrideValue] = Field(
         default_factory=dict, description="fixed verl overrides for every trial, flat dotted keys"
     )

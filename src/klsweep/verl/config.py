@@ -3,11 +3,11 @@
 Every trial config klsweep produces, and every override the embedded trainer accepts, goes through :func:`compose`
 (verl's ``ppo_trainer`` Hydra config from the installed package, so unknown keys fail exactly as they would in
 ``python -m verl.trainer.main_ppo``) and :func:`check_values` (the values verl's own ``core_algos`` functions accept,
-for values Hydra accepts but verl only rejects after the first rollout: card K03).
+for values Hydra accepts but verl only rejects after the first rollout).
 
 Overrides are a flat mapping of dotted verl keys to Python values, e.g.
 ``{"actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "algorithm.kl_ctrl.kl_coef": 0.002}``.
-A ``+`` is never added to a key on our own (card K07): a key verl lacks is an error, not a silently unused value.
+A ``+`` is never added to a key on our own: a key verl lacks is an error, not a silently unused value (verl#4262).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ ADV_ESTIMATORS: tuple[str, ...] = (
 
 #: Keys whose value names a KL estimator.
 KL_ESTIMATOR_KEYS = ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty")
-#: KL coefficients that must not be negative unless the sweep opts in (card K04).
+#: KL coefficients that must not be negative unless the sweep opts in (Logic-RL#58, rllm#15: runs with one).
 KL_COEF_KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef")
 
 _SAFE_BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
@@ -60,7 +60,7 @@ def format_value(value: Any) -> str:
     """Render a Python value as a Hydra override value that verl parses back to the same value.
 
     Strings are quoted unless they are plain identifiers, so YAML-ish words (``on``, ``off``, ``yes``, ``null``)
-    stay strings (card K07) and values such as ``k3+`` survive. Lists become ``[a,b]``.
+    stay strings and values such as ``k3+`` survive. Lists become ``[a,b]``.
 
     Raises:
         OverrideError: for values Hydra cannot represent (dicts, NaN).
@@ -237,10 +237,10 @@ def check_values(cfg, *, allow_negative_kl: bool = False) -> None:
     """Check the values verl 0.9.1 accepts at compose time but rejects (or misuses) only after the first rollout.
 
     ``actor.kl_loss_type`` and ``algorithm.kl_penalty`` must be in :data:`KL_ESTIMATORS`, ``algorithm.adv_estimator``
-    in :data:`ADV_ESTIMATORS`, ``actor.loss_agg_mode`` in :data:`LOSS_AGG_MODES` (card K03): the values verl's own
+    in :data:`ADV_ESTIMATORS`, ``actor.loss_agg_mode`` in :data:`LOSS_AGG_MODES`: the values verl's own
     ``core_algos.kl_penalty``, ``get_adv_estimator_fn`` and ``agg_loss`` accept, which ``tests/verl`` keep exact by
     calling those functions on every value. Checked without importing verl (torch, tensordict and transformers: ~10 s
-    of a ``sweep run``). Negative KL coefficients are refused unless ``allow_negative_kl`` (card K04).
+    of a ``sweep run``). Negative KL coefficients are refused unless ``allow_negative_kl``.
 
     Args:
         cfg: a composed verl config (from :func:`compose`).

@@ -1,4 +1,4 @@
-"""Which verl knobs are live (change training) and which are inert for a given config (cards K01, K02, K06).
+"""Which verl knobs are live (change training) and which are inert for a given config (verl#644, #2653, #3741).
 
 verl accepts every key in its config whether or not the algorithm reads it: ``algorithm.kl_ctrl.kl_coef`` under
 ``use_kl_in_reward=False`` or ``kl_loss_coef`` under ``use_kl_loss=False`` are silently unused. A sweep that searches

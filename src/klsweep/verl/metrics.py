@@ -7,7 +7,7 @@ logs ``actor/pg_loss``, ``actor/entropy_loss`` (the entropy itself, not a loss t
 ``val/test_score/<source>``; early 2025: ``test_score/<source>``).
 
 An alias is resolved per report: the first candidate present in that report wins, so one table reads every
-version's logs (card K16).
+version's logs (e.g. ``actor/entropy_loss`` in Dec 2024 logs, ``actor/entropy`` today).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
 closest valid key), check the values verl only rejects after the first rollout
-(:func:`klsweep.verl.config.check_values`), the batch arithmetic (card K08), the keys a real verl run needs, and the
+(:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the keys a real verl run needs, and the
 installed verl version. ~10 ms per config after the first (~1 s).
 """
 
@@ -34,11 +34,11 @@ def preflight(
         overrides: the trial's full override dict (e.g. from :func:`klsweep.space.trial_overrides`).
         trainer: ``embedded`` (batch arithmetic on one device) or ``verl`` (GPU counts from ``trainer.nnodes`` ×
             ``trainer.n_gpus_per_node``, and the keys a real run needs).
-        allow_negative_kl: the sweep's opt-in for negative KL coefficients (card K04).
+        allow_negative_kl: the sweep's opt-in for negative KL coefficients.
         where: verl key → ``FILE:LINE`` of the sweep-file entry it came from, put in front of each message.
 
     Returns:
-        warnings (one line each), e.g. a KL mechanism on with coefficient 0 (card K05).
+        warnings (one line each), e.g. a KL mechanism on with coefficient 0 (verl#6519).
 
     Raises:
         PreflightError: every problem, one per line.
@@ -96,7 +96,7 @@ def _default_values() -> dict[str, Any]:
 
 
 def _types(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """verl's plain-YAML config takes any type; a string where verl has a bool is always truthy (card K07)."""
+    """verl's plain-YAML config takes any type; a string where verl has a bool is always truthy."""
     defaults = _default_values()
     out = []
     for key, value in overrides.items():
@@ -107,7 +107,7 @@ def _types(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def _batch_problems(value, trainer: str) -> list[tuple[str, str]]:
-    """Batch arithmetic verl checks late or not at all (card K08; verl.utils.config.validate_config)."""
+    """Batch arithmetic verl checks late or not at all (verl#2505; verl.utils.config.validate_config)."""
     if value(A + "actor.use_dynamic_bsz"):
         return []
     nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
@@ -165,7 +165,7 @@ def _required(overrides: Mapping[str, Any], value) -> list[tuple[str, str]]:
 
 
 def _zero_coef(value) -> list[tuple[str, str]]:
-    """Card K05: a KL mechanism switched on with coefficient 0 pays for the reference forward pass for nothing."""
+    """A KL mechanism switched on with coefficient 0 pays for the reference forward pass for nothing (verl#6519)."""
     out = []
     for switch, coef in ((A + "actor.use_kl_loss", A + "actor.kl_loss_coef"),
                          ("algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef")):

@@ -2,7 +2,7 @@
 
 A preset is the flat override dict every trial of that algorithm starts from. It names every algorithm-relevant
 knob (:data:`KNOBS`) explicitly, with verl's own default read from the installed ``ppo_trainer`` config where the
-preset does not set it, so two trials differ only where the sweep says they differ (card K09).
+preset does not set it, so two trials differ only where the sweep says they differ (verl#781, #5953: hidden defaults).
 
 Source of the algorithm definitions: verl docs ``algo/grpo`` and ``algo/ppo``; DrGRPO = Liu et al. 2025,
 "Understanding R1-Zero-Like Training", as verl implements it (``norm_adv_by_std_in_grpo=False`` +
@@ -22,7 +22,7 @@ ACTOR = "actor_rollout_ref.actor."
 USE_KL_LOSS = ACTOR + "use_kl_loss"
 USE_KL_IN_REWARD = "algorithm.use_kl_in_reward"
 
-#: Every knob that changes what the RL algorithm computes; each trial's overrides name all of them (card K09).
+#: Every knob that changes what the RL algorithm computes; each trial's overrides name all of them.
 KNOBS: tuple[str, ...] = (
     "algorithm.adv_estimator",
     "algorithm.norm_adv_by_std_in_grpo",

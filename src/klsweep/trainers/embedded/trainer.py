@@ -170,7 +170,7 @@ class EmbeddedTrainer:
     Args:
         overrides: flat verl override dict, e.g. ``{"algorithm.adv_estimator": "grpo",
             "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.1}``.
-        allow_negative_kl: accept negative KL coefficients (refused by default, card K04).
+        allow_negative_kl: accept negative KL coefficients (refused by default).
 
     Raises:
         OverrideError: an unknown key or an invalid value, before anything is trained.
