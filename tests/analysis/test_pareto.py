@@ -78,7 +78,7 @@ def test_hypervolume_by_hand():
 
 
 def test_all_infeasible_says_so_and_ranks_the_least_infeasible():
-    """Card K25: every trial infeasible -> an empty front, a warning, and the trials that came closest."""
+    """Every trial infeasible (optuna#6445) -> an empty front, a warning, and the trials that came closest."""
     df = table([
         (0, "FAIL", "healthy", 2, None, None),
         (1, "COMPLETE", "stopped", 7, 0.6, 0.4),

@@ -1,4 +1,5 @@
-"""Figures: the front (greyed infeasible trials, K25 ranking), curves with the preset's thresholds, importance."""
+"""Figures: the front (greyed infeasible trials, least-infeasible ranking), curves with the preset's thresholds,
+importance."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_curves_mark_stops_and_draw_bands(synthetic_sweep):
 
 
 def test_front_of_all_infeasible_sweep_shows_least_infeasible(synthetic_sweep):
-    """Card K25: no empty plot; the least infeasible trials are marked with their rank."""
+    """Every trial infeasible (optuna#6445): no empty plot; the least infeasible trials are marked with their rank."""
     specs = [dict(trial_spec(i, 10), health="stopped", stop_reason="kl_blowup", steps=2 + 3 * i) for i in range(3)]
     df = load(synthetic_sweep(specs))
     with pytest.warns(UserWarning, match="no feasible trial"):

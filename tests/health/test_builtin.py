@@ -1,4 +1,5 @@
-"""Built-in checks: cards K05, K11, K12, K13, K14."""
+"""Built-in checks: non-finite grad norms and losses, KL estimator signs and clamps, KL exactly 0, KL on with
+coefficient 0, no learning signal."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def _healthy(step, **over):
     return {**base, **over}
 
 
-# ---- K11: a single NaN grad_norm is not fatal -------------------------------------------------------------------
-def test_k11_one_nan_grad_norm_warns_and_counts():
+# ---- a single NaN grad_norm is not fatal (verl-omni#539, verl#870, #751) -------------------------------------------
+def test_one_nan_grad_norm_warns_and_counts():
     stream = [(s, _healthy(s, **({"actor/grad_norm": math.nan} if s == 5 else {}))) for s in range(1, 21)]
     engine, v = _feed(stream, KL_LOSS)
     events = [e for x in v for e in x.events if e.rule == "builtin.nonfinite_grad_norm"]
@@ -41,7 +42,7 @@ def test_k11_one_nan_grad_norm_warns_and_counts():
     assert engine.summary()["verdict"] == "warned"
 
 
-def test_k11_a_streak_of_nan_grad_norms_stops_and_the_streak_is_configurable():
+def test_a_streak_of_nan_grad_norms_stops_and_the_streak_is_configurable():
     stream = [(s, _healthy(s, **({"actor/grad_norm": math.inf} if s >= 5 else {}))) for s in range(1, 21)]
     _, v = _feed(stream, KL_LOSS)
     assert v[-1].reason.rule == "builtin.nonfinite_grad_norm" and v[-1].reason.step == 7  # streak 3 in default
@@ -50,29 +51,29 @@ def test_k11_a_streak_of_nan_grad_norms_stops_and_the_streak_is_configurable():
 
 
 @pytest.mark.parametrize("key", ["actor/pg_loss", "critic/vf_loss", "actor/kl_loss"])
-def test_k11_a_non_finite_loss_stops_at_once(key):
+def test_a_non_finite_loss_stops_at_once(key):
     stream = [(s, _healthy(s, **({key: math.nan} if s == 4 else {}))) for s in range(1, 10)]
     _, v = _feed(stream, KL_LOSS)
     assert v[3].stop and v[3].reason.kind == "nonfinite" and v[3].reason.rule == "builtin.nonfinite_loss"
     assert not v[2].stop
 
 
-# ---- K12: KL estimator signs and clamps ---------------------------------------------------------------------------
-def test_k12_small_negative_k1_means_are_normal():
+# ---- KL estimator signs and clamps (verl#2928) ---------------------------------------------------------------------
+def test_small_negative_k1_means_are_normal():
     stream = [(s, _healthy(s, **{"actor/kl_loss": kl})) for s, kl in enumerate([-0.0004, 0.0, -0.001], start=1)]
     engine, v = _feed(stream, {**KL_LOSS, "actor_rollout_ref.actor.kl_loss_type": "kl"})
     assert not v[-1].stop and engine.summary()["verdict"] == "healthy"
 
 
 @pytest.mark.parametrize("estimator", ["abs", "k2", "mse", "low_var_kl", "k3", "k3+"])
-def test_k12_negative_mean_of_a_nonnegative_estimator_is_a_bug(estimator):
+def test_negative_mean_of_a_nonnegative_estimator_is_a_bug(estimator):
     stream = [(s, _healthy(s, **{"actor/kl_loss": kl})) for s, kl in enumerate([0.002, -0.001], start=1)]
     _, v = _feed(stream, {**KL_LOSS, "actor_rollout_ref.actor.kl_loss_type": estimator})
     assert v[-1].stop and v[-1].reason.rule == "builtin.kl_negative" and v[-1].reason.kind == "misconfigured"
     assert v[-1].reason.step == 2
 
 
-def test_k12_k3_at_its_clamp_is_an_explosion():
+def test_k3_at_its_clamp_is_an_explosion():
     stream = [(s, _healthy(s, **{"actor/kl_loss": kl})) for s, kl in enumerate([0.05, 2.0, 9.6], start=1)]
     _, v = _feed(stream, KL_LOSS)  # kl_loss_type defaults to low_var_kl (k3)
     assert v[-1].reason.rule == "builtin.kl_explosion" and v[-1].reason.kind == "diverged"
@@ -80,8 +81,8 @@ def test_k12_k3_at_its_clamp_is_an_explosion():
     assert not v[1].stop
 
 
-# ---- K13: "KL is exactly 0" --------------------------------------------------------------------------------------
-def test_k13_zero_kl_during_warm_up_then_rising_is_fine_and_ppo_kl_is_never_used():
+# ---- "KL is exactly 0" (verl#1573, #2060) --------------------------------------------------------------------------
+def test_zero_kl_during_warm_up_then_rising_is_fine_and_ppo_kl_is_never_used():
     stream = [
         (s, _healthy(s, **{"actor/kl_loss": 0.0 if s <= 5 else 0.001 * s, "actor/ppo_kl": 0.0})) for s in range(1, 31)
     ]
@@ -89,14 +90,14 @@ def test_k13_zero_kl_during_warm_up_then_rising_is_fine_and_ppo_kl_is_never_used
     assert engine.summary()["verdict"] == "healthy"
 
 
-def test_k13_kl_exactly_zero_after_warm_up_with_kl_on_is_misconfigured():
+def test_kl_exactly_zero_after_warm_up_with_kl_on_is_misconfigured():
     stream = [(s, _healthy(s, **{"actor/kl_loss": 0.0})) for s in range(1, 31)]
     _, v = _feed(stream, KL_LOSS)
     assert v[-1].reason.rule == "builtin.kl_dead" and v[-1].reason.kind == "misconfigured"
     assert v[-1].reason.step == 13  # after step 10, 3 reports: 11, 12, 13
 
 
-def test_k13_ppo_kl_alone_and_kl_off_by_config_are_not_applicable():
+def test_ppo_kl_alone_and_kl_off_by_config_are_not_applicable():
     only_ppo_kl = [(s, {"actor/ppo_kl": 0.0, "actor/pg_loss": 0.01}) for s in range(1, 31)]
     engine, v = _feed(only_ppo_kl, KL_LOSS)
     assert not v[-1].stop and "never logged" in engine.summary()["not_applicable"]["builtin.kl_dead"]
@@ -106,8 +107,8 @@ def test_k13_ppo_kl_alone_and_kl_off_by_config_are_not_applicable():
     assert "off by config" in engine.summary()["not_applicable"]["builtin.kl_dead"]
 
 
-# ---- K05: KL on with coefficient 0 ---------------------------------------------------------------------------------
-def test_k05_kl_on_with_coefficient_zero_is_not_dead_kl_and_its_share_is_zero():
+# ---- KL on with coefficient 0 (verl#6519) --------------------------------------------------------------------------
+def test_kl_on_with_coefficient_zero_is_not_dead_kl_and_its_share_is_zero():
     config = {**KL_LOSS, "actor_rollout_ref.actor.kl_loss_coef": 0.0}
     stream = [(s, _healthy(s, **{"actor/kl_loss": 0.0, "actor/kl_coef": 0.0})) for s in range(1, 31)]
     engine, v = _feed(stream, config)
@@ -119,8 +120,8 @@ def test_k05_kl_on_with_coefficient_zero_is_not_dead_kl_and_its_share_is_zero():
     assert verdict.events[0].values == {"kl_loss_share": 0.0}
 
 
-# ---- K14: no learning signal -------------------------------------------------------------------------------------
-def test_k14_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
+# ---- no learning signal (rllm-org/rllm#54) -------------------------------------------------------------------------
+def test_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
     stream = [
         (
             s,
@@ -136,7 +137,7 @@ def test_k14_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
         assert v[-1].reason.step == step
 
 
-def test_k14_score_max_zero_is_no_signal_and_a_recovery_resets_the_streak():
+def test_score_max_zero_is_no_signal_and_a_recovery_resets_the_streak():
     zero = {"critic/score/max": 0.0, "critic/score/min": 0.0, "critic/advantages/max": 0.5}
     stream = [(1, _healthy(1, **zero)), (2, _healthy(2)), (3, _healthy(3, **zero)), (4, _healthy(4, **zero))]
     _, v = _feed(stream, KL_LOSS)

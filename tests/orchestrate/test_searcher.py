@@ -1,4 +1,5 @@
-"""KlsweepSearch records each trial's real outcome in the Optuna study (card K20), through real Ray Tune + Optuna."""
+"""KlsweepSearch records each trial's real outcome in the Optuna study (stock OptunaSearch records a stopped trial as
+COMPLETE: ray#15283), through real Ray Tune + Optuna."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """W&B in offline mode on a real sweep: one offline run per trial, grouped by the sweep, id = Ray Tune trial id,
-config = the trial's verl overrides; the API key never lands in the sweep directory (cards K23, K24).
+config = the trial's verl overrides (wandb#2812: several trials in one W&B run); offline mode needs no API key
+(Search-R1#141: offline W&B on many nodes) and the key never lands in the sweep directory.
 
 wandb 0.31 has no Python reader of its run files (``wandb sync --view`` is gone), so :func:`records` reads the
 ``run-<id>.wandb`` file itself: W&B's LevelDB-log layout (a 7-byte file header, then 32 KiB blocks of records, each

@@ -35,7 +35,7 @@ def test_yaml_1_2_scalars_floats_and_strings(sweep_file):
         """
     )
     sweep = load_sweep(path)
-    assert sweep.overrides["trainer.experiment_name"] == "on"  # YAML 1.1 would make it True (card K07)
+    assert sweep.overrides["trainer.experiment_name"] == "on"  # YAML 1.1 would make it True; verl expects a string
     assert sweep.overrides["actor_rollout_ref.actor.optim.weight_decay"] == 0.001
     p = sweep.parameters["kl_coef"]
     assert isinstance(p, Range) and p.distribution == "log_uniform_values" and (p.min, p.max) == (1e-4, 1e-2)

@@ -19,7 +19,7 @@ from klsweep.verl.config import (
 A = "actor_rollout_ref.actor."
 
 
-def test_agg_loss_example_from_verl_facts():
+def test_agg_loss_modes_on_a_worked_example():
     from verl.trainer.ppo.core_algos import agg_loss
 
     loss = torch.arange(20, dtype=torch.float32).view(4, 5)
@@ -37,7 +37,7 @@ def test_agg_loss_example_from_verl_facts():
         assert agg_loss(loss, mask, loss_agg_mode=mode).item() == pytest.approx(expected[mode], rel=1e-6)
     scaled = agg_loss(loss, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10)
     assert scaled.item() == pytest.approx(4.225)
-    assert round(169 / 17, 3) == 9.941  # the rounded value verl-facts.md lists
+    assert round(169 / 17, 3) == 9.941  # token-mean of this example, rounded to 3 decimals
 
 
 def test_the_value_lists_are_what_verls_own_functions_accept():

@@ -1,4 +1,5 @@
-"""Preflight of raw verl override dicts: batch arithmetic (K08), required keys, bool types (K07), K05 warning."""
+"""Preflight of raw verl override dicts: batch arithmetic (verl#2505), required keys, bool types,
+the warning for a KL mechanism on with coefficient 0 (verl#6519)."""
 
 from __future__ import annotations
 
@@ -38,15 +39,16 @@ def test_a_complete_grpo_config_passes():
     assert preflight(grpo, trainer="verl") == []
 
 
-def test_k08_card_input_shows_the_arithmetic():
-    k08 = {
+def test_micro_batch_larger_than_the_per_gpu_share_shows_the_arithmetic():
+    # verl#2505: a micro-batch larger than the per-GPU share of the mini-batch trains into NaN
+    share_2_micro_4 = {
         "data.train_batch_size": 8,
         A + "actor.ppo_mini_batch_size": 4,
         A + "rollout.n": 2,
         "trainer.n_gpus_per_node": 4,
         A + "actor.ppo_micro_batch_size_per_gpu": 4,
     }
-    (line,) = [p for p in _problems(k08, where={A + "actor.ppo_micro_batch_size_per_gpu": "s.yaml:7"})
+    (line,) = [p for p in _problems(share_2_micro_4, where={A + "actor.ppo_micro_batch_size_per_gpu": "s.yaml:7"})
                if "mini-batch per GPU" in p]
     assert line.startswith("s.yaml:7: ")
     assert "4 × 2 / 4 = 2" in line and "Use at most 2" in line

@@ -12,7 +12,7 @@ A = "actor_rollout_ref.actor."
 
 # verl 0.9.1 defaults, copied by hand from verl/trainer/config/ppo_trainer.yaml (algorithm.*) and
 # verl/trainer/config/actor/actor.yaml (actor.*), not read from our code
-VERL_FACTS_DEFAULTS = {
+VERL_DEFAULTS = {
     "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.target_kl": 0.1,
     "algorithm.kl_ctrl.horizon": 10000,
@@ -34,7 +34,7 @@ def test_ppo_is_gae_with_critic_and_kl_in_the_reward():
     assert ppo["algorithm.use_kl_in_reward"] is True and ppo[A + "use_kl_loss"] is False
     assert set(CRITIC_KNOBS) <= set(ppo)
     assert ppo["actor_rollout_ref.rollout.n"] == 1
-    assert {k: ppo[k] for k in VERL_FACTS_DEFAULTS} == VERL_FACTS_DEFAULTS
+    assert {k: ppo[k] for k in VERL_DEFAULTS} == VERL_DEFAULTS
 
 
 def test_grpo_has_kl_in_the_loss_std_normalisation_and_groups():
@@ -44,7 +44,7 @@ def test_grpo_has_kl_in_the_loss_std_normalisation_and_groups():
     assert grpo["algorithm.norm_adv_by_std_in_grpo"] is True
     assert grpo["actor_rollout_ref.rollout.n"] > 1
     assert not set(CRITIC_KNOBS) & set(grpo)
-    assert {k: grpo[k] for k in VERL_FACTS_DEFAULTS} == VERL_FACTS_DEFAULTS
+    assert {k: grpo[k] for k in VERL_DEFAULTS} == VERL_DEFAULTS
 
 
 def test_drgrpo_is_grpo_plus_three_coupled_overrides_and_a_constant_scale():

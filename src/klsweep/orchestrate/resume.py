@@ -43,7 +43,7 @@ def check_resume(saved: Mapping[str, Any], given: Mapping[str, Any], *, run_dir:
         saved: the resolved sweep stored in ``run_dir/sweep.json``.
         given: the resolved sweep of the resume (the file and overrides it was given).
         run_dir: the results directory (for the message).
-        source: what the resume was given, for the message (``K32_b.yaml``, ``the command line``).
+        source: what the resume was given, for the message (``sweeps/edited.yaml``, ``the command line``).
 
     Raises:
         ResultsError: a field outside :data:`RESUMABLE` differs; the message lists each with both values and says

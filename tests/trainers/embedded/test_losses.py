@@ -77,7 +77,7 @@ def test_actor_loss_closed_form_token_mean_k1_at_ratio_one():
 
 
 def test_seq_mean_token_sum_norm_uses_loss_scale_factor():
-    # verl-facts example: L = 0..19 (4x5), valid lengths [3,5,4,5]: seq-mean-token-sum 42.25, /10 = 4.225
+    # verl's agg_loss on L = 0..19 (4x5), valid lengths [3,5,4,5]: seq-mean-token-sum 42.25, /10 = 4.225
     mask = _tensors()[-1]
     config = _actor_config("k1", "seq-mean-token-sum-norm", entropy_coeff=1.0, loss_scale_factor=10)
     L = torch.arange(20.0).reshape(4, 5)
