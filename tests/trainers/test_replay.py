@@ -50,9 +50,9 @@ def test_console_replay_holds_the_values_of_the_jsonl_made_from_it():
     played = dict(play(trainer))
     assert trainer.total_steps == 434 and len(played) == 435  # step:0 ... step:434
     for step, row in jsonl(PPO_LOG):
-        shared = {k: v for k, v in row.items() if k in played[step]}
-        assert len(shared) >= 7
-        assert {k: played[step][k] for k in shared} == pytest.approx(shared, rel=1e-3, abs=5e-4), step
+        common = {k: v for k, v in row.items() if k in played[step]}
+        assert len(common) >= 7
+        assert {k: played[step][k] for k in common} == pytest.approx(common, rel=1e-3, abs=5e-4), step
 
 
 def test_played_reports_keep_numbers_last_duplicate_and_steps_in_range():
