@@ -93,8 +93,8 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
              "objective": objectives, "health": {"preset": health, "rules": [], "builtin": {}},
              "budget": {"trials": len(specs), "max_concurrent": 2, "max_steps": max_steps,
                         "resources": {"cpu": 1.0, "gpu": gpu}}}
-    info = {"name": root.name, "study_name": root.name, "storage": storage, "objectives": objectives,
-            "sweep": sweep, "overrides": []}
+    info = {"name": root.name, "sweep_file": str(root / "sweep.yaml"), "study_name": root.name, "storage": storage,
+            "objectives": objectives, "sweep": sweep, "overrides": []}
     (root / "sweep.json").write_text(json.dumps(info, indent=2))
     return root
 

@@ -26,11 +26,13 @@ from klsweep.analysis.figures import (
     knobs_data,
     table_data,
 )
-from klsweep.analysis.load import load, load_history, overrides_of, study_of, sweep_info
+from klsweep.analysis.load import load, load_history, overrides_of, study_of
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.errors import KlsweepError, ResultsError
+from klsweep.results import REPORT_DIR, SweepRecord
+from klsweep.trainers import trainer_kind
 
 REPORT = "report.html"
 
@@ -48,7 +50,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         ResultsError: ``run_dir`` is not a sweep directory, or its study holds no trial yet.
     """
     run_dir = Path(run_dir)
-    info = sweep_info(run_dir)
+    info = SweepRecord.read(run_dir).model_dump()
     df = load(run_dir)
     if df.empty:
         raise ResultsError(f"{run_dir}: the study {info['study_name']!r} holds no trial yet; nothing to report")
@@ -62,7 +64,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         warnings.simplefilter("ignore")
         front = pareto_front(df, axes)
     ruleset = _ruleset(sweep.get("health"))
-    study = study_of(info)
+    study = study_of(run_dir)
 
     counts = (df.assign(health=df.get("health", pd.Series(index=df.index, dtype=object)).fillna("—"))
               .groupby(["state", "health"]).size().rename("trials").reset_index())
@@ -86,7 +88,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         "accounting": table_data(accounting, _accounting_title(accounting, max_steps, gpu)),
     }
     figures = {name: plotly_figure(views[name]) for name in ("front", "curves", "importance", "knobs", "slice")}
-    out_dir = Path(out) if out is not None else run_dir / "report"
+    out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset)
     _atomic_write(out_dir / REPORT, page)
@@ -138,12 +140,10 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
     objectives = ", ".join(f"{html.escape(o['metric'])} ({o['mode']})" for o in info["objectives"])
     notes = "".join(f"<p class='warn'>⚠ {html.escape(n)}</p>" for n in front.attrs.get("notes", []))
     kl = "; ".join(front.attrs.get("kl_scale", [])) or "n/a"
-    from klsweep.orchestrate.summary import reproduce_commands
-
     commands = []
     for _, row in front.iterrows():
         commands.append(f"<p>trial {row['number']}:</p>")
-        for label, command in reproduce_commands(overrides_of(row), info.get("sweep", {}).get("trainer", "verl")):
+        for label, command in trainer_kind(info["sweep"].get("trainer", "verl")).reproduce(overrides_of(row)):
             commands.append((f"<p>{html.escape(label)}</p>" if label else "") + f"<pre>{html.escape(command)}</pre>")
     if front.empty and front.attrs.get("least_infeasible"):
         front_block = "<p>No feasible trial: the least infeasible, by steps survived: " + html.escape(
