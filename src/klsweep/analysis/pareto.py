@@ -5,7 +5,7 @@ function behind ``Study.best_trials``, and ``optuna._hypervolume.compute_hypervo
 turns table columns and directions into Optuna's minimisation convention and decides which trials are feasible.
 
 Feasible = Optuna state COMPLETE and health verdict not ``stopped`` (the health constraint of
-:func:`klsweep.orchestrate.searcher.health_constraint`). When no trial is feasible the front is empty, a
+:data:`klsweep.results.HEALTH_CONSTRAINT`). When no trial is feasible the front is empty, a
 :class:`EmptyFrontWarning` says so and :func:`least_infeasible` ranks the trials that came closest (optuna#6445).
 
 KL comparability: ``actor/kl_loss`` is aggregated with the run's ``actor.loss_agg_mode`` and computed with
