@@ -2,9 +2,9 @@
 
 Two ``sweep run`` of the same file, same seed and sampler (TPE, seed 0, the seed preset as trial 0): one with the
 file's rules (``health: aggressive``; ``--health PRESET`` for another), one with none (preset ``none`` and the built-in
-checks off). Prints the trial-steps each used (Σ ``steps`` of trials.csv), the trials each rule stopped, and whether the best healthy trial
-(highest validation accuracy among trials no rule stopped) has the same parameters in both. The last line is the
-fraction of trial-steps saved; goal ≥ 40 %.
+checks off). Prints the trial-steps each used (Σ ``steps`` of trials.csv), the trials each rule stopped, and whether
+the best healthy trial (highest validation accuracy among trials no rule stopped) has the same parameters in both.
+The last line is the fraction of trial-steps saved; goal ≥ 40 %.
 
 TPE sees the stopped trials as pruned/infeasible, so after its random start-up trials the two runs can propose
 different parameters: the comparison is of whole sweeps, as a user would run them, not of the same trial list.

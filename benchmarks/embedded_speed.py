@@ -75,7 +75,8 @@ def main() -> None:
         print(f"reference warm-up {built:.1f} s (ratio to 60 s: {built / 60:.2f}), "
               f"cache load {loaded:.3f} s (ratio to 1 s: {loaded:.3f})")
     grpo = results["grpo (kl in loss)"]
-    print(f"grpo {grpo:.1f} steps/s (CPU time): ratio to the {GOAL_STEPS_PER_S:g} steps/s goal {grpo / GOAL_STEPS_PER_S:.2f}")
+    print(f"grpo {grpo:.1f} steps/s (CPU time): "
+          f"ratio to the {GOAL_STEPS_PER_S:g} steps/s goal {grpo / GOAL_STEPS_PER_S:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """How long ``klsweep.analysis.load`` takes on a 1,000-trial sweep directory, as a ratio to the 5 s target (issue 7).
 
-Builds the directory once (~1-2 min) with the test suite's synthetic sweep (a real Optuna sqlite study with the searcher's user
-attributes and one Ray Tune result.json per trial), then times ``load`` and ``load_history``. A ratio below 1 meets
-the target.
+Builds the directory once (~1-2 min) with the test suite's synthetic sweep (a real Optuna sqlite study with the
+searcher's user attributes and one Ray Tune result.json per trial), then times ``load`` and ``load_history``. A ratio
+below 1 meets the target.
 
     python benchmarks/load_speed.py [--trials 1000] [--steps 80] [--dir /tmp/klsweep_load_speed]
 """
@@ -47,7 +47,8 @@ def main() -> None:
     print(f"load, first call in this process: {len(df)} trials in {cold_s:.2f} s, ratio to {TARGET_S:g} s target: "
           f"{cold_s / TARGET_S:.2f}")
     print(f"load, again: {load_s:.2f} s, ratio: {load_s / TARGET_S:.2f}")
-    print(f"load_history: {len(history)} rows in {history_s:.2f} s, ratio to {TARGET_S:g} s: {history_s / TARGET_S:.2f}")
+    print(f"load_history: {len(history)} rows in {history_s:.2f} s, "
+          f"ratio to {TARGET_S:g} s: {history_s / TARGET_S:.2f}")
 
 
 if __name__ == "__main__":

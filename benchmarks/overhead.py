@@ -81,8 +81,9 @@ def main() -> None:
     print(f"ideal 2-way wall Σbusy/2 = {ideal:.1f} s; start-up and tail in (b) ≈ {wall - df['wall_s'].sum() / 2:.1f} s")
     # The first trial on each Ray worker also imports torch + verl and loads the reference model: the median trial
     # is the steady state a long sweep runs at.
-    warm = df["wall_s"].median() / (sorted(busy)[len(busy) // 2])
-    print(f"steady state: median trial in Tune {df['wall_s'].median():.1f} s vs bare {sorted(busy)[len(busy) // 2]:.1f} s "
+    median_bare = sorted(busy)[len(busy) // 2]
+    warm = df["wall_s"].median() / median_bare
+    print(f"steady state: median trial in Tune {df['wall_s'].median():.1f} s vs bare {median_bare:.1f} s "
           f"(×{warm:.3f} per trial once the workers are warm); fixed cost of (b) ≈ {wall - warm * ideal:.0f} s")
     print(f"machine after: {machine()}")
     print(f"overhead ratio wall(b) / (Σ busy / 2): {wall / ideal:.3f} (goal ≤ 1.03)")

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import psutil
 import yaml
-
 from _bench import REPO, machine, trials
 
 TRACE = REPO / "tests" / "data" / "traces" / "grpo_qwen7b_gsm8k.jsonl"  # source: tests/data/README.md

@@ -107,7 +107,8 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}
-    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**trainer_kind(sweep.trainer).defaults(user), **user})
+    defaults = trainer_kind(sweep.trainer).defaults(user)
+    preset = preset_overrides(sweep.algorithm, sweep.placement, base={**defaults, **user})
     return {**preset, **user, **launcher_overrides(sweep)}
 
 

@@ -8,7 +8,12 @@ import pandas as pd
 import pytest
 
 from klsweep.analysis.pareto import (
-    EmptyFrontWarning, KlScaleWarning, hypervolume, kl_scale, least_infeasible, pareto_front,
+    EmptyFrontWarning,
+    KlScaleWarning,
+    hypervolume,
+    kl_scale,
+    least_infeasible,
+    pareto_front,
 )
 from klsweep.errors import ResultsError
 

@@ -13,7 +13,12 @@ import yaml
 from klsweep.analysis.load import load, load_history, study_of, sweep_info
 from klsweep.analysis.pareto import pareto_front
 from klsweep.analysis.plots import (
-    curves_figure, front_figure, front_objectives, importance_figure, knobs_figure, thresholds,
+    curves_figure,
+    front_figure,
+    front_objectives,
+    importance_figure,
+    knobs_figure,
+    thresholds,
 )
 from klsweep.health import load_ruleset
 

@@ -263,5 +263,6 @@ def test_window_statistics_of_values_near_the_float_limit_do_not_raise():
 def test_a_slope_over_steps_beyond_the_float_range_is_not_a_number():
     # found by hypothesis: a step of 1.34e154 squared is an int too large for a float
     rule = {"name": "rising", "metric": "m", "stat": "slope", "window": 3, "above": 0.0, "action": "warn"}
-    engine, verdicts = _run(_rules(rule), [(None, {"m": 0.0}), (None, {"m": 0.0}), (1.3407807929942597e154, {"m": 0.0})])
+    reports = [(None, {"m": 0.0}), (None, {"m": 0.0}), (1.3407807929942597e154, {"m": 0.0})]
+    engine, verdicts = _run(_rules(rule), reports)
     assert not verdicts[-1].events and engine.summary()["verdict"] == "healthy"

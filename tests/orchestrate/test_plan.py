@@ -63,7 +63,8 @@ def test_plan_prints_seed_first_then_sampler_trials_with_verl_commands():
     assert plan(str(REPO / "sweeps" / "grpo_kl.yaml"), ["budget.trials=4"], n=3, out=out) == 0
     text = out.getvalue()
     headers = re.findall(r"^trial (\d) \((.*?)\): (.*)$", text, flags=re.M)
-    assert [(i, origin) for i, origin, _ in headers] == [("0", "seed trial 1"), ("1", "tpe sample"), ("2", "tpe sample")]
+    assert [(i, origin) for i, origin, _ in headers] == [
+        ("0", "seed trial 1"), ("1", "tpe sample"), ("2", "tpe sample")]
     commands = [line.strip() for line in text.splitlines() if line.startswith("  python3 -m verl.trainer.main_ppo")]
     assert len(commands) == 3
     assert "actor_rollout_ref.actor.kl_loss_coef=0.001 " in commands[0]

@@ -60,7 +60,8 @@ def test_pareto_front_holds_only_feasible_trials(pareto_run):
     row = df.set_index("number").loc[large.number]
     assert row["health"] == "stopped" and row["state"] == "COMPLETE"
     # the told values are each objective's last reported value, read back from Tune's result.json
-    rows = [json.loads(line) for line in next((pareto_run / "tune").glob(f"*{large.user_attrs['ray_trial_id']}*/result.json")).open()]
+    result = next((pareto_run / "tune").glob(f"*{large.user_attrs['ray_trial_id']}*/result.json"))
+    rows = [json.loads(line) for line in result.open()]
     assert rows[-1]["training_iteration"] == 2
     assert large.values == [pytest.approx(rows[-1][VAL]), pytest.approx(rows[-1][KL])]
 
@@ -82,7 +83,8 @@ def scored(config):
 
 
 SAMPLER_SPACES = {
-    "tpe": {"kl_coef": {"distribution": "log_uniform", "min": 0.001, "max": 0.1}, "kl_loss_type": {"values": ["k1", "k3"]}},
+    "tpe": {"kl_coef": {"distribution": "log_uniform", "min": 0.001, "max": 0.1},
+            "kl_loss_type": {"values": ["k1", "k3"]}},
     "gp": {"kl_coef": {"distribution": "log_uniform", "min": 0.001, "max": 0.1}},
     "nsga2": {"kl_coef": {"values": [0.001, 0.01, 0.1]}},
     "random": {"kl_coef": {"distribution": "uniform", "min": 0.001, "max": 0.1}},
@@ -94,7 +96,8 @@ SAMPLER_SPACES = {
 @pytest.mark.parametrize("name", list(SAMPLER_SPACES))
 def test_every_sampler_runs_through_klsweep_search(ray_local, tmp_path, name):
     multi = name == "nsga2"
-    objective = [{"metric": "val", "mode": "max"}, {"metric": "kl", "mode": "min"}] if multi else {"metric": "val", "mode": "max"}
+    val, kl = {"metric": "val", "mode": "max"}, {"metric": "kl", "mode": "min"}
+    objective = [val, kl] if multi else val
     sweep = load_sweep(sweep_file(tmp_path, parameters=SAMPLER_SPACES[name], sampler=name, objective=objective,
                                   budget={"trials": 4}, health="none"))
     if name == "gp" and importlib.util.find_spec("scipy") is None:  # GPSampler imports scipy only when it fits
@@ -105,7 +108,8 @@ def test_every_sampler_runs_through_klsweep_search(ray_local, tmp_path, name):
     sampler = build_sampler(sweep)
     searcher = KlsweepSearch(
         space=define_space(sweep), metric=["val", "kl"] if multi else "val", mode=["max", "min"] if multi else "max",
-        sampler=sampler, study_name="s", storage=storage, overrides_of=functools.partial(trial_overrides, sweep), total_steps=2,
+        sampler=sampler, study_name="s", storage=storage, overrides_of=functools.partial(trial_overrides, sweep),
+        total_steps=2,
     )
     tune.Tuner(
         scored,
@@ -164,7 +168,8 @@ def test_asha_prunes_trials_early_on_one_objective(ray_local, tmp_path):
     assert pruned, [(t.state.name, t.user_attrs) for t in study.trials]
     step2 = {}
     for t in study.trials:
-        rows = [json.loads(line) for line in next((out / "tune").glob(f"*{t.user_attrs['ray_trial_id']}*/result.json")).open()]
+        result = next((out / "tune").glob(f"*{t.user_attrs['ray_trial_id']}*/result.json"))
+        rows = [json.loads(line) for line in result.open()]
         step2[t.number] = rows[1][VAL]
     for t in pruned:
         assert t.user_attrs["steps"] == 2 and t.user_attrs["stop_reason"] == "stopped by the scheduler at step 2"

@@ -35,7 +35,9 @@ def test_only_the_embedded_trainer_brings_defaults_and_a_known_validation_metric
     assert TRAINERS["embedded"].validation_metric == VAL_METRIC
     assert TRAINERS["embedded"].defaults({})["actor_rollout_ref.actor.ppo_mini_batch_size"] == (
         EMBEDDED_DEFAULTS["data.train_batch_size"])
-    assert TRAINERS["embedded"].defaults({"data.train_batch_size": 4})["actor_rollout_ref.actor.ppo_mini_batch_size"] == 4
+    defaults = TRAINERS["embedded"].defaults({"data.train_batch_size": 4})
+    mini_batch = defaults["actor_rollout_ref.actor.ppo_mini_batch_size"]
+    assert mini_batch == 4
     assert [TRAINERS[n].validation_metric for n in ("verl", "replay")] == [None, None]
     assert TRAINERS["verl"].defaults({"data.train_batch_size": 4}) == {}
 

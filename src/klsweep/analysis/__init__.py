@@ -16,7 +16,13 @@ Public API::
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.load import load, load_history, overrides_of, sweep_info
 from klsweep.analysis.pareto import (
-    EmptyFrontWarning, KlScaleWarning, feasible, hypervolume, kl_scale, least_infeasible, pareto_front,
+    EmptyFrontWarning,
+    KlScaleWarning,
+    feasible,
+    hypervolume,
+    kl_scale,
+    least_infeasible,
+    pareto_front,
 )
 
 __all__ = [

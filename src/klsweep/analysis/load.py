@@ -1,4 +1,4 @@
-"""Read a sweep directory into pandas: one row per trial (:func:`load`) or one row per trial step (:func:`load_history`).
+"""Read a sweep directory into pandas: one row per trial (:func:`load`) or one per trial step (:func:`load_history`).
 
 A sweep directory (``runs/<name>/``) holds ``sweep.json`` (the resolved sweep), the Optuna study (``study.db``
 unless another storage was given) and the Ray Tune experiment (``tune/``, one folder per trial with a
@@ -36,14 +36,15 @@ from klsweep.results import (
     ATTR_STOP_REASON,
     ATTR_VERL_OVERRIDES,
     HEALTH,
-    Objective,
     STEP,
     STOP_REASON,
     TOTAL_STEPS,
     TUNE_DIR,
+    Objective,
     SweepRecord,
 )
 from klsweep.verl.metrics import resolve
+
 
 def sweep_info(path: str | Path) -> SweepRecord:
     """The record of a sweep directory (``sweep.json``): name, study, storage, objectives, the resolved sweep.
@@ -76,7 +77,8 @@ def storage_from_url(url: str):
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal://"):]))
-    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else None)
+    engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else None
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
 def _tune_trials(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:

@@ -7,7 +7,6 @@ prints one line per finished trial, so logs stay readable.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +34,8 @@ class SweepProgress(Callback):
         console: where to draw (default: stderr's console); ``quiet=True`` prints only finished trials.
     """
 
-    def __init__(self, total_trials: int, objectives: list[str], *, quiet: bool = False, console: Console | None = None):
+    def __init__(self, total_trials: int, objectives: list[str], *, quiet: bool = False,
+                 console: Console | None = None):
         self._objectives = objectives
         self._rows: dict[str, dict[str, Any]] = {}
         self._done = 0

@@ -1,8 +1,9 @@
 """Optuna samplers by the names a sweep file uses: tpe, gp, nsga2, random, grid, cmaes.
 
 Each is Optuna's own sampler, built for every trial with a seed derived from the sweep seed and the trial number
-(:class:`StudySeededSampler`), so that a resumed sweep continues the study's sequence instead of replaying it. Health stops reach the samplers as the trial constraint
-``health`` (set by :class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
+(:class:`StudySeededSampler`), so that a resumed sweep continues the study's sequence instead of replaying it.
+Health stops reach the samplers as the trial constraint ``health`` (set by
+:class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
             f"cmaes samples numeric, unconditional ranges only, but {', '.join(non_numeric)} "
             "are categorical or conditional (Optuna would sample them at random): use tpe or gp",
         )
-    make = functools.partial(_new_sampler, name, options, trials, _grid_space(sweep) if name == "grid" else None)
     try:
-        return StudySeededSampler(make, seed=sweep.seed)
+        if name == "grid":
+            # GridSampler already keeps its sequence in the study (each trial's grid id is a system attribute) and
+            # shuffles its grid once from the seed: seeded the same in every process, it continues after a resume.
+            return _new_sampler(name, options, trials, _grid_space(sweep), sweep.seed)
+        return StudySeededSampler(functools.partial(_new_sampler, name, options, trials, None), seed=sweep.seed)
     except TypeError as e:
         raise SweepFileError([f"sampler.options: {e} — see the Optuna documentation of the {name} sampler"]) from None
 

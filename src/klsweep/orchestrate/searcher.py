@@ -144,7 +144,13 @@ class KlsweepSearch(OptunaSearch):
         except Exception as e:  # a broken config must not leave the trial RUNNING
             ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, f"unavailable: {e}")
         told = values if len(values) > 1 else values[0]
-        self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+        try:
+            self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+        except RuntimeError as e:
+            # GridSampler.after_trial calls Study.stop() once every grid point ran; outside Study.optimize Optuna
+            # raises, after it stored the trial's state (optuna/study/_tell.py). Tune's num_samples ends the sweep.
+            if "Study.stop" not in str(e):
+                raise
 
     def _outcome(
         self, error: bool, health: str, stop_kind: str, stop_reason: str, early: bool, steps: int,

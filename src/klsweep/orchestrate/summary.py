@@ -65,7 +65,8 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     console.print(f"\n[bold]{title}[/bold]")
     for _, row in best.iterrows():
         values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
-        kl = f", {row['kl_metric']} last={short(row.get('last/ref_kl'))}" if isinstance(row.get("kl_metric"), str) else ""
+        has_kl = isinstance(row.get("kl_metric"), str)
+        kl = f", {row['kl_metric']} last={short(row.get('last/ref_kl'))}" if has_kl else ""
         console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
         for label, command in trainer_kind(sweep.trainer).reproduce(overrides_of(row)):
             if label:

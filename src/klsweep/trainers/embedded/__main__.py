@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         def report(step: int, metrics: dict[str, float]) -> None:
             print(console_line(step, metrics), flush=True)
             if log_file is not None:
-                log_file.write(orjson.dumps({"step": step, "data": metrics}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")  # as verl's FileLogger
+                line = orjson.dumps({"step": step, "data": metrics}, option=orjson.OPT_SERIALIZE_NUMPY)
+                log_file.write(line + b"\n")  # as verl's FileLogger
 
         run(overrides, report, trainer=trainer)
     finally:

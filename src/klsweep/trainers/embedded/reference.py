@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from klsweep.trainers.embedded import task
+from klsweep.trainers.embedded.config import TASK_NAME
 from klsweep.trainers.embedded.model import ModelSize, TinyTransformer, generate
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ CACHE_VERSION = "v2"
 def cache_path(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> Path:
     """Where the reference weights for this task, size and seed are cached."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
-    return root / "klsweep" / "reference" / f"{task.NAME}-{size.name}-s{seed}-sft{SFT_STEPS}-{CACHE_VERSION}.pt"
+    return root / "klsweep" / "reference" / f"{TASK_NAME}-{size.name}-s{seed}-sft{SFT_STEPS}-{CACHE_VERSION}.pt"
 
 
 def load_reference(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> TinyTransformer:

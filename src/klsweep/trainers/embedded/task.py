@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from klsweep.trainers.embedded.config import TASK_NAME as NAME
-
 DIGITS = "0123456789"
 PLUS, EQUALS, EOS, PAD = 10, 11, 12, 13
 VOCAB_SIZE = 14

@@ -35,7 +35,6 @@ from klsweep.trainers.embedded.config import VAL_METRIC, Settings, settings_from
 from klsweep.trainers.embedded.model import TinyTransformer, generate
 from klsweep.trainers.embedded.reference import load_reference
 
-
 CHECKPOINT_FILE = "embedded_trainer.pt"
 
 
