@@ -1,5 +1,7 @@
 """`sweep resume` after the driver was killed with SIGKILL mid-sweep: the study and Tune agree again, nothing is lost
-or run twice, no trial stays RUNNING, the budget is reached, and `budget.trials=N` extends the finished sweep.
+or run twice, no trial stays RUNNING, the budget is reached, `budget.trials=N` extends the finished sweep, and no
+process of the killed driver's private Ray outlives the resume (klsweep.orchestrate._ray_session), while another Ray
+session's processes are never touched.
 
 The sweep runs as a real `sweep run` process (its own private Ray), killed from outside like a lost login node."""
 
@@ -17,6 +19,7 @@ import optuna
 import psutil
 import pytest
 
+from klsweep.orchestrate import _ray_session
 from tests.orchestrate.conftest import sweep_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -67,6 +70,36 @@ def _alive(processes: dict[psutil.Process, str], timeout: float) -> list[str]:
         time.sleep(0.5)
 
 
+def _session_processes(session_dir: str) -> dict[psutil.Process, str]:
+    """Every live process of a Ray session, found with psutil (independently of the module under test): its command
+    line names the session directory, or it holds a file under it open (Ray's workers and agents, whose process
+    title ``ray::<name>`` replaced their arguments), the driver that started it aside."""
+    found = {}
+    for process in psutil.process_iter():
+        try:
+            argv = process.cmdline()
+            named = any(arg == session_dir or session_dir + "/" in arg or arg.endswith("=" + session_dir)
+                        for arg in argv)
+            if named or (argv and argv[0].startswith("ray::")
+                         and any(f.path.startswith(session_dir + "/") for f in process.open_files())):
+                found[process] = " ".join(argv)[:80]
+        except psutil.Error:
+            pass
+    return found
+
+
+def _running(processes: dict[psutil.Process, str]) -> list[str]:
+    """The processes still running now (a zombie or a reused pid counts as gone)."""
+    alive = []
+    for process, name in processes.items():
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{process.pid} {name}")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 def _check_consistent(out: Path, budget: int) -> None:
     study = _study(out)
     trials = study.trials
@@ -100,9 +133,15 @@ def test_resume_after_driver_sigkill(tmp_path):
         assert time.monotonic() < deadline, "two trials did not finish in time"
         time.sleep(0.5)
     ray_processes = {p: " ".join(p.cmdline()[:2]) for p in psutil.Process(driver.pid).children(recursive=True)}
+    recorded = json.loads((out / _ray_session.RAY_SESSION_FILE).read_text())
+    assert recorded["driver"]["pid"] == driver.pid
+    old_session = _session_processes(recorded["session_dir"]) | ray_processes
+    assert {"raylet", "gcs_server"} <= {entry["name"] for entry in recorded["processes"]}
+    assert any("ray::DashboardAgent" in name for name in old_session.values())
     done_before = {t.user_attrs["ray_trial_id"]: (t.state, t.values) for t in _study(out).trials if t.state in FINISHED}
     driver.send_signal(signal.SIGKILL)
     driver.wait()
+    killed_at = time.monotonic()
     # the driver's private Ray goes down with it: GCS, raylet and the trial workers within seconds
     core = {p: name for p, name in ray_processes.items() if "Agent" not in name}
     assert not _alive(core, timeout=10)
@@ -117,17 +156,126 @@ def test_resume_after_driver_sigkill(tmp_path):
             in status.stdout)
     assert running > 0 and "sweep resume" in status.stdout
 
+    left = _running(old_session)
+    resumed_at = time.monotonic()
     resumed = _sweep("resume", str(out), "--quiet")
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
     assert "Traceback" not in resumed.stderr
+    if left and resumed_at - killed_at < 40:  # the agents' own exit comes ~60 s after the kill: the resume ended them
+        assert f"processes of Ray session {recorded['session_name']}" in resumed.stderr, (left, resumed.stderr)
     _check_consistent(out, TRIALS)
     after = {t.user_attrs["ray_trial_id"]: (t.state, t.values) for t in _study(out).trials}
     assert {k: after[k] for k in done_before} == done_before  # finished trials kept as they were, not re-run
 
-    # Ray's DashboardAgent and RuntimeEnvAgent outlive their raylet by 40 s or more; by now (a resume later) they
-    # must be gone too
-    assert not _alive(ray_processes, timeout=30)
+    # Ray's DashboardAgent and RuntimeEnvAgent outlive their raylet by ~60 s; the resume ended them (or they had
+    # ended): nothing of the old session outlives it
+    assert not _running(old_session | _session_processes(recorded["session_dir"]))
+    assert json.loads((out / _ray_session.RAY_SESSION_FILE).read_text())["session_dir"] != recorded["session_dir"]
 
     extended = _sweep("resume", str(out), "budget.trials=8", "--quiet")
     assert extended.returncode in (0, 1), extended.stdout + extended.stderr
     _check_consistent(out, 8)
+
+
+DRIVER = """
+import sys, time
+import ray
+from klsweep.orchestrate import _ray_session
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+ray.get(ray.remote(lambda: 1).remote())  # a worker too
+_ray_session.record_session(sys.argv[1])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_cleanup_ends_every_process_of_a_killed_drivers_ray(tmp_path, capsys):
+    """SIGKILL of a driver that started a private Ray: its agents outlive it by a minute; the next start in the
+    results directory ends every process of that session, agents included, and says so in one line."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        recorded = json.loads((tmp_path / _ray_session.RAY_SESSION_FILE).read_text())
+        session = _session_processes(recorded["session_dir"])
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= {name.split()[0] for name in session.values()}
+    finally:
+        driver.kill()
+        driver.wait()
+    core = {p: name for p, name in session.items() if "Agent" not in name and "ray::" not in name}
+    deadline = time.monotonic() + 15
+    while _running(core) and time.monotonic() < deadline:  # raylet and GCS die with the driver (PR_SET_PDEATHSIG)
+        time.sleep(0.2)
+    assert _running(session), "nothing of the session was left to clean up"
+
+    ended = _ray_session.end_orphaned_session(tmp_path)
+
+    assert not _running(session | _session_processes(recorded["session_dir"]))
+    assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= set(ended)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"ended {len(ended)} processes of Ray session {recorded['session_name']}")
+    assert f"sweep driver {driver.pid} is gone" in line
+    assert not (tmp_path / _ray_session.RAY_SESSION_FILE).exists()
+    assert _ray_session.end_orphaned_session(tmp_path) == []  # nothing recorded any more
+
+
+def _spawn(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+
+def test_cleanup_never_touches_another_ray_session(ray_local, tmp_path, capsys):
+    """The tests' own Ray, a process naming another session (whose name extends the recorded one's), a ``ray::``
+    process holding another session's files, and a non-Ray process reading the recorded session's logs all survive;
+    the recorded session's own processes do not. A record whose driver still runs is left alone."""
+    ours = {p: name for p, name in _session_processes(ray_local._private.worker._global_node.get_session_dir_path())
+            .items() if not name.startswith("ray::") or "Agent" in name}  # workers come and go on their own
+    assert any("raylet" in name for name in ours.values()) and any("Agent" in name for name in ours.values())
+
+    recorded_dir = tmp_path / "ray" / "session_2000-01-01_00-00-00_000000_1"
+    other_dir = tmp_path / "ray" / "session_2000-01-01_00-00-00_000000_12"  # the recorded name is a prefix of it
+    for d in (recorded_dir, other_dir):
+        (d / "logs").mkdir(parents=True)
+    (recorded_dir / "logs" / "raylet.out").touch()
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    spared = {
+        "names another session": _spawn([*sleep, f"--session-dir={other_dir}", f"--log_dir={other_dir}/logs"]),
+        "ray:: holding another session's file": _spawn(
+            ["bash", "-c", f"exec -a ray::Decoy sleep 600 3>>{other_dir}/logs/decoy.out"]),
+        "not Ray, reading the session's log": _spawn(
+            ["bash", "-c", f"exec sleep 600 3<{recorded_dir}/logs/raylet.out"]),
+    }
+    ended_expected = {
+        "names the session": _spawn([*sleep, f"--session-dir={recorded_dir}"]),
+        "ray:: holding the session's file": _spawn(
+            ["bash", "-c", f"exec -a ray::Mine sleep 600 3>>{recorded_dir}/logs/worker.out"]),
+    }
+    children = {**spared, **ended_expected}
+    try:
+        time.sleep(1.0)  # bash has exec'd, python is up
+        record = {"session_dir": str(recorded_dir), "session_name": recorded_dir.name, "processes": [],
+                  "driver": {"pid": 0, "start_ticks": 0}}  # no process has pid 0: the driver is gone
+        path = tmp_path / _ray_session.RAY_SESSION_FILE
+
+        # while the recording driver runs, nothing is touched
+        live = spared["names another session"].pid
+        path.write_text(json.dumps(record | {"driver": {"pid": live, "start_ticks": _ray_session._start_ticks(live)}}))
+        assert _ray_session.end_orphaned_session(tmp_path) == []
+        assert f"sweep driver {live} that recorded" in capsys.readouterr().err
+        assert all(process.poll() is None for process in children.values())
+
+        # once it is gone, only the recorded session's processes end
+        path.write_text(json.dumps(record))
+        ended = _ray_session.end_orphaned_session(tmp_path)
+        assert len(ended) == 2 and "ray::Mine" in ended, ended
+        for what, process in ended_expected.items():
+            assert process.wait(timeout=5) is not None, what
+        for what, process in spared.items():
+            assert process.poll() is None, f"{what}: ended"
+        assert len(_running(ours)) == len(ours), f"the tests' own Ray lost some of {sorted(ours.values())}"
+        assert ray_local.get(ray_local.put(1)) == 1
+    finally:
+        for process in children.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()

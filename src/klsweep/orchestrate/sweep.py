@@ -137,10 +137,15 @@ def _preflight(sweep) -> None:
 
 
 def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
-    """Start a private local Ray, or join the cluster of ``--address`` (or of the sweep's launch profile)."""
+    """Start a private local Ray, or join the cluster of ``--address`` (or of the sweep's launch profile).
+
+    First ends what a killed driver left of the private Ray it recorded in ``out_dir``; a private Ray started here is
+    recorded there in turn (:mod:`klsweep.orchestrate._ray_session`).
+    """
     import ray
 
     from klsweep.launchers import ray_address
+    from klsweep.orchestrate import _ray_session
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Validation metrics come every trainer.test_freq steps, not in every result; KlsweepSearch handles the gaps and
@@ -149,12 +154,14 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own tables off (verbose=0): SweepProgress draws ours
     if ray.is_initialized():
         return
+    _ray_session.end_orphaned_session(out_dir)
     address = ray_address(sweep.launcher, address)
     if address:
         ray.init(address=address, log_to_driver=False)
         return
     cpus = max(os.cpu_count() or 1, int(sweep.budget.max_concurrent * sweep.budget.resources.cpu))
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    _ray_session.record_session(out_dir)
 
 
 def _searcher(sweep, record: SweepRecord, out_dir: Path, *, seed_trials: bool):
