@@ -9,6 +9,7 @@ A sweep directory (``runs/<name>/`` or ``--out``)::
     tune/           the Ray Tune experiment: one folder per trial with result.json (one JSON object per report)
     trials.csv      one row per trial (klsweep.analysis.load)
     report/         report.html and PNGs (sweep report)
+    ray_session.json  the driver's private local Ray, ended by the next start if the driver was killed
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ STUDY_DB = "study.db"
 TUNE_DIR = "tune"
 TRIALS_CSV = "trials.csv"
 REPORT_DIR = "report"
+#: klsweep.orchestrate._ray_session: the session of the driver's private local Ray
+RAY_SESSION_FILE = "ray_session.json"
 
 # -- keys of every result a trial reports to Ray Tune (besides verl's metric names)
 #: the trainer's global step after the reported update (verl's ``step`` of its file logger)

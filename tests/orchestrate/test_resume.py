@@ -36,7 +36,7 @@ def _sweep(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 
 def _study(out: Path) -> optuna.Study:
     info = json.loads((out / "sweep.json").read_text())
-    return optuna.load_study(study_name=info["study_name"], storage=info["storage"])
+    return optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
 
 
 def _finished(out: Path) -> int:
@@ -107,6 +107,8 @@ def _check_consistent(out: Path, budget: int) -> None:
     ray_ids = [t.user_attrs.get("ray_trial_id") for t in trials]
     assert None not in ray_ids and len(set(ray_ids)) == len(ray_ids)  # each Tune trial told once
     assert len(trials) == budget and all(t.state in FINISHED for t in trials)
+    params = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(params)) == len(params)  # no parameter set proposed twice across the resume (optuna#3255)
     tune_ids = _tune_trial_ids(out)
     assert set(ray_ids) <= set(tune_ids)  # every study trial ran as a Tune trial
     # A trial in flight when the driver died, whose start the driver had not saved yet, is re-run by the resumed
@@ -279,3 +281,22 @@ def test_cleanup_never_touches_another_ray_session(ray_local, tmp_path, capsys):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_overwrite_ends_the_killed_drivers_ray(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(out)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        recorded = json.loads((out / _ray_session.RAY_SESSION_FILE).read_text())
+        session = _session_processes(recorded["session_dir"])
+    finally:
+        driver.kill()
+        driver.wait()
+    path = sweep_file(tmp_path, "again", budget={"trials": 1, "max_steps": 2})
+    rerun = _sweep("run", path, "--out", str(out), "--overwrite", "--quiet")
+    assert rerun.returncode in (0, 1), rerun.stdout + rerun.stderr
+    assert not _running(session | _session_processes(recorded["session_dir"]))
+    assert f"processes of Ray session {recorded['session_name']}" in rerun.stderr

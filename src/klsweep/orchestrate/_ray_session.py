@@ -41,8 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-#: The record in the results directory (next to ``sweep.json``).
-RAY_SESSION_FILE = "ray_session.json"
+from klsweep.results import RAY_SESSION_FILE
+
 #: Seconds between SIGTERM and SIGKILL when ending an orphaned session (Ray's own reaper waits 1 s,
 #: ``ray/_private/ray_process_reaper.py``; the agents, blocked on the dead GCS, need the SIGKILL).
 GRACE_S = 1.0

@@ -1,4 +1,4 @@
-"""``sweep run``: a sweep file becomes Ray Tune trials proposed by Optuna, stopped by health rules, saved to runs/<name>/.
+"""``sweep run``: a sweep file becomes Ray Tune trials proposed by Optuna, stopped by health rules, saved in runs/.
 
 The flow: load and validate the sweep file → preflight every seed trial's verl config → Ray (private local Ray, or
 ``--address`` for a cluster) → ``Tuner`` with :class:`~klsweep.orchestrate.searcher.KlsweepSearch` (Optuna study in
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from klsweep.analysis.load import storage_from_url, study_of
 from klsweep.errors import ResultsError
+from klsweep.orchestrate import _ray_session
 from klsweep.results import SWEEP_FILE, TRIALS_CSV, TUNE_DIR, SweepRecord, default_storage
 
 
@@ -33,6 +34,7 @@ def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
 
 def _prepare_out(out: Path, *, overwrite: bool) -> None:
     if overwrite and out.exists():
+        _ray_session.end_orphaned_session(out)  # the record of a killed driver's Ray goes with the directory
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -145,7 +147,6 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
     import ray
 
     from klsweep.launchers import ray_address
-    from klsweep.orchestrate import _ray_session
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Validation metrics come every trainer.test_freq steps, not in every result; KlsweepSearch handles the gaps and
