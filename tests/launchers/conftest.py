@@ -11,15 +11,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from klsweep.launchers import process
+from klsweep.trainers import TRAINERS, TrainerKind
 
 HERE = Path(__file__).resolve().parent
+
+#: ``tests/launchers/fake_trainer.py`` as a process trainer (``python -m fake_trainer`` with HERE on PYTHONPATH).
+FAKE = TrainerKind("fake", "a scripted trainer for the launcher tests", module="fake_trainer", in_process=None)
 
 
 @pytest.fixture
 def fake_trainer(monkeypatch):
     """Registers ``tests/launchers/fake_trainer.py`` as trainer ``fake`` (``python -m fake_trainer``)."""
-    monkeypatch.setitem(process.TRAINER_MODULES, "fake", "fake_trainer")
+    monkeypatch.setitem(TRAINERS, "fake", FAKE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     return "fake"
 

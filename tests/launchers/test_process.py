@@ -112,7 +112,9 @@ def test_stop_ends_the_whole_tree(fake_trainer, tmp_path, ignore_term):
 DRIVER = """
 import sys
 from klsweep.launchers import process
-process.TRAINER_MODULES["fake"] = "fake_trainer"
+from klsweep.trainers import TRAINERS
+from tests.launchers.conftest import FAKE
+TRAINERS["fake"] = FAKE
 process.run_process_trial({"steps": 2, "hang": 1, "grandchildren": 1}, trainer="fake", trial_dir=sys.argv[1],
                           report=lambda m: print(m, flush=True))
 """

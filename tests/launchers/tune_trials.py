@@ -24,10 +24,12 @@ def fake_trial(config):
     from ray import tune
 
     from klsweep.launchers import process
+    from klsweep.trainers import TRAINERS
+    from tests.launchers.conftest import FAKE
 
     config = dict(config)
     os.environ["FAKE_TRAINER_STDERR"] = config.pop("stderr", "")
-    process.TRAINER_MODULES["fake"] = "fake_trainer"
+    TRAINERS["fake"] = FAKE
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     start = time.time()
     process.run_process_trial(config, trainer="fake")

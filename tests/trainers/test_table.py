@@ -54,3 +54,15 @@ def test_reproduce_commands_drop_embedded_sizes_from_the_verl_line():
 
 def test_a_replay_trial_has_no_command_to_reproduce_it():
     assert TRAINERS["replay"].reproduce({"algorithm.kl_ctrl.kl_coef": 0.002}) == []
+
+
+def test_process_mode_is_the_tables_module_and_replay_has_none(tmp_path):
+    from klsweep.launchers.process import trial_command
+
+    argv, _ = trial_command({"trainer.total_training_steps": 2}, trainer="embedded", trial_dir=tmp_path)
+    assert argv[1:4] == ["-m", "klsweep.trainers.embedded", "trainer.total_training_steps=2"]
+    argv, _ = trial_command({}, trainer="verl", trial_dir=tmp_path)
+    assert argv[1:3] == ["-m", "verl.trainer.main_ppo"] and "trainer.default_local_dir=" + str(
+        tmp_path.resolve() / "checkpoints") in argv  # verl's managed keys only for verl
+    with pytest.raises(ValueError, match="trainer 'replay' has no process mode; use one of: embedded, verl"):
+        trial_command({}, trainer="replay", trial_dir=tmp_path)

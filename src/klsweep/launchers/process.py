@@ -35,9 +35,8 @@ from typing import Any
 from klsweep.launchers import supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import Failure, TrialFailed, classify
+from klsweep.trainers import TRAINERS, VERL_MODULE, trainer_kind
 from klsweep.verl.config import format_overrides
-
-TRAINER_MODULES = {"verl": "verl.trainer.main_ppo", "embedded": "klsweep.trainers.embedded"}
 
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
 #: trial, because trainer.resume_mode=auto resumes from whatever checkpoint sits in default_local_dir.
@@ -82,14 +81,16 @@ def trial_command(
         ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl`` and none of :data:`DROPPED_ENV`.
 
     Raises:
-        ValueError: ``trainer`` is not one of :data:`TRAINER_MODULES`.
+        ValueError: ``trainer`` is not a trainer of :data:`klsweep.trainers.TRAINERS` with a process mode.
     """
-    if trainer not in TRAINER_MODULES:
-        raise ValueError(f"trainer {trainer!r} has no process mode; use one of: {', '.join(TRAINER_MODULES)}")
+    module = trainer_kind(trainer).module
+    if module is None:
+        with_process = [name for name, kind in TRAINERS.items() if kind.module]
+        raise ValueError(f"trainer {trainer!r} has no process mode; use one of: {', '.join(with_process)}")
     trial_dir = Path(trial_dir).resolve()
     run_dir = attempt_dir(trial_dir, attempt)
     values = dict(overrides)
-    if trainer == "verl":
+    if module == VERL_MODULE:
         values = {k: v for k, v in values.items() if k.lstrip("+") not in MANAGED_VERL_KEYS}
         logger = values.pop("trainer.logger", ["console"])
         logger = [logger] if isinstance(logger, str) else list(logger)
@@ -99,7 +100,7 @@ def trial_command(
         values["trainer.logger"] = logger + ([] if "file" in logger else ["file"])
         if not any(k.lstrip("+") == RAY_INIT_ADDRESS_KEY.lstrip("+") for k in values):
             values[RAY_INIT_ADDRESS_KEY] = "local"
-    argv = [sys.executable, "-m", TRAINER_MODULES[trainer], *format_overrides(values)]
+    argv = [sys.executable, "-m", module, *format_overrides(values)]
 
     env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in DROPPED_ENV}
     env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
