@@ -47,7 +47,7 @@ def descendants(pid: int) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        stat = _stat(int(entry.name))
+        stat = proc_stat(int(entry.name))
         if stat is not None and stat[0] != "Z":
             children.setdefault(stat[1], []).append(int(entry.name))
     found: list[int] = []
@@ -59,7 +59,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, start time in clock ticks) of ``pid`` from ``/proc/<pid>/stat``, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -71,7 +71,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _alive(pid: int, start_ticks: int) -> bool:
-    stat = _stat(pid)
+    stat = proc_stat(pid)
     return stat is not None and stat[0] not in ("Z", "X") and stat[2] == start_ticks
 
 
@@ -145,7 +145,7 @@ def start(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     watch_pid = os.getpid() if watch_pid is None else watch_pid
-    watch_stat = _stat(watch_pid)
+    watch_stat = proc_stat(watch_pid)
     if watch_stat is None:
         raise RuntimeError(f"cannot supervise: the watched process {watch_pid} does not exist")
     spec = {

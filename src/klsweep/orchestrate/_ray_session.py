@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from klsweep.launchers.supervisor import proc_stat
 from klsweep.results import RAY_SESSION_FILE
 
 #: Seconds between SIGTERM and SIGKILL when ending an orphaned session (Ray's own reaper waits 1 s,
@@ -206,10 +207,5 @@ def _signal(pid: int, ticks: int, sig: int) -> bool:
 def _start_ticks(pid: int) -> int | None:
     """The start time of a live (not zombie) process in clock ticks since boot (``/proc/<pid>/stat`` field 22): with
     the pid, it names one process even after the pid is reused. None if it is gone, a zombie, or off Linux."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    stat = proc_stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[2]
