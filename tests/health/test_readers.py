@@ -8,6 +8,8 @@ import math
 import pytest
 
 from klsweep.errors import TraceReadError
+from klsweep.health import load_ruleset
+from klsweep.health.check import backtest
 from klsweep.health.readers import parse_value, read_trace
 from tests.conftest import GRPO, PPO_CONSOLE, trace
 
@@ -107,7 +109,7 @@ def test_unreadable_inputs_raise_trace_read_error(tmp_path):
         read_trace(tmp_path / "dir.log")
 
 
-def test_jsonl_with_nan_and_infinity_as_verls_file_logger_writes_them(tmp_path):
+def test_jsonl_with_nan_and_infinity_as_pythons_json_writes_them(tmp_path):
     path = tmp_path / "run.jsonl"
     rows = [
         {"step": 1, "data": {"actor/grad_norm": math.nan, "actor/pg_loss": 0.5}},
@@ -116,3 +118,23 @@ def test_jsonl_with_nan_and_infinity_as_verls_file_logger_writes_them(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows))  # json.dumps writes NaN / -Infinity
     t = read_trace(path)
     assert math.isnan(t.reports[0][1]["actor/grad_norm"]) and t.reports[1][1]["actor/pg_loss"] == -math.inf
+
+
+def test_nan_and_infinity_written_by_verls_own_file_logger_are_non_finite(tmp_path, monkeypatch):
+    # verl 0.9.1's FileLogger writes with orjson, which spells NaN, inf and -inf as null
+    from verl.utils.tracking import FileLogger
+
+    path = tmp_path / "run.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    logger = FileLogger("p", "e")
+    logger.log({"actor/pg_loss": 0.5, "actor/grad_norm": 1.0}, step=1)
+    logger.log({"actor/pg_loss": math.nan, "actor/grad_norm": math.inf, "actor/kl_loss": -math.inf}, step=2)
+    logger.finish()
+    assert b"null" in path.read_bytes()
+    (_, first), (_, second) = read_trace(path).reports
+    assert first == {"actor/pg_loss": 0.5, "actor/grad_norm": 1.0}
+    assert set(second) == {"actor/pg_loss", "actor/grad_norm", "actor/kl_loss"}
+    assert all(math.isnan(v) for v in second.values())
+
+    _, summary = backtest(read_trace(path), load_ruleset("default"))
+    assert summary["verdict"] == "stopped" and summary["stop_step"] == 2 and "nonfinite" in summary["stop_reason"]

@@ -106,6 +106,15 @@ def _decode(line: str) -> Any:
         return json.loads(line)
 
 
+def _nulls_as_nan(data: dict[str, Any]) -> dict[str, Any]:
+    """verl 0.9.1's ``FileLogger.log`` (verl/utils/tracking.py) writes with ``orjson.dumps``, which writes NaN, inf
+    and -inf as ``null``: in a verl file-logger line a ``null`` metric is a non-finite value (its sign is lost), not
+    a metric left out. NaN stands for all three, which every health rule reads as non-finite."""
+    if None not in data.values():
+        return data
+    return {k: math.nan if v is None else v for k, v in data.items()}
+
+
 def _read_json_lines(path: Path, text: str) -> Trace:
     trace = Trace(path, "verl-jsonl")
     for line in text.splitlines():
@@ -121,7 +130,7 @@ def _read_json_lines(path: Path, text: str) -> Trace:
             trace.skipped += 1
             continue
         if isinstance(obj.get("data"), dict):
-            trace.reports.append((_int(obj.get("step")), obj["data"]))
+            trace.reports.append((_int(obj.get("step")), _nulls_as_nan(obj["data"])))
         elif "training_iteration" in obj:
             trace.format = "tune-result-json"
             if trace.config is None and isinstance(obj.get("config"), dict):
