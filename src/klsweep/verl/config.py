@@ -54,6 +54,7 @@ KL_COEF_KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_co
 
 _SAFE_BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 _BARE_WORDS = {"true", "false", "null", "none", "nan", "inf", "on", "off", "yes", "no"}
+_BACKSLASHES_BEFORE_QUOTE = re.compile(r"\\+(?='|\Z)")
 
 
 def format_value(value: Any) -> str:
@@ -78,10 +79,19 @@ def format_value(value: Any) -> str:
     if isinstance(value, str):
         if _SAFE_BARE.match(value) and value.lower() not in _BARE_WORDS:
             return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return _quote(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(v) for v in value) + "]"
     raise OverrideError(f"value {value!r} of type {type(value).__name__} cannot be passed to verl as an override")
+
+
+def _quote(value: str) -> str:
+    """``value`` as a single-quoted Hydra string. In a quoted value Hydra reads a backslash literally unless it
+    precedes a quote or the closing quote (there, ``\\`` is one backslash and ``\\'`` a quote): only those runs of
+    backslashes are doubled, so ``C:\\data`` keeps one backslash (Hydra's unescaping of quoted strings,
+    hydra/core/override_parser/overrides_visitor.py; docs "Override grammar: escaped characters in quoted values")."""
+    escaped = _BACKSLASHES_BEFORE_QUOTE.sub(lambda m: m.group(0) * 2, value)
+    return "'" + escaped.replace("'", "\\'") + "'"
 
 
 def format_overrides(overrides: Mapping[str, Any]) -> list[str]:
