@@ -1,5 +1,5 @@
-"""Preflight of raw verl override dicts: batch arithmetic (verl#2505), required keys, bool types,
-the warning for a KL mechanism on with coefficient 0 (verl#6519)."""
+"""Preflight of raw verl override dicts: batch arithmetic (verl#2505), required keys and micro-batch sizes as verl's
+own validate_config requires them, bool types, the warning for a KL mechanism on with coefficient 0 (verl#6519)."""
 
 from __future__ import annotations
 
@@ -107,3 +107,32 @@ def test_k04_negative_coefficient_needs_the_opt_in():
                  A + "actor.ppo_mini_batch_size": 10, A + "actor.kl_loss_coef": -0.01}
     assert any("is negative" in p for p in _problems(overrides, trainer="embedded"))
     assert preflight(overrides, trainer="embedded", allow_negative_kl=True) == []
+
+
+def test_dynamic_batch_sizes_need_no_micro_batch_sizes():
+    """verl's validate_config asks for the log-prob micro-batches (and ActorConfig for the actor's) only without
+    actor.use_dynamic_bsz; the critic's follows critic.use_dynamic_bsz, which defaults to the actor's."""
+    micro = [A + "rollout.log_prob_micro_batch_size_per_gpu", A + "ref.log_prob_micro_batch_size_per_gpu",
+             A + "actor.ppo_micro_batch_size_per_gpu"]
+    dynamic = {k: v for k, v in REAL_VERL.items() if k not in micro}
+    dynamic[A + "actor.use_dynamic_bsz"] = True
+    assert preflight({**preset_overrides("grpo", "loss"), **dynamic}, trainer="verl") == []
+    ppo = {**preset_overrides("ppo", "reward"), **dynamic, "critic.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
+           "critic.ppo_mini_batch_size": 8}
+    assert preflight(ppo, trainer="verl") == []
+    # without dynamic batch sizes each one is required, the critic's included
+    lines = _problems({**ppo, A + "actor.use_dynamic_bsz": False})
+    required = {p.split(" is required")[0] for p in lines if "is required with trainer: verl" in p}
+    assert required == {*micro, "critic.ppo_micro_batch_size_per_gpu"}
+    assert all("unless" in p and "use_dynamic_bsz=true" in p for p in lines)
+
+
+def test_micro_batch_sizes_follow_verl_deprecated_form_accepted_both_refused():
+    grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
+    del grpo[A + "rollout.log_prob_micro_batch_size_per_gpu"]
+    # verl accepts the deprecated global size in place of the per-GPU one ...
+    assert preflight({**grpo, A + "rollout.log_prob_micro_batch_size": 16}, trainer="verl") == []
+    # ... but not both
+    (line,) = _problems({**grpo, A + "rollout.log_prob_micro_batch_size": 16,
+                         A + "rollout.log_prob_micro_batch_size_per_gpu": 4})
+    assert "are both set" in line and f"Remove {A}rollout.log_prob_micro_batch_size " in line

@@ -2,8 +2,9 @@
 
 One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
 closest valid key), check the values verl only rejects after the first rollout
-(:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the keys a real verl run needs, and the
-installed verl version. ~10 ms per config after the first (~1 s).
+(:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the keys a real verl run needs (as
+``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require them), and the installed
+verl version. ~10 ms per config after the first (~1 s).
 """
 
 from __future__ import annotations
@@ -145,23 +146,50 @@ def _batch_problems(value, trainer: str) -> list[tuple[str, str]]:
 
 
 def _required(overrides: Mapping[str, Any], value) -> list[tuple[str, str]]:
-    """Keys a real verl run needs that verl's defaults do not give (placeholders such as ~/models/...)."""
+    """Keys a real verl run needs that verl's defaults do not give (placeholders such as ~/models/...), and the
+    micro-batch sizes verl requires: exactly one of ``X_micro_batch_size`` (deprecated) and
+    ``X_micro_batch_size_per_gpu`` for the actor update, the rollout's and (KL on) the reference's log-prob passes,
+    unless ``actor.use_dynamic_bsz`` (``verl.utils.config.validate_config``, ``ActorConfig.__post_init__``), and for
+    the critic update unless ``critic.use_dynamic_bsz`` (``CriticConfig.__post_init__``, verl/workers/config)."""
     need = {
         A + "rollout.name": "the inference engine: vllm, sglang or trtllm (verl has no CPU rollout)",
         A + "model.path": "the actor model (a Hugging Face id or local path); the reference model is the same",
         "data.train_files": "the training parquet file(s)",
         "data.val_files": "the validation parquet file(s)",
-        A + "rollout.log_prob_micro_batch_size_per_gpu": "micro-batch of the rollout's log-prob pass",
     }
-    if not value(A + "actor.use_dynamic_bsz") and value(A + "actor.ppo_micro_batch_size") is None:
-        need[A + "actor.ppo_micro_batch_size_per_gpu"] = "micro-batch of the actor update"
-    if value("algorithm.adv_estimator") == "gae":
-        need["critic.model.path"] = "the critic model: gae needs one and verl does not default it to the actor's"
-        need["critic.ppo_micro_batch_size_per_gpu"] = "micro-batch of the critic update"
-    if value(A + "actor.use_kl_loss") or value("algorithm.use_kl_in_reward"):
-        need[A + "ref.log_prob_micro_batch_size_per_gpu"] = "micro-batch of the reference log-prob pass (KL is on)"
-    return [(key, f"{key} is required with trainer: verl — {why}; set it in overrides")
-            for key, why in need.items() if key not in overrides and f"+{key}" not in overrides]
+    critic = _uses_critic(value)
+    if critic:
+        need["critic.model.path"] = ("the critic model: verl builds a critic (gae, or critic.enable) and does "
+                                     "not default it to the actor's")
+    out = [(key, f"{key} is required with trainer: verl — {why}; set it in overrides")
+           for key, why in need.items() if key not in overrides and f"+{key}" not in overrides]
+
+    dynamic = A + "actor.use_dynamic_bsz"
+    micro: list[tuple[str, str, str]] = []  # (deprecated key, what it sizes, the switch that makes it unnecessary)
+    if not value(dynamic):
+        micro.append((A + "actor.ppo_micro_batch_size", "micro-batch of the actor update", dynamic))
+        micro.append((A + "rollout.log_prob_micro_batch_size", "micro-batch of the rollout's log-prob pass", dynamic))
+        if value(A + "actor.use_kl_loss") or value("algorithm.use_kl_in_reward"):
+            micro.append((A + "ref.log_prob_micro_batch_size", "micro-batch of the reference log-prob pass (KL is on)",
+                          dynamic))
+    if critic and not value("critic.use_dynamic_bsz"):
+        micro.append(("critic.ppo_micro_batch_size", "micro-batch of the critic update", "critic.use_dynamic_bsz"))
+    for old, why, switch in micro:
+        per_gpu = old + "_per_gpu"
+        old_value, per_gpu_value = value(old), value(per_gpu)
+        if old_value is None and per_gpu_value is None:
+            out.append((per_gpu, f"{per_gpu} is required with trainer: verl — {why}; verl refuses to start without "
+                        f"it unless {switch}=true. Set it in overrides (or set {switch}=true)"))
+        elif old_value is not None and per_gpu_value is not None:
+            out.append((old, f"{old}={old_value} and {per_gpu}={per_gpu_value} are both set: verl refuses both "
+                        f"(the former is deprecated). Remove {old} and keep {per_gpu}"))
+    return out
+
+
+def _uses_critic(value) -> bool:
+    """Whether verl builds a critic: ``critic.enable`` if set, else gae (``verl.trainer.ppo.utils.need_critic``)."""
+    enable = value("critic.enable")
+    return bool(enable) if enable is not None else value("algorithm.adv_estimator") == "gae"
 
 
 def _zero_coef(value) -> list[tuple[str, str]]:
