@@ -1,5 +1,6 @@
 """Preflight of raw verl override dicts: batch arithmetic (verl#2505), required keys and micro-batch sizes as verl's
-own validate_config requires them, bool types, the warning for a KL mechanism on with coefficient 0 (verl#6519)."""
+own validate_config requires them, flash-attn for verl's default attention, bool types, the warning for a KL mechanism
+on with coefficient 0 (verl#6519)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ REAL_VERL = {
 }
 
 
+#: verl's default attention (flash_attention_2) is not installed: the fallback, as preflight's message gives it
+SDPA = {"+" + A + "model.override_config.attn_implementation": "sdpa", A + "model.use_remove_padding": False}
+
+
 def _problems(overrides, trainer="verl", **kw) -> list[str]:
+    kw.setdefault("has_flash_attn", True)
     with pytest.raises(PreflightError) as e:
         preflight(overrides, trainer=trainer, **kw)
     return str(e.value).splitlines()
@@ -36,7 +42,7 @@ def _problems(overrides, trainer="verl", **kw) -> list[str]:
 def test_a_complete_grpo_config_passes():
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
     # 16 prompts × 5 samples = 80 over 4 GPUs; mini-batch share 8 × 5 / 4 = 10, micro 2 divides it
-    assert preflight(grpo, trainer="verl") == []
+    assert preflight(grpo, trainer="verl", has_flash_attn=True) == []
 
 
 def test_micro_batch_larger_than_the_per_gpu_share_shows_the_arithmetic():
@@ -82,7 +88,7 @@ def test_required_keys_for_real_verl():
 def test_ref_micro_batch_only_when_a_reference_is_needed():
     no_kl = {**preset_overrides("drgrpo", "none"), **REAL_VERL}
     del no_kl[A + "ref.log_prob_micro_batch_size_per_gpu"]
-    assert preflight(no_kl, trainer="verl") == []
+    assert preflight(no_kl, trainer="verl", has_flash_attn=True) == []
 
 
 def test_k07_string_where_verl_has_a_bool():
@@ -116,10 +122,10 @@ def test_dynamic_batch_sizes_need_no_micro_batch_sizes():
              A + "actor.ppo_micro_batch_size_per_gpu"]
     dynamic = {k: v for k, v in REAL_VERL.items() if k not in micro}
     dynamic[A + "actor.use_dynamic_bsz"] = True
-    assert preflight({**preset_overrides("grpo", "loss"), **dynamic}, trainer="verl") == []
+    assert preflight({**preset_overrides("grpo", "loss"), **dynamic}, trainer="verl", has_flash_attn=True) == []
     ppo = {**preset_overrides("ppo", "reward"), **dynamic, "critic.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
            "critic.ppo_mini_batch_size": 8}
-    assert preflight(ppo, trainer="verl") == []
+    assert preflight(ppo, trainer="verl", has_flash_attn=True) == []
     # without dynamic batch sizes each one is required, the critic's included
     lines = _problems({**ppo, A + "actor.use_dynamic_bsz": False})
     required = {p.split(" is required")[0] for p in lines if "is required with trainer: verl" in p}
@@ -131,8 +137,64 @@ def test_micro_batch_sizes_follow_verl_deprecated_form_accepted_both_refused():
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
     del grpo[A + "rollout.log_prob_micro_batch_size_per_gpu"]
     # verl accepts the deprecated global size in place of the per-GPU one ...
-    assert preflight({**grpo, A + "rollout.log_prob_micro_batch_size": 16}, trainer="verl") == []
+    assert preflight({**grpo, A + "rollout.log_prob_micro_batch_size": 16}, trainer="verl",
+                     has_flash_attn=True) == []
     # ... but not both
     (line,) = _problems({**grpo, A + "rollout.log_prob_micro_batch_size": 16,
                          A + "rollout.log_prob_micro_batch_size_per_gpu": 4})
     assert "are both set" in line and f"Remove {A}rollout.log_prob_micro_batch_size " in line
+
+
+def test_flash_attention_missing_is_refused_with_the_sdpa_fallback():
+    grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
+    (line,) = _problems(grpo, has_flash_attn=False)
+    assert line.startswith(A + "model.override_config.attn_implementation is flash_attention_2 (verl's default) "
+                           "but flash-attn is not installed")
+    assert "pip install flash-attn" in line
+    assert f"+{A}model.override_config.attn_implementation=sdpa and {A}model.use_remove_padding=false" in line
+    explicit = {**grpo, "+" + A + "model.override_config.attn_implementation": "flash_attention_2"}
+    (line,) = _problems(explicit, has_flash_attn=False,
+                        where={"+" + A + "model.override_config.attn_implementation": "s.yaml:3"})
+    assert line.startswith(f"s.yaml:3: {A}model.override_config.attn_implementation is flash_attention_2 but")
+    # the fallback the message gives composes and passes
+    assert preflight({**grpo, **SDPA}, trainer="verl", has_flash_attn=False) == []
+    # sdpa alone keeps verl's padding-free path, which packs sequences for flash-attn
+    (line,) = _problems({**grpo, **SDPA, A + "model.use_remove_padding": True}, has_flash_attn=False,
+                        where={A + "model.use_remove_padding": "s.yaml:4"})
+    assert line.startswith(f"s.yaml:4: {A}model.use_remove_padding=true but flash-attn is not installed")
+    # with flash-attn installed, verl's defaults are fine; the embedded trainer never asks
+    assert preflight(grpo, trainer="verl", has_flash_attn=True) == []
+    assert preflight(preset_overrides("grpo", "loss", base={"data.train_batch_size": 10,
+                                                            A + "actor.ppo_mini_batch_size": 10}),
+                     trainer="embedded", has_flash_attn=False) == []
+
+
+def test_the_critic_needs_flash_attention_whatever_its_override_config():
+    """verl 0.9.1 loads the value model with attn_implementation="flash_attention_2" hard-coded
+    (verl/utils/model.py load_valuehead_model): there is no sdpa fallback for PPO's critic."""
+    ppo = {**preset_overrides("ppo", "reward"), **REAL_VERL, **SDPA, "critic.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
+           "critic.ppo_micro_batch_size_per_gpu": 2, "critic.ppo_mini_batch_size": 8,
+           "+critic.model.override_config.attn_implementation": "sdpa", "critic.model.use_remove_padding": False}
+    (line,) = _problems(ppo, has_flash_attn=False)
+    assert line.startswith("the critic (algorithm.adv_estimator=gae, or critic.enable) needs flash-attn")
+    assert "load_valuehead_model" in line and "pip install flash-attn" in line
+    assert preflight(ppo, trainer="verl", has_flash_attn=True) == []
+
+
+def test_flash_attention_presence_defaults_to_this_python(monkeypatch):
+    import importlib.util
+
+    grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
+    real = importlib.util.find_spec
+    for installed in (False, True):
+        def find_spec(name, *args, installed=installed):
+            if name == "flash_attn":
+                return importlib.machinery.ModuleSpec("flash_attn", None) if installed else None
+            return real(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        if installed:
+            assert preflight(grpo, trainer="verl") == []
+        else:
+            with pytest.raises(PreflightError, match="flash-attn is not installed"):
+                preflight(grpo, trainer="verl")

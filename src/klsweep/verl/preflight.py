@@ -3,14 +3,15 @@
 One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
 closest valid key), check the values verl only rejects after the first rollout
 (:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the keys a real verl run needs (as
-``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require them), and the installed
-verl version. ~10 ms per config after the first (~1 s).
+``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require them), that the models'
+attention implementation is installed, and the installed verl version. ~10 ms per config after the first (~1 s).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ def preflight(
     trainer: str,
     allow_negative_kl: bool = False,
     where: Mapping[str, str] | None = None,
+    has_flash_attn: bool | None = None,
 ) -> list[str]:
     """Check one trial's flat verl overrides.
 
@@ -37,6 +39,8 @@ def preflight(
             ``trainer.n_gpus_per_node``, and the keys a real run needs).
         allow_negative_kl: the sweep's opt-in for negative KL coefficients.
         where: verl key → ``FILE:LINE`` of the sweep-file entry it came from, put in front of each message.
+        has_flash_attn: whether the ``flash_attn`` package is importable where the trials run; None (the default)
+            looks in this Python (``importlib.util.find_spec("flash_attn")``). Only ``trainer: verl`` uses it.
 
     Returns:
         warnings (one line each), e.g. a KL mechanism on with coefficient 0 (verl#6519).
@@ -47,7 +51,8 @@ def preflight(
     where = where or {}
 
     def at(key: str, message: str) -> str:
-        return f"{where[key]}: {message}" if key in where else message
+        line = where.get(key) or where.get(f"+{key}")
+        return f"{line}: {message}" if line else message
 
     problems: list[str] = []
     installed = _installed_verl()
@@ -70,6 +75,10 @@ def preflight(
     problems += [at(k, m) for k, m in _batch_problems(value, trainer)]
     if trainer == "verl":
         problems += [at(k, m) for k, m in _required(overrides, value)]
+        if has_flash_attn is None:
+            has_flash_attn = importlib.util.find_spec("flash_attn") is not None
+        if not has_flash_attn:
+            problems += [at(k, m) for k, m in _attention(value)]
     if problems:
         raise PreflightError("\n".join(problems))
     return [at(k, m) for k, m in _zero_coef(value)]
@@ -190,6 +199,47 @@ def _uses_critic(value) -> bool:
     """Whether verl builds a critic: ``critic.enable`` if set, else gae (``verl.trainer.ppo.utils.need_critic``)."""
     enable = value("critic.enable")
     return bool(enable) if enable is not None else value("algorithm.adv_estimator") == "gae"
+
+
+_INSTALL = "pip install flash-attn --no-build-isolation (on every node that runs trials)"
+
+
+def _attention(value) -> list[tuple[str, str]]:
+    """Without the ``flash_attn`` package, a model that asks for flash attention fails to build (transformers raises
+    ImportError at ``from_pretrained``), so every trial dies at model init; ``klsweep[gpu]`` does not install it.
+
+    The actor's model (also the reference's) asks for ``actor_rollout_ref.model.override_config.attn_implementation``,
+    default ``flash_attention_2`` (``HFModelConfig``, verl/workers/config/model.py), and ``use_remove_padding``
+    defaults to true (verl/trainer/config/model/hf_model.yaml). Both fall back: ``sdpa`` attention with
+    ``use_remove_padding=false`` (the padding-free path packs sequences for flash-attn's variable-length kernels).
+    The critic has no fallback in verl 0.9.1: its value model is loaded with ``attn_implementation=
+    "flash_attention_2"`` hard-coded (``verl.utils.model.load_valuehead_model``), whatever
+    ``critic.model.override_config`` says. (transformers' own fallback, the ``kernels`` package fetching a flash
+    kernel from the Hugging Face Hub, is not installed by klsweep and needs network access on the trial's node.)
+    """
+    out: list[tuple[str, str]] = []
+    if value(A + "actor.strategy") in ("fsdp", "fsdp2"):
+        attn_key = A + "model.override_config.attn_implementation"
+        attn = value(attn_key) or "flash_attention_2"
+        padding_key = A + "model.use_remove_padding"
+        fix = (f"{_INSTALL}, or run without it: set +{attn_key}=sdpa and {padding_key}=false in overrides "
+               "(padded batches: slower, same math)")
+        if str(attn).startswith("flash_attention"):
+            default = " (verl's default)" if value(attn_key) is None else ""
+            out.append((attn_key, f"{attn_key} is {attn}{default} but flash-attn is not installed "
+                        "(klsweep[gpu] does not install it): every trial would fail when the actor and reference "
+                        f"models are built. {fix}"))
+        elif value(padding_key):
+            out.append((padding_key, f"{padding_key}=true but flash-attn is not installed: verl's padding-free "
+                        "path packs the batch's sequences for flash-attn's variable-length attention. "
+                        f"Set {padding_key}=false in overrides, or {_INSTALL}"))
+    if _uses_critic(value) and value("critic.strategy") in ("fsdp", "fsdp2"):
+        out.append(("critic.model.path", "the critic (algorithm.adv_estimator=gae, or critic.enable) needs "
+                    "flash-attn, which is not installed: verl 0.9.1 loads the value model with "
+                    "attn_implementation=flash_attention_2 hard-coded (verl/utils/model.py load_valuehead_model; "
+                    "critic.model.override_config does not change it), so every trial would fail when the critic is "
+                    f"built. {_INSTALL}"))
+    return out
 
 
 def _zero_coef(value) -> list[tuple[str, str]]:
