@@ -1,12 +1,14 @@
 """Checks of a schema-valid sweep that need verl knowledge: keys, aliases, conditions, seed trials, live/inert knobs.
 
 Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns, so the loader can
-put the file and line in front. These checks run before any verl compose.
+put the file and line in front. These checks run before any trial config is composed (they read verl's defaults).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +40,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     by other fields, a key both fixed and searched, `when` keys that are not fixed or earlier parameters or that can
     never hold, seed trials outside the space, inert knobs (the coefficient of a KL mechanism that is off, verl#644;
     target_kl without the adaptive in-reward controller; KL-loss knobs under DrGRPO), negative KL coefficients,
-    GRPO with rollout.n < 2. (Sampler options are checked
+    GRPO with rollout.n < 2; for ``trainer: verl``, ``budget.resources.gpu`` that differs from the GPUs a trial's verl
+    uses (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials. (Sampler options are checked
     where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.)
     Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (verl#6519).
     """
@@ -96,7 +99,66 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         errors.append((("overrides", "actor_rollout_ref.rollout.n"),
                        f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
+    if sweep.trainer == "verl":
+        errors.extend(_verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
+
+
+#: The keys that size a verl trial's GPUs: verl's ResourcePoolManager asks Ray for nnodes × n_gpus_per_node.
+_GPU_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
+
+
+@functools.lru_cache(maxsize=None)
+def _verl_default(key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    from klsweep.verl.config import compose
+
+    return OmegaConf.select(compose({}), key)
+
+
+def _verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    """A verl trial runs on exactly the GPUs Ray reserves for it (``budget.resources.gpu``; the launcher sets
+    ``CUDA_VISIBLE_DEVICES`` to them) and asks its own local Ray for ``trainer.nnodes × trainer.n_gpus_per_node``
+    GPUs (verl/trainer/ppo/v1/trainer_base.py, verl/single_controller/ray/base.py ``ResourcePoolManager``; verl's
+    default n_gpus_per_node is 8). Fewer reserved than asked fails every trial ("Total available GPUs ... is less than
+    total desired GPUs ..."), more idles them. A fraction of one GPU is fine for a one-GPU trial (trials share the
+    GPU). Each trial is one process with its own local Ray on one node, so ``trainer.nnodes`` must be 1."""
+    searched = [key for key in _GPU_KEYS if key in params]
+    for key in searched:
+        yield ("parameters", names[key]), (
+            f"{key} is searched, but every trial reserves the same budget.resources.gpu GPUs "
+            f"({sweep.budget.resources.gpu:g}): the GPU count is a resource, not a hyperparameter. Fix {key} in "
+            "overrides and set budget.resources.gpu to match")
+    if searched:
+        return
+    nnodes, per_node = (fixed.get(key, _verl_default(key)) for key in _GPU_KEYS)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (nnodes, per_node)):
+        return  # not a whole number: no GPU count to compare (verl itself fails on it)
+    if nnodes != 1:
+        yield ("overrides", "trainer.nnodes"), (
+            f"trainer.nnodes={nnodes}: klsweep runs each verl trial as one process with its own local Ray on one "
+            "node, so a multi-node trial would wait for GPUs that never join it. Set trainer.nnodes: 1 (the "
+            "default); a Ray cluster spreads trials, not one trial, over nodes (budget.max_concurrent)")
+        return
+    gpu = sweep.budget.resources.gpu
+    if gpu == per_node or (per_node == 1 and 0 < gpu < 1):
+        return
+    origin = "verl's default" if "trainer.n_gpus_per_node" not in fixed else "set in overrides"
+    if gpu < per_node:
+        why = (f"verl fails every trial at start (\"Total available GPUs {math.ceil(gpu)} is less than total "
+               f"desired GPUs {per_node}\")")
+    else:
+        why = f"{gpu - per_node:g} of the reserved GPUs would sit idle in every trial"
+    if gpu >= 1 and gpu == int(gpu):
+        fix = f"Set budget.resources.gpu: {per_node}, or trainer.n_gpus_per_node: {int(gpu)} in overrides"
+    else:
+        fix = (f"Set budget.resources.gpu: {per_node}, or trainer.n_gpus_per_node: 1 in overrides with "
+               "budget.resources.gpu: 1 (or a fraction of 1 to share one GPU between trials)")
+    yield ("budget", "resources", "gpu"), (
+        f"budget.resources.gpu is {gpu:g} but each verl trial uses trainer.nnodes × trainer.n_gpus_per_node = "
+        f"1 × {per_node} = {per_node} GPU{'s' * (per_node != 1)} (n_gpus_per_node {per_node} is {origin}): a trial "
+        f"sees only the GPUs Ray reserves for it, so {why}. {fix}")
 
 
 def _label(name: str, key: str) -> str:
