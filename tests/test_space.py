@@ -8,6 +8,7 @@ import time
 import optuna
 import pytest
 
+from klsweep.errors import SweepFileError
 from klsweep.space import define_space, fixed_overrides, seed_params, trial_overrides
 from klsweep.spec import load_sweep
 
@@ -106,3 +107,41 @@ def test_optuna_search_accepts_the_define_by_run_space(sweep, ray_local):
     first = min(results, key=lambda r: r.metrics["started"]).config  # one trial at a time: the earliest is first
     assert first["algorithm.kl_ctrl.kl_coef"] == 0.002 and first["algorithm.kl_ctrl.target_kl"] == 0.03
     assert all(r.metrics["clip_c"] == 3.0 for r in results)  # constants reach the trial config
+
+
+WANDB_SWEEP = """\
+name: wb
+algorithm: grpo
+objective: {metric: score, mode: max}
+parameters:
+  kl_coef: {values: [0.001, 0.01]}
+"""
+
+
+@pytest.mark.parametrize("mode", ["disabled", "offline", "online"])
+def test_verl_logs_to_console_and_file_whatever_the_wandb_mode(tmp_path, mode):
+    """verl's own W&B logger stays off in every trial: it would call wandb.init without the sweep's WANDB_MODE and
+    WANDB_DIR and make a second W&B run; the sweep's W&B callback is the one W&B run of a trial (issue 13)."""
+    path = tmp_path / "wb.yaml"
+    path.write_text(WANDB_SWEEP + f"wandb: {{mode: {mode}}}\n")
+    sweep = load_sweep(path)
+    assert trial_overrides(sweep, {"kl_coef": 0.01})["trainer.logger"] == ["console", "file"]
+    assert fixed_overrides(sweep)["trainer.logger"] == ["console", "file"]
+
+
+def test_other_loggers_of_the_overrides_are_kept(tmp_path):
+    path = tmp_path / "wb.yaml"
+    path.write_text(WANDB_SWEEP + "overrides:\n  trainer.logger: [console, tensorboard]\n")
+    assert fixed_overrides(load_sweep(path))["trainer.logger"] == ["console", "file", "tensorboard"]
+
+
+@pytest.mark.parametrize("logger", ["[console, wandb]", "wandb", "[console, tracking]"])
+@pytest.mark.parametrize("mode", ["disabled", "offline"])
+def test_wandb_in_trainer_logger_is_refused_naming_the_wandb_field(tmp_path, logger, mode):
+    path = tmp_path / "wb.yaml"
+    path.write_text(WANDB_SWEEP + f"overrides:\n  trainer.logger: {logger}\nwandb: {{mode: {mode}}}\n")
+    with pytest.raises(SweepFileError) as refused:
+        load_sweep(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}:7: overrides.trainer.logger: ")
+    assert "wandb.init" in message and "two runs per trial" in message and "`wandb: {mode: offline}`" in message

@@ -37,9 +37,38 @@ def fixed_overrides(sweep: Sweep) -> dict[str, Any]:
 
 
 def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
-    """Trial-independent keys every trial needs: ``trainer.logger`` (console + file, plus wandb when on),
-    ``trainer.total_training_steps`` from budget.max_steps, ``trainer.project_name`` and ``data.seed``."""
-    logger = ["console", "file"] + (["wandb"] if sweep.wandb.mode != "disabled" else [])
+    """Trial-independent keys every trial needs: ``trainer.logger``, ``trainer.total_training_steps`` from
+    budget.max_steps, ``trainer.project_name`` and ``data.seed``.
+
+    ``trainer.logger`` is ``[console, file]`` (verl's console line and the file logger the launcher reads through
+    ``$VERL_FILE_LOGGER_PATH``), followed by any other backend the sweep's ``overrides`` name, but never ``wandb``,
+    whatever ``wandb.mode`` is: with ``wandb`` (or its deprecated name ``tracking``) verl's ``Tracking`` calls
+    ``wandb.init`` itself in the trial (verl/utils/tracking.py), without the sweep's ``WANDB_MODE`` and ``WANDB_DIR``
+    (an offline or keyless trial fails at start) and beside the sweep's own W&B run (two runs per trial). The one W&B
+    run of a trial is the sweep's Ray Tune callback (:mod:`klsweep.orchestrate.wandb_logging`), set by the sweep
+    field ``wandb:``.
+
+    Raises:
+        SweepFileError: the sweep's ``overrides`` put ``wandb`` in ``trainer.logger``; the message names ``wandb:``.
+    """
+    from klsweep.errors import SweepFileError
+
+    wandb_backends = ("wandb", "tracking")  # verl/utils/tracking.py: both call wandb.init in the trial
+    logger = ["console", "file"]
+    asked = sweep.overrides.get("trainer.logger")
+    if asked is not None:
+        asked = [asked] if isinstance(asked, str) else list(asked) if isinstance(asked, (list, tuple)) else [asked]
+        if any(str(backend) in wandb_backends for backend in asked):
+            where = sweep.where("overrides", "trainer.logger")
+            raise SweepFileError([
+                f"{where + ': ' if where else ''}overrides.trainer.logger: {asked!r} includes wandb: verl would call "
+                "wandb.init itself in every trial, without the sweep's WANDB_MODE and WANDB_DIR (an offline or "
+                "keyless trial fails at start) and beside the sweep's own W&B run (two runs per trial). klsweep logs "
+                "one W&B run per trial, grouped by the sweep, with the trial's verl overrides as its config: remove "
+                "wandb from trainer.logger (console and file are always on) and set the sweep field "
+                "`wandb: {mode: offline}` (or online, with project and entity)"
+            ])
+        logger += [b for b in dict.fromkeys(str(b) for b in asked) if b not in logger]
     return {
         "trainer.logger": logger,
         "trainer.total_training_steps": sweep.budget.max_steps,

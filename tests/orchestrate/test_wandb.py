@@ -9,7 +9,10 @@ with a 7-byte header: CRC32C, length, type FULL/FIRST/MIDDLE/LAST) holding ``wan
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +65,53 @@ def test_offline_needs_no_api_key(tmp_path, monkeypatch):
     assert (callback.project, callback.group, callback.kwargs["dir"]) == ("wb", "wb", str(tmp_path / "out"))
 
 
+#: A trial's verl process, as far as W&B goes: verl's own ``Tracking`` (verl/utils/tracking.py) built from the composed
+#: ``trainer`` config, as ``RayPPOTrainer.fit`` builds it, logging one step.
+VERL_TRACKING = """\
+import json, sys
+from verl.utils.tracking import Tracking
+config = json.load(open(sys.argv[1]))
+trainer = config["trainer"]
+tracking = Tracking(project_name=trainer["project_name"], experiment_name=trainer["experiment_name"],
+                    default_backend=trainer["logger"], config=config)
+tracking.log(data={"actor/kl_loss": 0.01}, step=1)
+tracking.finish()
+"""
+
+
+def test_verl_never_calls_wandb_init_in_a_trial(tmp_path):
+    """Issue 13: with W&B on, verl's own ``trainer.logger`` used to include wandb, so verl called ``wandb.init`` in
+    the trial itself, without the sweep's WANDB_MODE or WANDB_DIR: in a trial's environment with no API key every
+    trial failed at start (``UsageError: No API key configured``), and online each trial made a second W&B run. The
+    sweep's callback is the one W&B run of a trial; verl logs to its console and to the file the launcher reads."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from klsweep.launchers.process import trial_command
+    from klsweep.space import trial_overrides
+    from klsweep.verl.config import config_dir
+
+    sweep = load_sweep(sweep_file(tmp_path, "wb", trainer="verl", wandb={"mode": "offline"},
+                                  overrides={"algorithm.kl_ctrl.type": "fixed", "trainer.n_gpus_per_node": 1},
+                                  budget={"resources": {"cpu": 1, "gpu": 1}}))
+    trial_dir = tmp_path / "run_trial_0001"
+    argv, env = trial_command(trial_overrides(sweep, {"kl_coef": 0.002}), trainer="verl", trial_dir=trial_dir,
+                              base_env={"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")})
+    assert not any(k.startswith("WANDB_") for k in env)  # the trial's verl sees no WANDB_MODE, no key
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        cfg = compose("ppo_trainer", overrides=argv[3:], return_hydra_config=True)
+    assert list(cfg.trainer.logger) == ["console", "file"]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"trainer": OmegaConf.to_container(cfg.trainer, resolve=True)}))
+    (trial_dir / "attempt-1").mkdir(parents=True)
+    run = subprocess.run([sys.executable, "-c", VERL_TRACKING, str(config)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = (trial_dir / "attempt-1" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1]
+    assert not list(tmp_path.rglob("wandb"))  # no W&B run files anywhere
+
+
 def finished_records(path: Path, timeout_s: float = 60.0) -> list[wandb_internal_pb2.Record]:
     """The records of a run file once W&B's service process has written its ``exit`` record: ``wandb.finish`` in the
     logging actor returns before that process has flushed the file, so a loaded machine can see it half written."""
@@ -98,6 +148,7 @@ def test_offline_run_per_trial(ray_local, tmp_path, monkeypatch):
                 config.update({item.key: json.loads(item.value_json) for item in r.run.config.update})
         (trial,) = [t for t in study.trials if t.user_attrs["ray_trial_id"] == run.run_id]
         overrides = json.loads(trial.user_attrs["verl_overrides"])
+        assert overrides["trainer.logger"] == ["console", "file"]  # this callback is the trial's one W&B run
         for key in ("algorithm.kl_ctrl.kl_coef", "trainer.total_training_steps", "data.train_batch_size"):
             value = config[key]["value"] if isinstance(config[key], dict) and "value" in config[key] else config[key]
             assert value == overrides[key]

@@ -3,6 +3,11 @@
 Ray Tune's ``WandbLoggerCallback`` does the logging from its own actor, so W&B never blocks a trial; offline mode is
 the default when W&B is on (wandb#2812: several trials in one W&B run; Search-R1#141: offline W&B on many nodes).
 ``WANDB_API_KEY`` is read from the environment by wandb itself and never written to any klsweep file.
+
+This callback is the one W&B run of a trial. verl's own W&B logger stays off in every trial (``trainer.logger`` is
+``[console, file]``, :func:`klsweep.space.launcher_overrides`, which refuses ``wandb`` in a sweep's ``overrides``):
+with it, verl's ``Tracking`` calls ``wandb.init`` in the trial process (verl/utils/tracking.py) without this
+callback's mode and directory, so an offline or keyless trial fails at start and an online one makes a second run.
 """
 
 from __future__ import annotations
