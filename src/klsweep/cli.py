@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from klsweep import __version__
 from klsweep.errors import KlsweepError
 
 
@@ -82,6 +83,7 @@ def _cmd_health_check(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
+    p.add_argument("--version", action="version", version=f"klsweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn, **kw) -> argparse.ArgumentParser:
@@ -143,7 +145,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sweep`` console script. Returns the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    # Options may follow the overrides and overrides the options (`sweep run FILE --out DIR budget.trials=2`), as
+    # in Hydra and W&B command lines: what argparse leaves over joins the overrides, in command-line order.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.fn(args)
     except KlsweepError as e:

@@ -24,8 +24,18 @@ from klsweep.results import SWEEP_FILE, TRIALS_CSV, TUNE_DIR, SweepRecord, defau
 
 
 def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse (before the slow preflight) to write into a directory that holds results, unless told what to do."""
-    if out.exists() and any(out.iterdir()) and not (resume or overwrite):
+    """Refuse (before the slow preflight) to write into a directory that holds results, unless told what to do, and
+    to write into or delete a directory that holds anything but a klsweep sweep (``--overwrite`` included)."""
+    if out.exists() and not out.is_dir():
+        raise ResultsError(f"{out} is a file, not a results directory: choose another --out DIR")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not (out / SWEEP_FILE).is_file():
+        raise ResultsError(
+            f"{out} holds files but no klsweep sweep (no {SWEEP_FILE}): klsweep neither writes into it nor deletes "
+            f"it, --overwrite included. Choose another --out DIR"
+        )
+    if not (resume or overwrite):
         raise ResultsError(
             f"{out} already holds a sweep: pass --resume to continue it, --overwrite to replace it, "
             f"or --out DIR to write elsewhere"

@@ -1,0 +1,43 @@
+"""The `sweep` command line: options and overrides in any order, --version, and results directories that are not
+klsweep's are never written into or deleted."""
+
+from __future__ import annotations
+
+import pytest
+
+from klsweep import __version__
+from klsweep.cli import main
+from tests.orchestrate.conftest import sweep_file
+
+
+def test_options_may_follow_or_precede_the_overrides(tmp_path, capsys):
+    path = sweep_file(tmp_path)
+    assert main(["plan", path, "-n", "1", "budget.trials=5", "seed=3"]) == 0
+    after = capsys.readouterr().out
+    assert main(["plan", path, "budget.trials=5", "-n", "1", "seed=3"]) == 0
+    assert capsys.readouterr().out == after
+    assert main(["plan", path, "-n", "1", "budget.trials=0"]) == 2  # the override after an option still counts
+    assert "budget.trials" in capsys.readouterr().err
+
+
+def test_a_stray_option_is_still_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", sweep_file(tmp_path), "--nope", "budget.trials=5"])
+    assert e.value.code == 2 and "unrecognized arguments: --nope" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"klsweep {__version__}"
+
+
+@pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
+def test_a_directory_without_a_sweep_is_neither_written_into_nor_deleted(tmp_path, capsys, flag):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ideas.txt").write_text("keep me")
+    assert main(["run", sweep_file(tmp_path), "--out", str(notes), *flag]) == 2
+    err = capsys.readouterr().err
+    assert "holds files but no klsweep sweep (no sweep.json)" in err and "--out DIR" in err
+    assert [p.name for p in notes.iterdir()] == ["ideas.txt"] and (notes / "ideas.txt").read_text() == "keep me"
