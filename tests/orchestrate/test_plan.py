@@ -108,3 +108,25 @@ def test_a_validation_objective_the_embedded_trainer_never_logs_is_refused(tmp_p
     assert code == 2
     assert "'val-core/arith/acc/mean' is not logged by the embedded trainer" in printed
     assert "'val-core/arith/acc/mean@1'" in printed  # the fix: the name it does log
+
+
+@pytest.mark.parametrize(("algorithm", "alias", "name"), [
+    ("grpo", "ref_kl", "actor/kl_loss"), ("ppo", "ref_kl", "actor/reward_kl_penalty"),
+    ("ppo", "kl_coef", "actor/reward_kl_penalty_coeff"), ("grpo", "entropy", "actor/entropy"),
+    ("grpo", "score", "critic/score/mean"), ("grpo", "val_score", "val-core/arith/acc/mean@1"),
+])
+def test_an_alias_as_objective_is_refused_with_the_name_trials_report(tmp_path, algorithm, alias, name):
+    # trials report verl's own metric names: an objective 'ref_kl' would fail every trial after its whole budget
+    code, printed = _validate(tmp_path / "alias.yaml",
+                              f"name: alias\nalgorithm: {algorithm}\n"
+                              f"objective: [{{metric: val-core/arith/acc/mean@1, mode: max}}, "
+                              f"{{metric: {alias}, mode: min}}]\nparameters:\n  kl_coef: {{values: [0.01, 0.1]}}\n")
+    assert code == 2
+    assert f"objective.metric: {alias!r} is an alias of the health rules" in printed and f"use {name!r}" in printed
+
+
+def test_the_verl_name_of_an_alias_is_a_valid_objective(tmp_path):
+    code, printed = _validate(tmp_path / "ok.yaml",
+                              "name: ok\nalgorithm: grpo\nobjective: [{metric: val-core/arith/acc/mean@1, mode: max},"
+                              " {metric: actor/kl_loss, mode: min}]\nparameters:\n  kl_coef: {values: [0.01, 0.1]}\n")
+    assert code == 0, printed

@@ -66,18 +66,32 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
 
 
 def _objective_problems(sweep: Sweep) -> list[str]:
-    """A validation objective the embedded trainer never logs (a typo would fail every trial after its budget)."""
+    """Objectives no trial would ever report: a health-rule alias (``ref_kl``; trials report verl's own names), or a
+    validation metric the trainer is known not to log (a typo would fail every trial after its whole budget)."""
     from klsweep.trainers import trainer_kind
+    from klsweep.verl.metrics import ALIASES, VAL_SCORE
 
     kind = trainer_kind(sweep.trainer)
-    if kind.validation_metric is None:
-        return []
-    return [
-        f"objective.metric: {o.metric!r} is not logged by the {kind.name} trainer, whose validation metric is "
-        f"{kind.validation_metric!r} — use that name"
-        for o in sweep.objectives
-        if o.metric.startswith(("val-core/", "val/", "test_score/")) and o.metric != kind.validation_metric
-    ]
+    validation = kind.validation_metric or "val-core/<data_source>/<metric>/mean@<n>"
+    logged_as = {
+        "ref_kl": {"loss": "actor/kl_loss", "reward": "actor/reward_kl_penalty"}.get(sweep.placement),
+        "kl_coef": {"loss": "actor/kl_coef", "reward": "actor/reward_kl_penalty_coeff"}.get(sweep.placement),
+        "entropy": "actor/entropy",
+        "score": "critic/score/mean",
+        VAL_SCORE: validation,
+    }
+    problems = []
+    for o in sweep.objectives:
+        if o.metric in logged_as or (o.metric in ALIASES and "/" not in o.metric):
+            name = logged_as.get(o.metric)
+            fix = f"use {name!r}" if name else f"this sweep (kl_placement {sweep.placement}) logs no such metric"
+            problems.append(f"objective.metric: {o.metric!r} is an alias of the health rules, but an objective names "
+                            f"the metric the trainer reports under verl's name — {fix}")
+        elif (kind.validation_metric and o.metric.startswith(("val-core/", "val/", "test_score/"))
+              and o.metric != kind.validation_metric):
+            problems.append(f"objective.metric: {o.metric!r} is not logged by the {kind.name} trainer, whose "
+                            f"validation metric is {kind.validation_metric!r} — use that name")
+    return problems
 
 
 def preflight_sweep(sweep: Sweep) -> list[str]:
