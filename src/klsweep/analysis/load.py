@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from klsweep.errors import ResultsError
 from klsweep.results import (
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
@@ -59,13 +60,18 @@ def study_of(path: str | Path, record: SweepRecord | None = None):
     """The Optuna study of the sweep directory ``path`` (its ``study_name`` and ``storage`` in ``sweep.json``).
 
     Raises:
-        ResultsError: ``path`` is not a sweep directory.
+        ResultsError: ``path`` is not a sweep directory, or its study is not created yet (a sweep creates it when
+            its first trial starts).
     """
     import optuna
 
     record = record or SweepRecord.read(path)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=record.study_name, storage=storage_from_url(record.storage_url(path)))
+    try:
+        return optuna.load_study(study_name=record.study_name, storage=storage_from_url(record.storage_url(path)))
+    except KeyError:  # optuna's "Record does not exist."
+        raise ResultsError(f"{path}: the study {record.study_name!r} is not in its storage yet (the sweep creates it "
+                           "when its first trial starts)") from None
 
 
 def storage_from_url(url: str):
@@ -142,7 +148,11 @@ def load(path: str | Path) -> pd.DataFrame:
     objectives = record.objectives
     histories = dict(_tune_trials(path))
     rows = []
-    for trial in study_of(path, record).get_trials(deepcopy=False):
+    try:
+        trials = study_of(path, record).get_trials(deepcopy=False)
+    except ResultsError:
+        trials = []  # started, but its first trial not yet: no row
+    for trial in trials:
         attrs = trial.user_attrs
         trial_id = attrs.get(ATTR_RAY_TRIAL_ID)
         row: dict[str, Any] = {"number": trial.number, "trial_id": trial_id, "state": trial.state.name}

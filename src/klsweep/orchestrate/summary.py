@@ -46,7 +46,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     counts = df["state"].value_counts().to_dict() if len(df) else {}
     console.print(f"\n[bold]{sweep.name}[/bold]: {len(df)} trials — "
                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
-    stopped = df[df.get("stop_reason", pd.Series(dtype=str)).fillna("").astype(str) != ""] if len(df) else df
+    stopped = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
     if len(stopped):
         table = Table(title="stopped trials", show_edge=False)
         for col in ("number", "state", "steps", "stop_reason"):
@@ -55,6 +55,9 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
             table.add_row(*(Text(short(row.get(c))) for c in ("number", "state", "steps", "stop_reason")))
         console.print(table)
     best = best_trials(sweep, df)
+    if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
+        console.print("no trial has finished yet", highlight=False)
+        return 1
     if best.empty:
         console.print("no trial completed healthy: see trials.csv for the stop reasons", style="red")
         console.print(f"results: {out_dir}")
