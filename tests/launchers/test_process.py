@@ -282,7 +282,7 @@ def test_verl_command_composes_with_verls_own_config(tmp_path):
     argv, env = trial_command(overrides, trainer="verl", trial_dir=trial_dir, attempt=2, gpu_ids=[2, 3],
                               base_env={"RAY_ADDRESS": "10.0.0.1:6379", "RAY_RAYLET_PID": "4242", "HOME": "/root"})
     assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
-    assert env == {"HOME": "/root", "CUDA_VISIBLE_DEVICES": "2,3", "PYTHONUNBUFFERED": "1",
+    assert env == {"HOME": "/root", "CUDA_VISIBLE_DEVICES": "2,3", "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled",
                    "VERL_FILE_LOGGER_PATH": str(trial_dir / "attempt-2" / "metrics.jsonl")}
     with initialize_config_dir(config_dir=config_dir(), version_base=None):
         cfg = compose("ppo_trainer", overrides=argv[3:], return_hydra_config=True)
@@ -292,6 +292,18 @@ def test_verl_command_composes_with_verls_own_config(tmp_path):
     assert list(cfg.trainer.logger) == ["console", "wandb", "file"]
     assert cfg.ray_kwargs.ray_init.address == "local"
     assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"
+
+
+def test_ray_token_auth_is_off_unless_the_user_set_it(tmp_path):
+    """Ray 2.60 turns token auth on for every new local cluster when RAY_AUTH_MODE is unset: each verl trial's own
+    Ray would write ~/.ray/auth_token, racing the other trials' first starts. The trial sets it off, unless the
+    user's environment chose a mode (then theirs is kept, token included)."""
+    for trainer in ("verl", "embedded"):
+        _, env = trial_command({}, trainer=trainer, trial_dir=tmp_path, base_env={"HOME": "/root"})
+        assert env["RAY_AUTH_MODE"] == "disabled"
+        _, env = trial_command({}, trainer=trainer, trial_dir=tmp_path,
+                               base_env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t0k"})
+        assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) == ("token", "t0k")
 
 
 def test_no_gpu_means_none_visible(tmp_path):

@@ -55,8 +55,9 @@ def test_ray_cluster_yaml_is_a_valid_cluster_launcher_config():
     text = (LAUNCHERS / "ray-cluster.yaml").read_text()
     config = yaml.safe_load(text)
     validate_config(prepare_config(config))  # what `ray up` does: defaults filled in, then Ray's own schema
-    assert any(c.startswith("ray start --head --port=6379") for c in config["head_start_ray_commands"])
-    assert "ray start --address=$RAY_HEAD_IP:6379" in config["worker_start_ray_commands"]
+    assert any(c.startswith("RAY_AUTH_MODE=disabled ray start --head --port=6379")
+               for c in config["head_start_ray_commands"])
+    assert "RAY_AUTH_MODE=disabled ray start --address=$RAY_HEAD_IP:6379" in config["worker_start_ray_commands"]
     assert any("[gpu]" in c for c in config["setup_commands"])
     (run,) = sweep_commands(text)
     args = parse_run(run)
@@ -90,6 +91,29 @@ def test_slurm_sbatch_starts_ray_then_the_sweep():
     args = parse_run(run)
     assert args.launcher == "slurm" and args.address == "VAR:VAR"
     assert head < worker < text.index("sweep run")
+
+
+def test_every_profile_sets_ray_auth_mode_for_ray_start_and_the_driver():
+    """Ray 2.60 turns token auth on for a new local Ray, or a `ray start` on a node with a token file, when
+    RAY_AUTH_MODE is unset: every cluster file sets it where Ray starts and where the sweep driver runs."""
+    text = (LAUNCHERS / "ray-cluster.yaml").read_text()
+    config = yaml.safe_load(text)
+    starts = [c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2 and all(c.startswith("RAY_AUTH_MODE=disabled ray start ") for c in starts)
+    assert "RAY_AUTH_MODE=disabled sweep run " in text
+
+    cluster = yaml.safe_load((LAUNCHERS / "kuberay.yaml").read_text())["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]  # the head runs the driver (the entrypoint)
+    for pod in pods:
+        for container in pod["template"]["spec"]["containers"]:
+            assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in container["env"], container["name"]
+
+    script = (LAUNCHERS / "slurm.sbatch").read_text()
+    export = script.index("export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}")
+    assert export < script.index("ray start --head") and export < script.index("sweep run")
+    out = subprocess.run(["bash", "-c", script[export:].splitlines()[0] + '; echo "$RAY_AUTH_MODE"'],
+                         env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "disabled"
 
 
 def test_gpu_smoke_script_parses():

@@ -47,6 +47,12 @@ RAY_INIT_ADDRESS_KEY = "+ray_kwargs.ray_init.address"
 #: verl's Ray to the sweep's cluster; the others are Ray's internal flags (``ray_constants.RAY_INTERNAL_FLAGS``, which
 #: Ray itself strips on job submission) naming the sweep's job and raylet.
 DROPPED_ENV = ("RAY_ADDRESS", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
+#: Set in the trial's environment unless the user's environment sets it: Ray 2.60 turns token authentication on for
+#: every new local cluster when ``RAY_AUTH_MODE`` is unset (``enable_token_auth_by_default`` in
+#: ray/_private/authentication/authentication_token_setup.py), so each verl trial's own ``ray.init(address="local")``
+#: would write ``~/.ray/auth_token`` (concurrent first starts race on it), and a token file left on a node turns auth on
+#: for the next ``ray start`` there (``maybe_enable_token_auth_if_token_available``).
+RAY_AUTH_MODE_DEFAULT = ("RAY_AUTH_MODE", "disabled")
 #: Longest wait between two reads of the metrics file; a write to it, or the exit record, wakes the tail at once
 #: (where inotify is missing, this is the polling period).
 TAIL_POLL_S = 0.1
@@ -78,7 +84,8 @@ def trial_command(
         directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
         (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list plus ``file``, default ``[console,file]``) and
         ``+ray_kwargs.ray_init.address=local`` unless the sweep sets that key. ``env`` has
-        ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl`` and none of :data:`DROPPED_ENV`.
+        ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl``, ``RAY_AUTH_MODE=disabled`` unless ``base_env``
+        sets it (:data:`RAY_AUTH_MODE_DEFAULT`), and none of :data:`DROPPED_ENV`.
 
     Raises:
         ValueError: ``trainer`` is not a trainer of :data:`klsweep.trainers.TRAINERS` with a process mode.
@@ -105,6 +112,7 @@ def trial_command(
     env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in DROPPED_ENV}
     env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault(*RAY_AUTH_MODE_DEFAULT)
     if gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
     return argv, env
