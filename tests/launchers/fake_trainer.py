@@ -5,6 +5,7 @@ Writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_L
 
 - always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` it got.
 - ``steps=N interval=S``: N lines, S seconds apart; line N has ``actor/kl_loss = N / 100`` and ``actor/entropy = 1/N``.
+- ``half_line=1``: after the steps, the first half of one more line, without its newline (a writer killed mid-line).
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
   own session (escapes ``killpg``), and an orphan (its parent exits at once). Their pids go to ``$PWD/tree.json``.
 - ``ignore_term=1``: ignores SIGTERM (only SIGKILL ends it).
@@ -43,6 +44,9 @@ for step in range(1, int(args.get("steps", "3")) + 1):
     out.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
     print(f"step:{step} - actor/kl_loss:{step / 100:.3f}", flush=True)
 
+if args.get("half_line") == "1":
+    line = json.dumps({"step": int(args.get("steps", "3")) + 1, "data": {"actor/kl_loss": 0.5}}).encode()
+    out.write(line[: len(line) // 2])
 time.sleep(float(args.get("linger", "0")))
 if args.get("hang") == "1":
     while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import psutil
 import pytest
 
 from klsweep.launchers.failures import TrialFailed
-from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
+from klsweep.launchers.process import _MetricsTail, attempt_dir, run_process_trial, trial_command
 
 from .conftest import seconds_until_gone, tree_of, wait_for
 
@@ -304,6 +305,45 @@ def test_ray_token_auth_is_off_unless_the_user_set_it(tmp_path):
         _, env = trial_command({}, trainer=trainer, trial_dir=tmp_path,
                                base_env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t0k"})
         assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) == ("token", "t0k")
+
+
+def test_an_unfinished_last_line_waits_for_its_end(tmp_path):
+    """A line without its newline is not written yet, even when the process has ended (a writer's line can take more
+    than one write; a killed writer leaves half a line): read once complete, never parsed half."""
+    path = tmp_path / "metrics.jsonl"
+    tail = _MetricsTail(path)
+    line = json.dumps({"step": 1, "data": {"actor/kl_loss": 0.01, "actor/entropy": None}}).encode()
+    with open(path, "wb", buffering=0) as f:
+        f.write(line[:20])
+        assert tail.read_new() == []
+        assert tail.read_new() == []  # read again, as the tail does after the exit record
+        f.write(line[20:] + b"\n")
+        ((step, data),) = tail.read_new()
+    assert step == 1 and data["actor/kl_loss"] == 0.01 and math.isnan(data["actor/entropy"])
+    assert tail.lines == 1
+
+
+def test_a_complete_line_that_is_not_a_record_is_an_error(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "data": {}}\n\n{"step": 2, "data": {"a\n')
+    tail = _MetricsTail(path)
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 3: not a verl file-logger record .*'\{\"step\": 2"):
+        tail.read_new()
+    (tmp_path / "other.jsonl").write_bytes(b'{"data": {"a": 1}}\n')
+    with pytest.raises(ValueError, match="line 1: not a verl file-logger record"):
+        _MetricsTail(tmp_path / "other.jsonl").read_new()
+
+
+def test_a_line_cut_by_a_crash_leaves_the_crash_its_kind(fake_trainer, tmp_path, monkeypatch):
+    """The process dies halfway through writing a line: the trial fails with the crash's own kind (here NCCL, retried
+    once), not with a JSON error about the half line; the complete lines before it were reported."""
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", CRASHES[2][0])
+    seen: list[dict] = []
+    with pytest.raises(TrialFailed) as failed:
+        run_process_trial({"steps": 2, "half_line": 1, "crash": 1}, trainer=fake_trainer, trial_dir=tmp_path,
+                          report=seen.append)
+    assert failed.value.kind == "nccl"
+    assert [m["step"] for m in seen] == [1, 2]
 
 
 def test_no_gpu_means_none_visible(tmp_path):

@@ -161,7 +161,8 @@ def run_process_trial(
     Raises:
         TrialFailed: the process failed; ``.kind`` is a :data:`klsweep.launchers.failures.KINDS` entry, recorded
             with the stderr tail in ``trial_dir/failure.json``.
-        ValueError: no trainer, or no trial directory outside a Tune trial.
+        ValueError: no trainer, or no trial directory outside a Tune trial; or a complete line of the metrics file
+            is not a file-logger record (the message names the file and line).
     """
     trainer = trainer or (sweep.trainer if sweep is not None else None)
     if trainer is None:
@@ -211,7 +212,7 @@ def _run_attempt(
     try:
         while True:
             record = handle.exit_record()
-            for step, data in metrics.read_new(final=record is not None):
+            for step, data in metrics.read_new():
                 if step > last_step:  # a retry resumed from an older checkpoint logs those steps again
                     report(data | {"step": step})
                     last_step = step
@@ -237,18 +238,26 @@ def _run_attempt(
 
 
 class _MetricsTail:
-    """Reads the complete lines appended to verl's file-logger jsonl since the last call."""
+    """Reads the complete lines appended to verl's file-logger jsonl since the last call.
+
+    A last line without its newline is not written yet (a writer's line can reach the file in more than one write,
+    and a process killed mid-write leaves half a line): it is kept until its newline comes, and never parsed.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self._offset = 0
         self._partial = b""
-        self.lines = 0  # complete lines read so far
+        self._line_number = 0  # complete lines read so far, blank ones included
+        self.lines = 0  # records read so far
 
-    def read_new(self, final: bool = False) -> list[tuple[int, dict[str, Any]]]:
-        """``[(step, data), ...]`` of the lines completed since the last call (``final``: the last line too).
+    def read_new(self) -> list[tuple[int, dict[str, Any]]]:
+        """``[(step, data), ...]`` of the lines completed since the last call.
 
         verl's ``FileLogger`` serialises with orjson, which writes NaN and ±inf as ``null``: those come back as NaN.
+
+        Raises:
+            ValueError: a complete line is not a file-logger record ``{"step": N, "data": {...}}``.
         """
         try:
             with open(self.path, "rb") as f:
@@ -258,13 +267,20 @@ class _MetricsTail:
             return []
         self._offset += len(chunk)
         lines = (self._partial + chunk).split(b"\n")
-        self._partial = b"" if final else lines.pop()
+        self._partial = lines.pop()  # b"" when the chunk ended with a newline
         out = []
         for line in lines:
+            self._line_number += 1
             if not line.strip():
                 continue
-            entry = json.loads(line)
-            data = {k: (math.nan if v is None else v) for k, v in entry["data"].items()}
-            out.append((int(entry["step"]), data))
+            try:
+                entry = json.loads(line)
+                data = {k: (math.nan if v is None else v) for k, v in entry["data"].items()}
+                out.append((int(entry["step"]), data))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(
+                    f"{self.path}, line {self._line_number}: not a verl file-logger record ({type(e).__name__}: {e}): "
+                    f"{line[:200]!r}"
+                ) from None
         self.lines += len(out)
         return out
