@@ -113,3 +113,44 @@ def test_trials_on_a_two_node_cluster_never_share_a_gpu(tmp_path):
     for t in trials:
         per_node.setdefault(t["node"], set()).add(t["gpu_ids"])
     assert all(ids == {"0", "1"} for ids in per_node.values())
+
+
+def _stop_the_slow_one(trial_id: str, result: dict) -> bool:
+    """Stops the trial whose process ignores SIGTERM at its step 2 (as the health stopper or ASHA would)."""
+    return bool(result["config"].get("ignore_term")) and result.get("step", 0) >= 2
+
+
+def test_a_stopped_process_trial_does_not_lose_the_next_one(ray_local, fake_trainer, tmp_path):
+    """Two trials one after the other, each holding the whole (2-CPU) Ray as a verl trial holds its GPUs; Tune stops
+    the first while its process ignores SIGTERM, so its tree ends only at SIGKILL after the supervisor's grace period
+    (5 s, more than the 2 s Ray's reset_config waits for a reused actor's previous trial,
+    TUNE_FUNCTION_THREAD_TIMEOUT_S). The second trial runs to its end (it used to be ERROR 'Could not re-use actor'
+    without running, and fit() never returned), and starts only once the first trial's tree is gone (Tune gives the
+    slot, on a GPU node its GPUs, to the next trial when the stopped actor's stop returns)."""
+    from klsweep.orchestrate.sweep import _reuse_actors
+
+    assert _reuse_actors("embedded") and not _reuse_actors("verl") and not _reuse_actors(fake_trainer)
+    slow_to_stop = {"steps": 1000, "interval": 0.05, "ignore_term": 1}
+    all_cpus = ray_local.cluster_resources()["CPU"]  # one slot: the next trial waits for the first one's resources
+    tuner = tune.Tuner(
+        tune.with_resources(fake_trial, {"cpu": all_cpus}),
+        param_space=tune.grid_search([slow_to_stop, {"steps": 3}]),
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=_reuse_actors(fake_trainer),
+                                    time_budget_s=120),  # a lost trial used to leave fit() waiting forever
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="reuse", stop=_stop_the_slow_one, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    stopped, second = sorted(tuner.fit(), key=lambda r: not r.config.get("ignore_term"))
+
+    assert stopped.error is None
+    assert [row["step"] for _, row in stopped.metrics_dataframe.iterrows()] == [1, 2]
+    assert second.error is None, second.error
+    assert [row["step"] for _, row in second.metrics_dataframe.iterrows()] == [1, 2, 3, -1]  # -1: fake_trial's own
+    # The trial directories Ray stages on the node (the first trial's last files never reach storage: issue 13 item 2).
+    first_run = attempt_dir(Path(second.metrics["trial_dir"]).parent / Path(stopped.path).name, 1)
+    assert (first_run / "exit.json").exists(), "the stopped trial's tree outlived its trial"
+    first_exit = json.loads((first_run / "exit.json").read_text())
+    assert (first_exit["reason"], first_exit["returncode"]) == ("stopped", -signal.SIGKILL)
+    tree_gone = (first_run / "exit.json").stat().st_mtime
+    print(f"second trial started {second.metrics['start'] - tree_gone:.2f} s after the first trial's tree was gone")
+    assert second.metrics["start"] >= tree_gone

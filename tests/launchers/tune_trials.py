@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from klsweep.orchestrate.trainable import run_trial
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -43,7 +45,11 @@ def fake_trial(config):
         "child_cvd": child["CUDA_VISIBLE_DEVICES"],
         "start": start,
         "end": time.time(),
+        "trial_dir": str(trial_dir),
     })
+
+
+fake_trial.__mixins__ = run_trial.__mixins__  # as a sweep's trainable: a stopped trial's tree ends before Tune moves on
 
 
 def placement(out_dir: str) -> None:

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -192,6 +193,28 @@ def run_process_trial(
             raise TrialFailed(failure.kind, failure.message)
 
 
+#: The trial attempts running in this process (a Tune trial actor runs one at a time): (handle, grace_s).
+_RUNNING: dict[int, tuple[supervisor.Supervised, float]] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_running_trials() -> None:
+    """End the process tree of every trial attempt running in this process, and wait until each is gone.
+
+    For the trial actor's ``cleanup`` (:class:`klsweep.orchestrate.trainable.EndsWithItsProcess`): Tune frees a
+    stopped trial's resources (its GPUs) when the actor's ``stop`` returns, and Ray's function trainable does not wait
+    for the trial's function there (``FunctionTrainable.cleanup``: ``session.finish(timeout=0)``), so without this the
+    next trial could start on GPUs the stopped trial's verl still holds. Waits up to the longest ``grace_s`` + 7 s.
+    """
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.values())
+    for handle, _ in running:
+        handle.stop()
+    deadline = time.monotonic() + max((grace_s for _, grace_s in running), default=0.0) + 7.0
+    while any(handle.exit_record() is None for handle, _ in running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _run_attempt(
     argv: list[str],
     env: dict[str, str],
@@ -205,6 +228,8 @@ def _run_attempt(
     """One start of the trial's process: tail its metrics until it ends; (its failure or None, last step reported)."""
     run_dir.mkdir(parents=True)
     handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
+    with _RUNNING_LOCK:
+        _RUNNING[id(handle)] = (handle, grace_s)
     metrics = _MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
     watch = DirectoryWatch(run_dir, (metrics.path.name, "exit.json"))  # what was written before: the first read
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -225,8 +250,12 @@ def _run_attempt(
             watch.wait(TAIL_POLL_S)
     finally:
         watch.close()
-        if handle.exit_record() is None:
-            handle.stop(wait_s=grace_s + 2.0)
+        try:
+            if handle.exit_record() is None:
+                handle.stop(wait_s=grace_s + 2.0)
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(id(handle), None)
     returncode = record["returncode"] if record else None
     if returncode == 0 and not timed_out:
         if metrics.lines == 0:

@@ -208,6 +208,24 @@ def _trainable(sweep):
     return tune.with_resources(tune.with_parameters(run_trial, sweep=sweep), resources)
 
 
+def _reuse_actors(trainer: str) -> bool:
+    """Whether Tune may reuse a trial's actor for the next trial: only for in-process trainers.
+
+    A reused actor's next trial starts in ``FunctionTrainable.reset_config`` (ray/tune/trainable/function_trainable.py,
+    Ray 2.60), which waits ``TUNE_FUNCTION_THREAD_TIMEOUT_S`` (2 s, read as an int) for the previous trial's thread
+    and fails the reset if it still runs; the next trial is then ERROR ("Could not re-use actor") without running,
+    and in our tests Tune's ``fit`` did not return afterwards. A process trial's thread ends only once its process
+    tree is gone (:func:`klsweep.launchers.process.run_process_trial`: SIGTERM, ``grace_s`` = 5 s, then SIGKILL), and
+    verl's tree (its own Ray, vLLM) rarely ends within 2 s. Waiting less is no fix: the next trial would then start on
+    GPUs the old tree still holds. Raising the timeout only helps where the variable reaches the trial workers
+    (the driver's environment does not reach a cluster's). What reuse saves, ~1.8 s per trial, is nothing next to a
+    process that starts verl (tests/launchers/test_tune.py: test_a_stopped_process_trial_does_not_lose_the_next_one).
+    """
+    from klsweep.trainers import trainer_kind
+
+    return trainer_kind(trainer).in_process is not None
+
+
 def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool):
     from ray import tune
 
@@ -238,7 +256,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
             scheduler=scheduler,
             num_samples=num_samples,
             max_concurrent_trials=sweep.budget.max_concurrent,
-            reuse_actors=True,
+            reuse_actors=_reuse_actors(sweep.trainer),
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
