@@ -5,6 +5,8 @@ Writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_L
 
 - always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` it got.
 - ``steps=N interval=S``: N lines, S seconds apart; line N has ``actor/kl_loss = N / 100`` and ``actor/entropy = 1/N``.
+- ``val_before_train=1``: first a step-0 line with only ``val-core/fake/acc/mean@1 = 0.25``, as verl's v1 trainer logs
+  its validation before training (``verl/trainer/ppo/v1/trainer_base.py``).
 - ``half_line=1``: after the steps, the first half of one more line, without its newline (a writer killed mid-line).
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
   own session (escapes ``killpg``), and an orphan (its parent exits at once). Their pids go to ``$PWD/tree.json``.
@@ -38,6 +40,8 @@ if args.get("grandchildren") == "1":
         json.dump({"trainer": os.getpid(), "plain": plain.pid, "session": session.pid, "orphan": orphan}, f)
 
 out = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)
+if args.get("val_before_train") == "1":
+    out.write(json.dumps({"step": 0, "data": {"val-core/fake/acc/mean@1": 0.25}}).encode() + b"\n")
 for step in range(1, int(args.get("steps", "3")) + 1):
     time.sleep(float(args.get("interval", "0.02")))
     data = {"actor/kl_loss": step / 100, "actor/entropy": 1 / step}

@@ -49,7 +49,7 @@ def test_metrics_stream_step_by_step(fake_trainer, tmp_path):
 @pytest.mark.slow
 def test_embedded_trainer_process_streams_and_stops(tmp_path):
     """The real embedded trainer as the trial process: each line it wrote reaches report once and in order, step 0
-    (validation before training, as verl logs it) included; a stop at step 2 ends the process."""
+    (validation before training, as verl logs it) merged into step 1's report; a stop at step 2 ends the process."""
     overrides = {"algorithm.adv_estimator": "grpo", "trainer.total_training_steps": 50, "data.train_batch_size": 4}
     seen, stopped_at = [], []
 
@@ -67,9 +67,10 @@ def test_embedded_trainer_process_streams_and_stops(tmp_path):
         time.monotonic() - stopped_at[0])
     assert json.loads((run_dir / "exit.json").read_text())["reason"] == "stopped"
     written = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in seen] == [0, 1, 2]
-    assert seen == [line["data"] | {"step": line["step"]} for line in written[:3]]
-    assert "actor/pg_loss" in seen[1] and "val-core/arith/acc/mean@1" in seen[0]
+    assert [m["step"] for m in seen] == [1, 2]
+    assert [line["step"] for line in written[:3]] == [0, 1, 2]
+    assert seen == [written[0]["data"] | written[1]["data"] | {"step": 1}, written[2]["data"] | {"step": 2}]
+    assert "actor/pg_loss" in seen[0] and "val-core/arith/acc/mean@1" in seen[0]
 
 
 def test_each_attempt_gets_its_own_metrics_file(fake_trainer, tmp_path):
@@ -305,6 +306,22 @@ def test_ray_token_auth_is_off_unless_the_user_set_it(tmp_path):
         _, env = trial_command({}, trainer=trainer, trial_dir=tmp_path,
                                base_env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t0k"})
         assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) == ("token", "t0k")
+
+
+def test_a_step_0_line_is_merged_into_step_1(fake_trainer, tmp_path):
+    """verl logs validation before training as step 0; it comes with step 1's report, not as a report of its own
+    (one report per training step: Tune's training_iteration == step, see test_tune for Tune itself)."""
+    seen: list[dict] = []
+    run_process_trial({"steps": 3, "val_before_train": 1}, trainer=fake_trainer, trial_dir=tmp_path,
+                      report=seen.append)
+    assert [m["step"] for m in seen] == [1, 2, 3]
+    assert seen[0] == {"val-core/fake/acc/mean@1": 0.25, "actor/kl_loss": 0.01, "actor/entropy": 1.0, "step": 1}
+    assert all("val-core/fake/acc/mean@1" not in m for m in seen[1:])
+
+    only_validation: list[dict] = []  # trainer.val_only: a clean run with nothing after step 0 still reports it
+    run_process_trial({"steps": 0, "val_before_train": 1}, trainer=fake_trainer, trial_dir=tmp_path / "val_only",
+                      report=only_validation.append)
+    assert only_validation == [{"val-core/fake/acc/mean@1": 0.25, "step": 0}]
 
 
 def test_an_unfinished_last_line_waits_for_its_end(tmp_path):

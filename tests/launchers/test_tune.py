@@ -18,7 +18,7 @@ from ray import tune
 from klsweep.launchers.process import attempt_dir
 
 from .conftest import HERE, alive, seconds_until_gone
-from .tune_trials import fake_trial
+from .tune_trials import fake_trial, sweep_trial
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +154,32 @@ def test_a_stopped_process_trial_does_not_lose_the_next_one(ray_local, fake_trai
     tree_gone = (first_run / "exit.json").stat().st_mtime
     print(f"second trial started {second.metrics['start'] - tree_gone:.2f} s after the first trial's tree was gone")
     assert second.metrics["start"] >= tree_gone
+
+
+def _fake_sweep(*overrides: str):
+    """A shipped sweep file whose trials run the fake trainer (the schema knows no such trainer: set after loading)."""
+    from klsweep.spec import load_sweep
+
+    return load_sweep(HERE.parents[1] / "sweeps" / "grpo_kl.yaml", overrides).model_copy(update={"trainer": "fake"})
+
+
+def test_one_tune_result_per_training_step(ray_local, fake_trainer, tmp_path):
+    """verl logs step 0 (validation before training), then steps 1..N: Tune gets N results, training_iteration ==
+    step, step 0's validation value in step 1's result; so ASHA with max_t = N (as `sweep run` sets it from
+    budget.max_steps) stops a trial at step N, not N - 1."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    asha = ASHAScheduler(time_attr="training_iteration", metric="actor/entropy", mode="max", max_t=4, grace_period=4)
+    tuner = tune.Tuner(
+        tune.with_parameters(sweep_trial, sweep=_fake_sweep()),
+        param_space={"steps": 6, "interval": 0.05, "val_before_train": 1},
+        tune_config=tune.TuneConfig(scheduler=asha),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="steps", verbose=0),
+    )
+    (result,) = tuner.fit()
+
+    assert result.error is None
+    rows = result.metrics_dataframe
+    assert list(rows["step"]) == [1, 2, 3, 4]
+    assert list(rows["training_iteration"]) == [1, 2, 3, 4]
+    assert rows["val-core/fake/acc/mean@1"].tolist()[0] == 0.25 and rows["actor/kl_loss"].tolist()[0] == 0.01

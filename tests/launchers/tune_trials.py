@@ -52,6 +52,20 @@ def fake_trial(config):
 fake_trial.__mixins__ = run_trial.__mixins__  # as a sweep's trainable: a stopped trial's tree ends before Tune moves on
 
 
+def sweep_trial(config, sweep):
+    """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``fake``), as the
+    sweep's Tuner runs it; ``config`` are the trial's params (for the fake trainer: ``steps``, ``hang``, ...)."""
+    from klsweep.trainers import TRAINERS
+    from tests.launchers.conftest import FAKE
+
+    TRAINERS["fake"] = FAKE
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    run_trial(config, sweep=sweep)
+
+
+sweep_trial.__mixins__ = run_trial.__mixins__
+
+
 def placement(out_dir: str) -> None:
     """2 nodes × 2 logical GPUs, 4 concurrent trials of 1 GPU each: prints one JSON line per trial."""
     import ray

@@ -3,11 +3,13 @@ process mode ``python -m klsweep.trainers.embedded`` (CPU), supervised, streamed
 
 The process writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``
 (``verl.utils.tracking.FileLogger``: unbuffered, truncated on start, so every attempt gets a new path); the trial
-tails that file and calls ``ray.tune.report(data | {"step": N})`` once per line, in order, where the health stopper
-and the searcher see it; the tail wakes when the file is written (inotify, :mod:`klsweep.launchers._watch`), so a
-step reaches Tune within milliseconds, while the process still runs. When Tune stops the trial (``tune.report``
-raises ``SystemExit``), when the process fails, and when the sweep driver dies, :mod:`klsweep.launchers.supervisor`
-ends the whole process tree (ray#23971, ray#34125).
+tails that file and calls ``ray.tune.report(data | {"step": N})`` once per training step, in order, where the health
+stopper and the searcher see it; the tail wakes when the file is written (inotify, :mod:`klsweep.launchers._watch`),
+so a step reaches Tune within milliseconds, while the process still runs. verl's step-0 line (validation before
+training, ``verl/trainer/ppo/v1/trainer_base.py``) is not a result of its own: it is merged into step 1's, so Tune's
+``training_iteration`` equals verl's step and ASHA (``time_attr="training_iteration"``) stops at the steps it names.
+When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the process fails, and when the sweep driver
+dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (ray#23971, ray#34125).
 
 Layout of a trial directory (Tune's ``get_trial_dir()``)::
 
@@ -151,9 +153,11 @@ def run_process_trial(
         sweep: the loaded :class:`klsweep.spec.Sweep` (its ``trainer`` is used unless ``trainer`` is given).
         trainer: ``verl`` or ``embedded``.
         trial_dir: where the trial's files go (default: ``ray.tune.get_context().get_trial_dir()``).
-        report: called with ``data | {"step": N}`` once per metrics line, in file order (default
-            ``ray.tune.report``). Raising from it (Tune raises ``SystemExit`` when it stops the trial) ends the
-            process tree and propagates.
+        report: called with ``data | {"step": N}`` once per training step N ≥ 1, in file order (default
+            ``ray.tune.report``), so Tune's ``training_iteration`` is verl's step. The step-0 line (validation before
+            training) is merged into step 1's call, step 1's own values winning; a run that ends cleanly without a
+            step 1 gets it as ``{"step": 0}`` at its end. Raising from it (Tune raises ``SystemExit`` when it stops
+            the trial) ends the process tree and propagates.
         timeout_s: wall-clock limit of each attempt in seconds (None: none). Checkpoint steps of verl take ~10× a
             normal step (~2,500 s against ~170 s in verl's GRPO reference log): size it for the whole run, not per step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
@@ -180,17 +184,42 @@ def run_process_trial(
     gpu_ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
-    last_step = -1  # verl logs validation before training as step 0
+    steps = _StepReports(report)
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
         argv, env = trial_command(overrides, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
-        failure, last_step = _run_attempt(argv, env, attempt_dir(trial_dir, attempt), report, last_step,
-                                          timeout_s=timeout_s, grace_s=grace_s)
+        failure = _run_attempt(argv, env, attempt_dir(trial_dir, attempt), steps, timeout_s=timeout_s, grace_s=grace_s)
         if failure is None:
+            steps.finish()
             return
         failure.save(trial_dir / "failure.json")
         if not failure.retryable or retry == retries:
             raise TrialFailed(failure.kind, failure.message)
+
+
+class _StepReports:
+    """verl's metrics lines → one report per training step (see ``report`` of :func:`run_process_trial`)."""
+
+    def __init__(self, report: Callable[[dict[str, Any]], Any]):
+        self._report = report
+        self.last_step = 0  # the last training step reported
+        self._before_training: dict[str, Any] | None = None  # step 0's data, until step 1 comes
+
+    def line(self, step: int, data: dict[str, Any]) -> None:
+        if step == 0:  # verl logs validation before training as step 0; a retry that starts afresh logs it again
+            if self.last_step == 0:  # after training steps were reported it is a repeat, and no step 1 follows
+                self._before_training = data
+        elif step > self.last_step:  # a retry resumed from an older checkpoint logs those steps again
+            merged = (self._before_training or {}) | data
+            self._before_training = None
+            self._report(merged | {"step": step})
+            self.last_step = step
+
+    def finish(self) -> None:
+        """The run ended cleanly: a step-0 line that no step followed (``trainer.val_only``) is reported alone."""
+        if self._before_training is not None:
+            data, self._before_training = self._before_training, None
+            self._report(data | {"step": 0})
 
 
 #: The trial attempts running in this process (a Tune trial actor runs one at a time): (handle, grace_s).
@@ -219,13 +248,12 @@ def _run_attempt(
     argv: list[str],
     env: dict[str, str],
     run_dir: Path,
-    report: Callable[[dict[str, Any]], Any],
-    last_step: int,
+    steps: _StepReports,
     *,
     timeout_s: float | None,
     grace_s: float,
-) -> tuple[Failure | None, int]:
-    """One start of the trial's process: tail its metrics until it ends; (its failure or None, last step reported)."""
+) -> Failure | None:
+    """One start of the trial's process: tail its metrics until it ends; its failure, or None."""
     run_dir.mkdir(parents=True)
     handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
     with _RUNNING_LOCK:
@@ -238,9 +266,7 @@ def _run_attempt(
         while True:
             record = handle.exit_record()
             for step, data in metrics.read_new():
-                if step > last_step:  # a retry resumed from an older checkpoint logs those steps again
-                    report(data | {"step": step})
-                    last_step = step
+                steps.line(step, data)
             if record is not None:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -259,11 +285,11 @@ def _run_attempt(
     returncode = record["returncode"] if record else None
     if returncode == 0 and not timed_out:
         if metrics.lines == 0:
-            return Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}"), last_step
-        return None, last_step
+            return Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}")
+        return None
     stderr_path = run_dir / "stderr.log"
     stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-    return classify(returncode, stderr, timed_out=timed_out), last_step
+    return classify(returncode, stderr, timed_out=timed_out)
 
 
 class _MetricsTail:
