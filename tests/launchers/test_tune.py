@@ -183,3 +183,26 @@ def test_one_tune_result_per_training_step(ray_local, fake_trainer, tmp_path):
     assert list(rows["step"]) == [1, 2, 3, 4]
     assert list(rows["training_iteration"]) == [1, 2, 3, 4]
     assert rows["val-core/fake/acc/mean@1"].tolist()[0] == 0.25 and rows["actor/kl_loss"].tolist()[0] == 0.01
+
+
+def test_a_trial_past_its_time_limit_fails_and_ends_its_tree(ray_local, fake_trainer, tmp_path):
+    """budget.trial_timeout_s: a trial whose process hangs (as verl's start-up can, holding its GPUs) ends with its
+    whole tree after that many seconds and is an ERROR trial (FAIL in the study) saying so."""
+    sweep = _fake_sweep("budget.trial_timeout_s=2")
+    assert sweep.budget.trial_timeout_s == 2
+    start = time.monotonic()
+    tuner = tune.Tuner(
+        tune.with_parameters(sweep_trial, sweep=sweep),
+        param_space={"steps": 1, "hang": 1, "grandchildren": 1},
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="timeout", verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    (result,) = tuner.fit()
+
+    assert "timeout: timed out after 2 s" in str(result.error)
+    assert time.monotonic() - start < 60
+    failure = json.loads((Path(result.path) / "failure.json").read_text())
+    assert failure["kind"] == "timeout" and failure["message"].startswith("timed out after 2 s")
+    assert not attempt_dir(Path(result.path), 2).exists()  # a timeout is not retried
+    assert [row["step"] for _, row in result.metrics_dataframe.iterrows()] == [1]
+    print(f"timed-out trial: tree gone {seconds_until_gone(_pids(Path(result.path))):.2f} s after fit() returned")

@@ -8,8 +8,9 @@ stopper and the searcher see it; the tail wakes when the file is written (inotif
 so a step reaches Tune within milliseconds, while the process still runs. verl's step-0 line (validation before
 training, ``verl/trainer/ppo/v1/trainer_base.py``) is not a result of its own: it is merged into step 1's, so Tune's
 ``training_iteration`` equals verl's step and ASHA (``time_attr="training_iteration"``) stops at the steps it names.
-When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the process fails, and when the sweep driver
-dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (ray#23971, ray#34125).
+When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the process fails or runs past its time limit,
+and when the sweep driver dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (ray#23971,
+ray#34125).
 
 Layout of a trial directory (Tune's ``get_trial_dir()``)::
 
@@ -37,7 +38,7 @@ from typing import Any
 
 from klsweep.launchers import supervisor
 from klsweep.launchers._watch import DirectoryWatch
-from klsweep.launchers.failures import Failure, TrialFailed, classify
+from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
 from klsweep.trainers import TRAINERS, VERL_MODULE, trainer_kind
 from klsweep.verl.config import format_overrides
 
@@ -158,8 +159,10 @@ def run_process_trial(
             training) is merged into step 1's call, step 1's own values winning; a run that ends cleanly without a
             step 1 gets it as ``{"step": 0}`` at its end. Raising from it (Tune raises ``SystemExit`` when it stops
             the trial) ends the process tree and propagates.
-        timeout_s: wall-clock limit of each attempt in seconds (None: none). Checkpoint steps of verl take ~10× a
-            normal step (~2,500 s against ~170 s in verl's GRPO reference log): size it for the whole run, not per step.
+        timeout_s: wall-clock limit of each attempt in seconds (None: none; the sweep's ``budget.trial_timeout_s``).
+            An attempt past it ends with its whole tree and fails with kind ``timeout``, "timed out after N s" (not
+            retried). Checkpoint steps of verl take ~10× a normal step (~2,500 s against ~170 s in verl's GRPO
+            reference log): size it for the whole run, not per step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
         retries: how many new attempts a retryable failure gets.
 
@@ -283,13 +286,16 @@ def _run_attempt(
             with _RUNNING_LOCK:
                 _RUNNING.pop(id(handle), None)
     returncode = record["returncode"] if record else None
-    if returncode == 0 and not timed_out:
+    stderr_path = run_dir / "stderr.log"
+    stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
+    if timed_out:
+        return Failure("timeout", returncode, f"timed out after {timeout_s:g} s: the process ran past its time limit "
+                       "(budget.trial_timeout_s) and its whole tree was stopped", stderr[-TAIL_CHARS:])
+    if returncode == 0:
         if metrics.lines == 0:
             return Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}")
         return None
-    stderr_path = run_dir / "stderr.log"
-    stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-    return classify(returncode, stderr, timed_out=timed_out)
+    return classify(returncode, stderr)
 
 
 class _MetricsTail:

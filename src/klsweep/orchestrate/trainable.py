@@ -6,8 +6,8 @@ health stopper (on the driver) and the searcher see it. A checkpoint is saved on
 sweep continues an interrupted trial from there instead of from step 0.
 
 A process trainer's trial (``trainer: verl``) is one supervised process tree
-(:func:`klsweep.launchers.process.run_process_trial`); when Tune stops such a trial, its actor gives back the trial's
-resources only once that tree is gone (:class:`EndsWithItsProcess`).
+(:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``; when Tune stops such a
+trial, its actor gives back the trial's resources only once that tree is gone (:class:`EndsWithItsProcess`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     if kind.in_process is None:
         from klsweep.launchers.process import run_process_trial
 
-        run_process_trial(overrides, sweep=sweep)
+        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s)
         return
 
     trainer = kind.in_process(sweep, overrides)

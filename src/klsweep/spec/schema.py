@@ -218,6 +218,13 @@ class Budget(BaseModel):
     max_concurrent: int = Field(2, ge=1, description="trials running at once")
     max_steps: int = Field(80, ge=1, description="training steps per trial (verl trainer.total_training_steps)")
     resources: Resources = Field(default_factory=Resources, description="resources per trial")
+    trial_timeout_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="wall-clock limit of one trial in seconds (None: no limit); for process trainers (trainer: verl), "
+        "whose start-up can hang and hold the trial's GPUs for good. A trial past it ends with its whole process tree "
+        "and is recorded FAIL, its error saying 'timed out after N s'. Size it for the whole run, start-up included: "
+        "verl's checkpoint steps take ~10x a normal step (~2,500 s against ~170 s in verl's GRPO reference log)",
+    )
 
 
 class Wandb(BaseModel):
