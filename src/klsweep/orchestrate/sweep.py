@@ -228,6 +228,7 @@ def _reuse_actors(trainer: str) -> bool:
 
 def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool):
     from ray import tune
+    from ray.tune import Callback
 
     from klsweep.health import HealthStopper, load_ruleset
     from klsweep.orchestrate.progress import SweepProgress
@@ -244,7 +245,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
             reduction_factor=sweep.scheduler.reduction_factor,
         )
     stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(trial_overrides, sweep))
-    callbacks = [SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet)]
+    callbacks: list[Callback] = [SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet)]
     if sweep.wandb.mode != "disabled":
         from klsweep.orchestrate.wandb_logging import wandb_callback
 
