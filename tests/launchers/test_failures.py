@@ -313,3 +313,14 @@ def test_ray_colours_and_the_kept_tail():
     failure = classify(1, "x" * 10 * TAIL_CHARS + "\n" + coloured + "\n" + ACTOR_DIED)
     assert failure.kind == "cuda_oom" and failure.message.startswith("(WorkerDict pid=48213) torch.OutOfMemoryError")
     assert len(failure.stderr_tail) == TAIL_CHARS
+
+
+def test_trial_failed_survives_copy_and_pickle_as_ray_handles_it():
+    import copy
+    import pickle
+
+    from klsweep.launchers.failures import TrialFailed
+
+    error = TrialFailed("timeout", "timed out after 2 s")
+    for clone in (copy.copy(error), pickle.loads(pickle.dumps(error))):
+        assert (clone.kind, clone.message, str(clone)) == ("timeout", "timed out after 2 s", str(error))

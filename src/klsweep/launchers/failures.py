@@ -223,6 +223,11 @@ class TrialFailed(RuntimeError):
         self.message = message
         super().__init__(f"{kind}: {message}")
 
+    def __reduce__(self):
+        # Ray copies and pickles a trial's exception (copy.copy rebuilds it from self.args, one string): rebuild
+        # it from both fields instead.
+        return (type(self), (self.kind, self.message))
+
 
 def classify(returncode: int | None, stderr: str, *, timed_out: bool = False) -> Failure:
     """The :class:`Failure` of a process that ended with ``returncode`` and wrote ``stderr``.
