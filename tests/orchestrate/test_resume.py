@@ -20,6 +20,8 @@ import psutil
 import pytest
 
 from klsweep.orchestrate import _ray_session
+from klsweep.results import SweepRecord, default_storage
+from klsweep.spec import load_sweep
 from tests.orchestrate.conftest import sweep_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -286,6 +288,10 @@ def test_cleanup_never_touches_another_ray_session(ray_local, tmp_path, capsys):
 def test_overwrite_ends_the_killed_drivers_ray(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
+    path = sweep_file(tmp_path, "again", budget={"trials": 1, "max_steps": 2})
+    sweep = load_sweep(path)  # a sweep directory, as a killed `sweep run` leaves it: its record, then its Ray's
+    SweepRecord(name=sweep.name, sweep_file=path, study_name=sweep.name, storage=default_storage(),
+                objectives=[o.model_dump() for o in sweep.objectives], sweep=sweep.model_dump(mode="json")).write(out)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(out)], env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -295,7 +301,6 @@ def test_overwrite_ends_the_killed_drivers_ray(tmp_path):
     finally:
         driver.kill()
         driver.wait()
-    path = sweep_file(tmp_path, "again", budget={"trials": 1, "max_steps": 2})
     rerun = _sweep("run", path, "--out", str(out), "--overwrite", "--quiet")
     assert rerun.returncode in (0, 1), rerun.stdout + rerun.stderr
     assert not _running(session | _session_processes(recorded["session_dir"]))
