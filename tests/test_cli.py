@@ -3,6 +3,10 @@ klsweep's are never written into or deleted."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from klsweep import __version__
@@ -41,3 +45,17 @@ def test_a_directory_without_a_sweep_is_neither_written_into_nor_deleted(tmp_pat
     err = capsys.readouterr().err
     assert "holds files but no klsweep sweep (no sweep.json)" in err and "--out DIR" in err
     assert [p.name for p in notes.iterdir()] == ["ideas.txt"] and (notes / "ideas.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("where", [["--address", "auto"], ["--launcher", "slurm"]])
+def test_no_cluster_to_join_is_one_line_and_leaves_nothing_behind(tmp_path, where):
+    # RAY_TMPDIR without a ray_current_cluster file: no Ray to find, whatever else runs on this machine
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "klsweep.cli", "run", sweep_file(tmp_path), "--out", str(out),
+                          *where], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and "no Ray cluster to join at" in run.stderr
+    assert "Start the cluster first" in run.stderr
+    assert not out.exists()  # the retry is not blocked by a half-made results directory

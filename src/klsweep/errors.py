@@ -45,3 +45,7 @@ class TraceReadError(KlsweepError):
 
 class ResultsError(KlsweepError):
     """A sweep directory is missing, incomplete or would be overwritten."""
+
+
+class ClusterError(KlsweepError):
+    """The Ray cluster a sweep was told to join (``--address``, a launch profile) cannot be reached."""

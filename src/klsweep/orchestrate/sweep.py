@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from klsweep.analysis.load import storage_from_url, study_of
-from klsweep.errors import ResultsError
+from klsweep.errors import ClusterError, ResultsError
 from klsweep.orchestrate import _ray_session
 from klsweep.results import SWEEP_FILE, TRIALS_CSV, TUNE_DIR, SweepRecord, default_storage
 
@@ -92,8 +92,17 @@ def run_sweep(
     )
     if resume and (out_dir / SWEEP_FILE).is_file():
         return _resume(out_dir, sweep, record, source=sweep_file, address=address, quiet=quiet)
+    created = not out_dir.exists()
     _prepare_out(out_dir, overwrite=overwrite)
     record.write(out_dir)
+    try:
+        _init_ray(sweep, address, out_dir)
+    except ClusterError:  # nothing ran: leave nothing behind that would block the retry
+        if created:
+            shutil.rmtree(out_dir)
+        else:
+            (out_dir / SWEEP_FILE).unlink()
+        raise
     return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=False)
 
 
@@ -168,7 +177,16 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
     _ray_session.end_orphaned_session(out_dir)
     address = ray_address(sweep.launcher, address)
     if address:
-        ray.init(address=address, log_to_driver=False)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as e:
+            how = f"--address {address}" if address != "auto" or sweep.launcher == "local" else (
+                f"launcher {sweep.launcher} (address auto)")
+            reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+            raise ClusterError(
+                f"no Ray cluster to join at {how}: {reason}. Start the cluster first (`ray start --head`, or the "
+                f"launch profile in launchers/README.md), or leave out --address/--launcher to run on a private "
+                f"local Ray") from None
         return
     cpus = max(os.cpu_count() or 1, int(sweep.budget.max_concurrent * sweep.budget.resources.cpu))
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
