@@ -4,6 +4,7 @@ klsweep's are never written into or deleted."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -47,15 +48,18 @@ def test_a_directory_without_a_sweep_is_neither_written_into_nor_deleted(tmp_pat
     assert [p.name for p in notes.iterdir()] == ["ideas.txt"] and (notes / "ideas.txt").read_text() == "keep me"
 
 
-@pytest.mark.parametrize("where", [["--address", "auto"], ["--launcher", "slurm"]])
-def test_no_cluster_to_join_is_one_line_and_leaves_nothing_behind(tmp_path, where):
-    # RAY_TMPDIR without a ray_current_cluster file: no Ray to find, whatever else runs on this machine
-    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
+def test_no_cluster_to_join_is_one_line_and_leaves_nothing_behind(tmp_path):
+    # A port nobody listens on (`--address auto` would join any Ray this machine runs, the tests' own included):
+    # Ray's client gives up after its 30 s connection timeout.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "klsweep.cli", "run", sweep_file(tmp_path), "--out", str(out),
-                          *where], env=env, capture_output=True, text=True, timeout=300)
+                          "--address", f"ray://127.0.0.1:{port}"],
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "Traceback" not in run.stderr and "no Ray cluster to join at" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert f"no Ray cluster to join at --address ray://127.0.0.1:{port}" in run.stderr
     assert "Start the cluster first" in run.stderr
     assert not out.exists()  # the retry is not blocked by a half-made results directory
