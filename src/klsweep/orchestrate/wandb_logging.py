@@ -17,7 +17,22 @@ import os
 import sys
 from pathlib import Path
 
-from ray.air.integrations.wandb import WandbLoggerCallback
+from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+
+class _FlushingWandbLoggingActor(_WandbLoggingActor):
+    """Ray's W&B logging actor, which also waits for W&B's service process to write the run file before it returns.
+
+    ``wandb.finish`` returns before wandb-core has flushed the run (ray/air/integrations/wandb.py ends the actor
+    right after it): on a loaded machine an offline run file was left with its 7-byte header only.
+    ``wandb.teardown`` waits for the service to finish every stream.
+    """
+
+    def run(self):
+        try:
+            super().run()
+        finally:
+            self._wandb.teardown()
 
 
 class VerlWandbCallback(WandbLoggerCallback):
@@ -27,6 +42,8 @@ class VerlWandbCallback(WandbLoggerCallback):
         overrides_of: params → verl overrides (:func:`klsweep.space.trial_overrides` bound to the sweep).
         **kwargs: ``WandbLoggerCallback`` arguments (project, group, entity, mode, ...).
     """
+
+    _logger_actor_cls = _FlushingWandbLoggingActor
 
     def __init__(self, overrides_of, **kwargs):
         super().__init__(**kwargs)
