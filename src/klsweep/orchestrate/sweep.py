@@ -91,7 +91,8 @@ def run_sweep(
         sweep=sweep.model_dump(mode="json"),
     )
     if resume and (out_dir / SWEEP_FILE).is_file():
-        return _resume(out_dir, sweep, record, source=sweep_file, address=address, quiet=quiet)
+        return _resume(out_dir, sweep, record, SweepRecord.read(out_dir), source=sweep_file, address=address,
+                       quiet=quiet)
     created = not out_dir.exists()
     _prepare_out(out_dir, overwrite=overwrite)
     record.write(out_dir)
@@ -131,14 +132,15 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
     _preflight(sweep)
     record = saved.model_copy(update={"overrides": [*saved.overrides, *overrides],
                                       "sweep": sweep.model_dump(mode="json")})
-    return _resume(out_dir, sweep, record, source=saved.sweep_file, address=address, quiet=quiet)
+    return _resume(out_dir, sweep, record, saved, source=saved.sweep_file, address=address, quiet=quiet)
 
 
-def _resume(out_dir: Path, sweep, record: SweepRecord, *, source: str, address: str | None, quiet: bool) -> int:
-    """Check ``record`` (the sweep a resume was given) against the saved one, say what changes, save it, resume."""
+def _resume(out_dir: Path, sweep, record: SweepRecord, saved: SweepRecord, *, source: str, address: str | None,
+            quiet: bool) -> int:
+    """Check ``record`` (the sweep a resume was given) against ``saved`` (its ``sweep.json``), say what changes, save
+    it, resume."""
     from klsweep.orchestrate.resume import check_resume
 
-    saved = SweepRecord.read(out_dir)
     for change in check_resume(saved.sweep, record.sweep, run_dir=str(out_dir), source=source):
         print(f"resume: {change}", file=sys.stderr)
     record = record.model_copy(update={"study_name": saved.study_name, "storage": saved.storage,
