@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
+from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  # no torch: config only
 from klsweep.verl.config import verl_command
 
 #: The names ``trainer:`` accepts (the keys of :data:`TRAINERS`).
@@ -115,17 +116,11 @@ def _embedded_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
              verl_command(transferable))]
 
 
-def _embedded_val_metric() -> str:
-    from klsweep.trainers.embedded.config import VAL_METRIC
-
-    return VAL_METRIC
-
-
 #: Every trainer by its ``trainer:`` name.
 TRAINERS: dict[str, TrainerKind] = {
     "embedded": TrainerKind(
         "embedded", "the CPU trainer in klsweep (verl's core_algos on a small arithmetic task)",
-        module="klsweep.trainers.embedded", in_process=_embedded, validation_metric=_embedded_val_metric(),
+        module="klsweep.trainers.embedded", in_process=_embedded, validation_metric=EMBEDDED_VAL_METRIC,
         defaults=_embedded_defaults, reproduce=_embedded_reproduce,
     ),
     "verl": TrainerKind(
