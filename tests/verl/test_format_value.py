@@ -18,7 +18,8 @@ def _parsed(value):
 
 
 @pytest.mark.parametrize("value", ["C:\\data\\run", "a\\b", "\\", "end\\", "\\\\", "it's", "a\\'b", "q\\'", "\\'",
-                                   "x y\\n", "on", "k3+"])
+                                   "x y\\n", "on", "k3+",
+                                   "a\n", "x\ny", "\n", "a\tb"])
 def test_strings_with_backslashes_round_trip_through_hydras_parser(value):
     assert _parsed(value) == value
 

@@ -52,7 +52,7 @@ KL_ESTIMATOR_KEYS = ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penal
 #: KL coefficients that must not be negative unless the sweep opts in (Logic-RL#58, rllm#15: runs with one).
 KL_COEF_KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef")
 
-_SAFE_BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
+_SAFE_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
 _BARE_WORDS = {"true", "false", "null", "none", "nan", "inf", "on", "off", "yes", "no"}
 _BACKSLASHES_BEFORE_QUOTE = re.compile(r"\\+(?='|\Z)")
 
@@ -77,7 +77,7 @@ def format_value(value: Any) -> str:
             raise OverrideError(f"value {value!r} cannot be passed to verl: use a finite number")
         return repr(value)
     if isinstance(value, str):
-        if _SAFE_BARE.match(value) and value.lower() not in _BARE_WORDS:
+        if _SAFE_BARE.fullmatch(value) and value.lower() not in _BARE_WORDS:
             return value
         return _quote(value)
     if isinstance(value, (list, tuple)):
