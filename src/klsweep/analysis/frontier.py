@@ -1,0 +1,266 @@
+"""The KL frontier: Gao, Schulman & Hilton's over-optimisation laws fitted to a sweep's trials.
+
+Gao et al. 2022 ("Scaling laws for reward model overoptimization", arXiv 2210.10760, eqs. 1-2) model the gold score
+gained over the initial policy as a function of ``d = sqrt(KL(pi || pi_init))``, with KL per sequence in nats:
+
+* RL:        ``R(d) = d (alpha - beta log d)``, peak at ``d* = exp(alpha / beta - 1)``, ``R(d*) = beta d*``
+* best-of-n: ``R(d) = d (alpha - beta d)``,     peak at ``d* = alpha / (2 beta)``,      ``R(d*) = alpha^2 / (4 beta)``
+
+Both are linear in ``(alpha, beta)`` and pass through ``R(0) = 0``, so each is an ordinary least-squares fit without
+intercept of the gain ``score - reference`` on the features ``(d, -d log d)`` or ``(d, -d**2)``. The better form is
+the one with the lower leave-one-out error; intervals are percentile bootstrap intervals over trials.
+
+Units: verl logs KL as a per-token mean (``actor/kl_loss`` under ``token-mean``, ``actor/reward_kl_penalty``); the
+paper's KL is per sequence. :func:`frontier_points` converts with each trial's mean response length
+(``response_length/mean``): ``KL_seq = KL_token * response_length``. It refuses trials whose KL is on another scale
+(estimator, aggregation or mechanism, :func:`klsweep.analysis.pareto.kl_scale`), as the Pareto front does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from klsweep.analysis.pareto import kl_scale
+from klsweep.errors import ResultsError
+from klsweep.verl.metrics import resolve
+
+Form = Literal["rl", "bon"]
+FORMS: tuple[Form, ...] = ("rl", "bon")
+#: verl's mean response length per training step (tokens), ``compute_data_metrics`` in verl/trainer/ppo/metric_utils.py.
+RESPONSE_LENGTH = "response_length/mean"
+#: Fewer trials than this leave the two-parameter fit and its leave-one-out error meaningless.
+MIN_POINTS = 4
+
+
+def gao_gain(form: Form, d: np.ndarray | float, alpha: float, beta: float) -> np.ndarray:
+    """Gold-score gain over the initial policy at ``d = sqrt(KL_seq)`` (Gao et al. 2022, eqs. 1-2); ``R(0) = 0``.
+
+    Args:
+        form: ``"rl"`` (``d (alpha - beta log d)``) or ``"bon"`` (``d (alpha - beta d)``).
+        d: square roots of per-sequence KL in nats, any shape, ``>= 0``.
+    Returns:
+        Array of ``d``'s shape.
+    """
+    d = np.asarray(d, dtype=float)
+    if form == "rl":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(d > 0, d * (alpha - beta * np.log(np.where(d > 0, d, 1.0))), 0.0)
+    return d * (alpha - beta * d)
+
+
+def _features(form: Form, d: np.ndarray) -> np.ndarray:
+    """Design matrix ``(n, 2)`` of the linear model ``gain = X @ (alpha, beta)``."""
+    if form == "rl":
+        return np.column_stack([d, -d * np.log(np.where(d > 0, d, 1.0))])
+    return np.column_stack([d, -d * d])
+
+
+def fit_form(form: Form, d: np.ndarray, gain: np.ndarray) -> tuple[float, float]:
+    """Least-squares ``(alpha, beta)`` of one form through the origin.
+
+    Args:
+        d: ``(n,)`` square roots of per-sequence KL, ``n >= 2``.
+        gain: ``(n,)`` score minus the reference policy's score.
+    """
+    coef, *_ = np.linalg.lstsq(_features(form, d), gain, rcond=None)
+    return float(coef[0]), float(coef[1])
+
+
+def peak(form: Form, alpha: float, beta: float) -> tuple[float, float]:
+    """``(d*, R(d*))``: where the fitted gain peaks and its value there.
+
+    ``beta <= 0`` has no interior maximum (the gain keeps rising with KL): ``(inf, inf)`` when it rises, and for a
+    gain that never rises (``alpha <= 0`` with ``beta <= 0``) the peak is at ``d = 0`` with gain 0.
+    """
+    if beta <= 0:
+        return (math.inf, math.inf) if alpha > 0 or beta < 0 else (0.0, 0.0)
+    if form == "rl":
+        exponent = alpha / beta - 1.0
+        if exponent > 700:  # beyond float range: a peak far outside any sweep
+            return math.inf, math.inf
+        d_star = math.exp(exponent)
+        return d_star, beta * d_star
+    if alpha <= 0:
+        return 0.0, 0.0
+    return alpha / (2 * beta), alpha * alpha / (4 * beta)
+
+
+def loo_rmse(form: Form, d: np.ndarray, gain: np.ndarray) -> float:
+    """Leave-one-out root-mean-square error of the form's predictions (held-out error used to pick the form)."""
+    errors = []
+    for i in range(len(d)):
+        keep = np.arange(len(d)) != i
+        alpha, beta = fit_form(form, d[keep], gain[keep])
+        errors.append(float(gao_gain(form, d[i], alpha, beta)) - gain[i])
+    return float(np.sqrt(np.mean(np.square(errors))))
+
+
+@dataclass(frozen=True)
+class FormFit:
+    """One Gao form fitted to a sweep.
+
+    Attributes:
+        form: ``"rl"`` or ``"bon"``.
+        alpha, beta: the fitted coefficients (score units per sqrt-nat).
+        loo_rmse: leave-one-out RMSE of the gain, score units.
+        d_star: ``sqrt(KL*)`` where the gain peaks (``inf``: no peak, the gain still rises).
+        kl_star: ``d_star ** 2``, per-sequence KL in nats.
+        peak_score: the reference score plus the gain at the peak.
+        intervals: ``{"alpha"|"beta"|"d_star"|"kl_star"|"peak_score": (low, high)}`` at ``level``.
+    """
+
+    form: Form
+    alpha: float
+    beta: float
+    loo_rmse: float
+    d_star: float
+    kl_star: float
+    peak_score: float
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Both forms fitted to ``n`` trials, the better one first in :attr:`best`.
+
+    Attributes:
+        reference: the reference policy's score (``d = 0``).
+        fits: ``{form: FormFit}``.
+        best: the form with the lower leave-one-out error.
+        n: trials fitted; ``d_max``: the largest ``d`` among them (a peak beyond it is an extrapolation).
+        level: the intervals' coverage (e.g. 0.8).
+    """
+
+    reference: float
+    fits: dict[str, FormFit]
+    best: FormFit
+    n: int
+    d_max: float
+    level: float
+
+    def score(self, d: np.ndarray | float, form: Form | None = None) -> np.ndarray:
+        """Predicted score (reference + gain) at ``d``, by ``form`` (default: the best)."""
+        fit = self.fits[form] if form else self.best
+        return self.reference + gao_gain(fit.form, d, fit.alpha, fit.beta)
+
+    @property
+    def extrapolated(self) -> bool:
+        """The best form's peak lies beyond the largest KL the sweep reached."""
+        return self.best.d_star > self.d_max
+
+    def interval_width(self, key: str = "kl_star") -> float:
+        """Relative width ``(high - low) / estimate`` of the best form's interval on ``key`` (``inf`` if unbounded)."""
+        low, high = self.best.intervals[key]
+        estimate = getattr(self.best, key)
+        if not all(map(math.isfinite, (low, high, estimate))) or estimate == 0:
+            return math.inf
+        return (high - low) / abs(estimate)
+
+
+def fit_frontier(
+    kl_seq: Sequence[float] | np.ndarray,
+    score: Sequence[float] | np.ndarray,
+    reference: float,
+    *,
+    level: float = 0.8,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Frontier:
+    """Fit both Gao forms to ``(KL, score)`` points of finished trials.
+
+    Args:
+        kl_seq: ``(n,)`` per-sequence KL to the reference policy, nats, ``>= 0`` (see :func:`frontier_points`).
+        score: ``(n,)`` gold/validation score of the same trials at the same step.
+        reference: the reference policy's score (the fit's ``d = 0``).
+        level: coverage of the percentile bootstrap intervals (resampling trials with replacement).
+        n_boot: bootstrap resamples; ``seed``: their generator's seed.
+
+    Raises:
+        ResultsError: fewer than :data:`MIN_POINTS` finite points, or a negative KL.
+    """
+    kl = np.asarray(kl_seq, dtype=float)
+    y = np.asarray(score, dtype=float)
+    ok = np.isfinite(kl) & np.isfinite(y)
+    kl, y = kl[ok], y[ok]
+    if len(kl) < MIN_POINTS:
+        raise ResultsError(f"the KL frontier needs at least {MIN_POINTS} trials with a KL and a score; got {len(kl)}")
+    if (kl < 0).any():
+        raise ResultsError(f"KL must be >= 0 to fit the frontier, got {kl.min():g}: use a non-negative estimator "
+                           "(kl on a trial that ended, or low_var_kl/k3, mse/k2, abs)")
+    d, gain = np.sqrt(kl), y - reference
+    rng = np.random.default_rng(seed)
+    samples = rng.integers(0, len(d), size=(n_boot, len(d)))
+    tails = ((1 - level) / 2 * 100, (1 + level) / 2 * 100)
+    fits = {}
+    for form in FORMS:
+        alpha, beta = fit_form(form, d, gain)
+        d_star, best_gain = peak(form, alpha, beta)
+        boot = []
+        for idx in samples:
+            a, b = fit_form(form, d[idx], gain[idx])
+            ds, g = peak(form, a, b)
+            boot.append((a, b, ds, ds * ds, reference + g))
+        table = np.array(boot)
+        intervals = {
+            key: tuple(float(v) for v in np.percentile(table[:, i], tails))
+            for i, key in enumerate(("alpha", "beta", "d_star", "kl_star", "peak_score"))
+        }
+        fits[form] = FormFit(form, alpha, beta, loo_rmse(form, d, gain), d_star, d_star * d_star,
+                             reference + best_gain, intervals)  # type: ignore[arg-type]
+    best = min(fits.values(), key=lambda f: f.loo_rmse)
+    return Frontier(reference, fits, best, len(d), float(d.max()), level)
+
+
+def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per trial, the per-sequence KL and the score at the trial's last step that logged both.
+
+    Args:
+        history: :func:`klsweep.analysis.load.load_history` (long format: ``trial_id, step, metric, value``).
+        score_metric: the gold/validation metric (e.g. ``val-core/arith/acc/mean@1``).
+        trials: :func:`klsweep.analysis.load.load` of the same sweep; when given, the KL scales of the fitted trials
+            (:func:`klsweep.analysis.pareto.kl_scale`) must agree.
+
+    Returns:
+        Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric`` (one row per trial that
+        logged a reference KL, the response length and the score at one step), and ``attrs["reference"]``: the
+        median over trials of the first logged score (verl validates the initial policy before training).
+
+    Raises:
+        ResultsError: no trial logged all three, or the trials measure KL on different scales.
+    """
+    rows, firsts = [], []
+    for trial_id, trial in history.groupby("trial_id", sort=False):
+        wide = trial.pivot_table(index="step", columns="metric", values="value", aggfunc="last").sort_index()
+        if score_metric not in wide:
+            continue
+        first = wide[score_metric].dropna()
+        if len(first):
+            firsts.append(float(first.iloc[0]))
+        kl_metric = resolve(dict.fromkeys(wide.columns), "ref_kl")
+        if kl_metric is None or RESPONSE_LENGTH not in wide:
+            continue
+        both = wide[[kl_metric, RESPONSE_LENGTH, score_metric]].dropna()
+        if both.empty:
+            continue
+        step, (kl_token, length, score) = both.index[-1], both.iloc[-1].to_numpy()
+        rows.append((trial_id, int(step), kl_token, length, kl_token * length, score, kl_metric))
+    if not rows:
+        raise ResultsError(f"no trial logged a reference KL, {RESPONSE_LENGTH} and {score_metric} at the same step")
+    out = pd.DataFrame(rows, columns=["trial_id", "step", "kl_token", "response_length", "kl_seq", "score",
+                                      "kl_metric"])
+    if out["kl_metric"].nunique() > 1:
+        raise ResultsError("the trials log KL in different metrics (" + ", ".join(sorted(out["kl_metric"].unique()))
+                           + "): one frontier per KL mechanism; fit the trials of one at a time")
+    if trials is not None and "trial_id" in trials:
+        scales = kl_scale(trials[trials["trial_id"].isin(out["trial_id"])]).unique()
+        if len(scales) > 1:
+            raise ResultsError("the trials measure KL on different scales (" + "; ".join(sorted(scales))
+                               + "): fit one estimator and aggregation at a time")
+    out.attrs["reference"] = float(np.median(firsts))
+    return out
