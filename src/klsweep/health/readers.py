@@ -9,8 +9,22 @@ Formats, by content (then by file name):
   ``(main_task pid=...)`` and ANSI colour codes, values possibly printed as ``np.float32(0.5)``; other lines
   (config dumps, sample generations) are skipped. Values are rounded to 3 decimals.
 - CSV (Tune ``progress.csv`` or a W&B export): a step column (``step``, ``_step``, ``Step``, ``global_step``,
-  ``training_iteration``); W&B's ``"<run> - metric"`` headers and ``__MIN``/``__MAX`` columns are handled; Tune's
-  ``config/...`` columns give the run config.
+  ``training_iteration``); W&B's ``"<run> - metric"`` headers and ``__MIN``/``__MAX`` columns are handled (a W&B
+  export holding several runs is read one run at a time: ``run=``); Tune's ``config/...`` columns give the run config.
+
+This module is the one decoder of the metric stream: ``sweep health check``, the ``replay`` trainer and the live
+``trainer: verl`` path (:class:`klsweep.launchers.process._MetricsTail`, one :func:`decode_json_line` per line) all
+read through it. Non-finite values as each writer spells them:
+
+- verl 0.9.1 ``FileLogger.log`` (``verl/utils/tracking.py``) writes with ``orjson``: NaN, inf and -inf become
+  ``null``; a ``null`` metric in a file-logger line is NaN (the sign is lost), not a metric left out.
+- Python's ``json`` (a file-logger jsonl written by other tools; Ray Tune's ``result.json`` for Python floats):
+  ``NaN``, ``Infinity``, ``-Infinity``.
+- Ray Tune's ``SafeFallbackEncoder`` (``ray/air/_internal/json.py``) writes a numpy NaN as the *string* ``"null"``:
+  in a ``result.json`` metric that string, and ``"nan"``/``"inf"`` strings, are non-finite; a JSON ``null`` there is a
+  value reported as None, not logged.
+- Text (console lines, Tune ``progress.csv``, W&B CSV exports): ``nan``, ``inf``, ``-inf``, ``NaN``, ``Infinity``,
+  ``-Infinity``, also wrapped (``np.float32(nan)``, ``tensor(nan)``). An empty CSV cell is "not logged".
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -47,6 +61,8 @@ class Trace:
         rounded: no value has more than 3 decimals (verl's console logger rounds; jsonl converted from console lines).
         config: the run's flat verl overrides when the log holds them (Tune), else None.
         skipped: lines that could not be parsed (e.g. a truncated last line).
+        runs: the run names of a W&B export (``"<run> - <metric>"`` headers), in column order; [] for other logs.
+        run: the run whose reports these are (a W&B export), else None.
     """
 
     path: Path
@@ -55,6 +71,8 @@ class Trace:
     rounded: bool = False
     config: dict[str, Any] | None = None
     skipped: int = 0
+    runs: list[str] = field(default_factory=list)
+    run: str | None = None
 
 
 def parse_value(text: str) -> float | str:
@@ -69,11 +87,17 @@ def parse_value(text: str) -> float | str:
         return text
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, run: str | None = None) -> Trace:
     """Read a training log.
 
+    Args:
+        path: the log (formats in the module docstring).
+        run: the run to read from a W&B export holding several (``"<run> - <metric>"`` headers); None reads a log of
+            one run.
+
     Raises:
-        TraceReadError: missing or unreadable file, or no step found in it (the message names the formats tried).
+        TraceReadError: missing or unreadable file, no step found in it (the message names the formats tried), a W&B
+            export of several runs without ``run`` or ``run`` not among its runs (the message lists them).
     """
     path = Path(path)
     try:
@@ -82,11 +106,11 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceReadError(f"cannot read trace {path}: {e.strerror or e}") from None
     first = text.lstrip()[:1]
     if path.suffix.lower() == ".csv":
-        trace = _read_csv(path, text)
-    elif first == "{":
-        trace = _read_json_lines(path, text)
+        trace = _read_csv(path, text, run)
     else:
-        trace = _read_console(path, text)
+        if run is not None:
+            _pick_run(path, [], run)
+        trace = _read_json_lines(path, text) if first == "{" else _read_console(path, text)
     if not trace.reports:
         raise TraceReadError(
             f"no training steps found in {path} (read as {trace.format}): expected a verl file-logger jsonl "
@@ -97,22 +121,77 @@ def read_trace(path: str | Path) -> Trace:
     return trace
 
 
-def _decode(line: str) -> Any:
-    """One JSON line. msgspec (a klsweep dependency) is ~3x faster than json; verl's file logger writes NaN and
-    Infinity as Python's json does (not strict JSON), which only json reads."""
+class JsonRecord(NamedTuple):
+    """One decoded JSON line of a metric stream.
+
+    Attributes:
+        format: ``verl-jsonl`` (a file-logger line) or ``tune-result-json`` (a Ray Tune result).
+        step: the training step (Tune: ``step``, else ``training_iteration``); None when the line has no integer one.
+        metrics: metric name → value, non-finite values as floats (see the module docstring); a Tune result keeps its
+            other keys (``config``, ``training_iteration``, ...), which the rules ignore.
+        config: a Tune result's flat verl overrides (from its ``config``), else None.
+    """
+
+    format: str
+    step: int | None
+    metrics: dict[str, Any]
+    config: dict[str, Any] | None
+
+
+def decode_json_line(line: str | bytes) -> JsonRecord:
+    """Decode one line of a verl file-logger jsonl or a Ray Tune ``result.json``.
+
+    msgspec (a klsweep dependency) is ~3x faster than json; lines with Python json's ``NaN``/``Infinity`` (not
+    strict JSON) fall back to json.
+
+    Raises:
+        ValueError: the line is not JSON, or not a ``{"step": N, "data": {...}}`` record nor a Tune result
+            (a dict with ``training_iteration``).
+    """
     try:
-        return _MSGSPEC.decode(line)
+        obj = _MSGSPEC.decode(line)
     except msgspec.DecodeError:
-        return json.loads(line)
+        obj = json.loads(line)  # json.JSONDecodeError is a ValueError
+    if isinstance(obj, dict) and isinstance(obj.get("data"), dict):
+        return JsonRecord("verl-jsonl", _int(obj.get("step")), _nulls_as_nan(obj["data"]), None)
+    if isinstance(obj, dict) and "training_iteration" in obj:
+        config = None
+        if isinstance(obj.get("config"), dict):
+            config = flat_verl_config(obj["config"]) or None
+        step = _int(obj.get("step", obj.get("training_iteration")))
+        return JsonRecord("tune-result-json", step, _tune_nonfinite(obj), config)
+    raise ValueError('neither a verl file-logger record {"step": N, "data": {...}} nor a Ray Tune result')
 
 
 def _nulls_as_nan(data: dict[str, Any]) -> dict[str, Any]:
-    """verl 0.9.1's ``FileLogger.log`` (verl/utils/tracking.py) writes with ``orjson.dumps``, which writes NaN, inf
-    and -inf as ``null``: in a verl file-logger line a ``null`` metric is a non-finite value (its sign is lost), not
-    a metric left out. NaN stands for all three, which every health rule reads as non-finite."""
+    """A ``null`` in a verl file-logger line is orjson's NaN/inf/-inf; NaN stands for all three (every health rule
+    reads it as non-finite)."""
     if None not in data.values():
         return data
     return {k: math.nan if v is None else v for k, v in data.items()}
+
+
+def _tune_nonfinite(result: dict[str, Any]) -> dict[str, Any]:
+    """Ray's ``SafeFallbackEncoder`` writes a numpy NaN as the string ``"null"``; strings that spell a non-finite
+    number become that float. Other strings stay strings."""
+    out = result
+    for key, value in result.items():
+        if isinstance(value, str) and (number := _nonfinite_text(value)) is not None:
+            if out is result:
+                out = dict(result)
+            out[key] = number
+    return out
+
+
+def _nonfinite_text(text: str) -> float | None:
+    lowered = text.strip().lower()
+    if lowered == "null":
+        return math.nan
+    try:
+        value = float(lowered)
+    except ValueError:
+        return None
+    return None if math.isfinite(value) else value
 
 
 def _read_json_lines(path: Path, text: str) -> Trace:
@@ -122,22 +201,15 @@ def _read_json_lines(path: Path, text: str) -> Trace:
         if not line:
             continue
         try:
-            obj = _decode(line)
-        except ValueError:  # json.JSONDecodeError is a ValueError
+            record = decode_json_line(line)
+        except ValueError:
             trace.skipped += 1
             continue
-        if not isinstance(obj, dict):
-            trace.skipped += 1
-            continue
-        if isinstance(obj.get("data"), dict):
-            trace.reports.append((_int(obj.get("step")), _nulls_as_nan(obj["data"])))
-        elif "training_iteration" in obj:
-            trace.format = "tune-result-json"
-            if trace.config is None and isinstance(obj.get("config"), dict):
-                trace.config = flat_verl_config(obj["config"]) or None
-            trace.reports.append((_int(obj.get("step", obj.get("training_iteration"))), obj))
-        else:
-            trace.skipped += 1
+        if record.format == "tune-result-json":
+            trace.format = record.format
+            if trace.config is None:
+                trace.config = record.config
+        trace.reports.append((record.step, record.metrics))
     return trace
 
 
@@ -158,14 +230,19 @@ def _read_console(path: Path, text: str) -> Trace:
     return trace
 
 
-def _read_csv(path: Path, text: str) -> Trace:
+def _read_csv(path: Path, text: str, run: str | None) -> Trace:
     trace = Trace(path, "csv")
     rows = list(csv.reader(text.splitlines()))
     if not rows:
         return trace
-    header = [_wandb_name(h) for h in rows[0]]
+    runs, header = zip(*(_wandb_column(h) for h in rows[0]))
+    trace.runs = list(dict.fromkeys(r for r in runs if r is not None))
+    trace.run = _pick_run(path, trace.runs, run)
     step_col = next((header.index(c) for c in _STEP_COLUMNS if c in header), None)
-    keep = [i for i, h in enumerate(header) if h and not h.endswith(("__MIN", "__MAX")) and i != step_col]
+    keep = [
+        i for i, h in enumerate(header)
+        if h and not h.endswith(("__MIN", "__MAX")) and i != step_col and runs[i] in (None, trace.run)
+    ]
     config: dict[str, Any] = {}
     for row in rows[1:]:
         if not row:
@@ -178,15 +255,34 @@ def _read_csv(path: Path, text: str) -> Trace:
                     config.setdefault(name.removeprefix("config/").replace("/", "."), _scalar(row[i]))
                 else:
                     metrics[name] = parse_value(row[i])
+        if trace.runs and not metrics:
+            continue  # a W&B export's row where this run logged nothing (another run's step)
         step = _int(parse_value(row[step_col])) if step_col is not None and step_col < len(row) else None
         trace.reports.append((step, metrics))
     trace.config = {k: v for k, v in config.items() if "." in k} or None
     return trace
 
 
-def _wandb_name(header: str) -> str:
-    # W&B UI export: "<run name> - actor/kl_loss"; metric names never contain " - "
-    return header.rsplit(" - ", 1)[-1].strip()
+def _wandb_column(header: str) -> tuple[str | None, str]:
+    """W&B UI export headers are ``"<run name> - <metric>"`` (metric names never hold " - "): (run, metric);
+    (None, header) for any other column."""
+    run, sep, metric = header.rpartition(" - ")
+    return (run.strip(), metric.strip()) if sep and run.strip() else (None, header.strip())
+
+
+def _pick_run(path: Path, runs: list[str], run: str | None) -> str | None:
+    """The run to read from a W&B export: ``run``, or its only run. A verdict is per run, never merged."""
+    if run is None and len(runs) <= 1:
+        return runs[0] if runs else None
+    if run is not None and run in runs:
+        return run
+    names = ", ".join(runs) if runs else "none (it holds one unnamed run)"
+    if run is None:
+        raise TraceReadError(
+            f"{path} holds {len(runs)} runs ({names}): a verdict is per run, never one for their merged metrics. "
+            "Pick one with --run NAME (sweep health check), or export one run"
+        )
+    raise TraceReadError(f"--run {run!r} is not a run of {path}; its runs: {names}. Give one of them or drop --run")
 
 
 def _scalar(text: str) -> Any:

@@ -25,8 +25,6 @@ Layout of a trial directory (Tune's ``get_trial_dir()``)::
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import sys
@@ -36,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from klsweep.health.readers import decode_json_line
 from klsweep.launchers import supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
@@ -315,7 +314,9 @@ class _MetricsTail:
     def read_new(self) -> list[tuple[int, dict[str, Any]]]:
         """``[(step, data), ...]`` of the lines completed since the last call.
 
-        verl's ``FileLogger`` serialises with orjson, which writes NaN and ±inf as ``null``: those come back as NaN.
+        Each line is decoded by :func:`klsweep.health.readers.decode_json_line`, the decoder ``sweep health check``
+        and the ``replay`` trainer read logs with: verl's ``FileLogger`` serialises with orjson, which writes NaN and
+        ±inf as ``null``; those come back as NaN.
 
         Raises:
             ValueError: a complete line is not a file-logger record ``{"step": N, "data": {...}}``.
@@ -335,10 +336,11 @@ class _MetricsTail:
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
-                data = {k: (math.nan if v is None else v) for k, v in entry["data"].items()}
-                out.append((int(entry["step"]), data))
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                record = decode_json_line(line)
+                if record.format != "verl-jsonl" or record.step is None:
+                    raise ValueError('not {"step": N, "data": {...}} with an integer step')
+                out.append((record.step, record.metrics))
+            except ValueError as e:
                 raise ValueError(
                     f"{self.path}, line {self._line_number}: not a verl file-logger record ({type(e).__name__}: {e}): "
                     f"{line[:200]!r}"
