@@ -130,3 +130,25 @@ def test_the_verl_name_of_an_alias_is_a_valid_objective(tmp_path):
                               "name: ok\nalgorithm: grpo\nobjective: [{metric: val-core/arith/acc/mean@1, mode: max},"
                               " {metric: actor/kl_loss, mode: min}]\nparameters:\n  kl_coef: {values: [0.01, 0.1]}\n")
     assert code == 0, printed
+
+
+@pytest.mark.slow
+def test_validate_runs_verls_adaptive_controller_at_every_value_the_space_can_propose(tmp_path):
+    # issue 14: verl's config accepts each value, verl's AdaptiveKLController breaks on it at the first update;
+    # 256 prompts × 4 responses = 1,024 responses per step (verl's n_steps), so horizon must exceed 0.2 × 1024 = 204.8
+    code, printed = _validate(tmp_path / "bounds.yaml", (
+        "name: bounds\nalgorithm: ppo\nkl_placement: reward\noverrides:\n  algorithm.kl_ctrl.type: adaptive\n"
+        "  data.train_batch_size: 256\n  actor_rollout_ref.rollout.n: 4\nparameters:\n"
+        "  kl_coef: {values: [0.0, 0.002, 0.02]}\n"                       # line 9
+        "  target_kl: {distribution: uniform, min: 0.0, max: 0.1}\n"      # line 10: the range end 0.0
+        "  horizon: {values: [0, 200, 5000]}\n"                           # line 11
+        "objective: {metric: val-core/arith/acc/mean@1, mode: max}\nbudget: {trials: 6, max_steps: 20}\n"))
+    assert code == 2
+    errors = [line.removeprefix("  error: ") for line in printed.splitlines() if line.startswith("  error: ")]
+    where = {line.split(": ")[0].rsplit(":", 1)[1]: line for line in errors}
+    assert sorted(where) == ["10", "11", "9"] and len(errors) == 4, printed
+    assert "algorithm.kl_ctrl.kl_coef=0.0 with the adaptive controller" in where["9"]
+    assert "algorithm.kl_ctrl.target_kl=0.0" in where["10"] and "ZeroDivisionError" in where["10"]
+    horizon = [e for e in errors if ":11: " in e]
+    assert "horizon=0: verl's get_kl_controller asserts horizon > 0" in horizon[0]
+    assert "horizon=200 is too short" in horizon[1] and "= -0.024" in horizon[1] and "> 204.8" in horizon[1]

@@ -2,9 +2,11 @@
 
 One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
 closest valid key), check the values verl only rejects after the first rollout
-(:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the keys a real verl run needs (as
-``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require them), that the models'
-attention implementation is installed, and the installed verl version. ~10 ms per config after the first (~1 s).
+(:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the values that break verl's KL
+controller or loss aggregation at the first update (:func:`klsweep.verl.numerics.numeric_problems`), the keys a real
+verl run needs (as ``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require
+them), that the models' attention implementation is installed, and the installed verl version. ~10 ms per config
+after the first (~1 s; ~8 s more when a trial uses the adaptive KL controller, which imports verl's core_algos).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from klsweep.errors import OverrideError, PreflightError
 from klsweep.verl.config import check_values, compose, default_keys
+from klsweep.verl.numerics import numeric_problems
 
 VERL_VERSION = "0.9.1"
 
@@ -73,6 +76,7 @@ def preflight(
     value = functools.partial(_select, cfg)
     problems += [at(k, m) for k, m in _types(overrides)]
     problems += [at(k, m) for k, m in _batch_problems(value, trainer)]
+    problems += [at(k, m) for k, m in numeric_problems(value)]
     if trainer == "verl":
         problems += [at(k, m) for k, m in _required(overrides, value)]
         if has_flash_attn is None:
