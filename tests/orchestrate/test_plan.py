@@ -63,13 +63,45 @@ def test_plan_prints_seed_first_then_sampler_trials_with_verl_commands():
     assert plan(str(REPO / "sweeps" / "grpo_kl.yaml"), ["budget.trials=4"], n=3, out=out) == 0
     text = out.getvalue()
     headers = re.findall(r"^trial (\d) \((.*?)\): (.*)$", text, flags=re.M)
+    # budget.trials=4: TPE draws max(2, min(10, 4 // 4)) = 2 trials at random, seed trial included (samplers.py)
     assert [(i, origin) for i, origin, _ in headers] == [
-        ("0", "seed trial 1"), ("1", "tpe sample"), ("2", "tpe sample")]
+        ("0", "seed trial 1"), ("1", "tpe random draw, as sweep run draws it"),
+        ("2", "tpe proposes it from results; shown: a random start-up draw")]
+    assert "note: from trial 2 on, sweep run's tpe sampler proposes each trial from the results" in text
     commands = [line.strip() for line in text.splitlines() if line.startswith("  python3 -m verl.trainer.main_ppo")]
     assert len(commands) == 3
+    # issue 15: the commands sweep run and sweep status print: the embedded trainer's own, then verl's without the
+    # embedded sizes (8-token responses, batch 16, 8 responses per prompt)
+    embedded = [line for line in text.splitlines() if line.startswith("  python3 -m klsweep.trainers.embedded ")]
+    assert len(embedded) == 3 and "data.max_response_length=8" in embedded[0]
+    assert not any(size in c for c in commands for size in
+                   ("data.max_response_length=", "data.train_batch_size=", "actor_rollout_ref.rollout.n="))
     assert "actor_rollout_ref.actor.kl_loss_coef=0.001 " in commands[0]
     assert "actor_rollout_ref.actor.use_kl_loss=true" in commands[0]
     assert "algorithm.use_kl_in_reward=false" in commands[0]
+
+
+def test_plans_random_draws_are_the_ones_a_sweep_draws_before_results_guide_the_sampler():
+    # sweep run asks the same sampler (build_sampler: seeded per trial number) and tells each result: the first
+    # n_startup_trials trials (seed trial included) are random draws, identical to the plan's; later ones use results
+    import optuna
+
+    from klsweep.orchestrate.samplers import build_sampler
+    from klsweep.space import define_space, seed_params
+
+    sweep = load_sweep(REPO / "sweeps" / "aggressive.yaml", ["budget.trials=12"])  # TPE start-up: 12 // 4 = 3
+    study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
+    for seed in seed_params(sweep):
+        study.enqueue_trial(seed)
+    space, ran = define_space(sweep), []
+    for _ in range(5):
+        trial = study.ask()
+        space(trial)
+        ran.append(dict(trial.params))
+        study.tell(trial, -trial.params["algorithm.kl_ctrl.kl_coef"])  # any result: TPE then prefers small kl_coef
+    planned = planned_params(sweep, 5)
+    assert planned[:3] == ran[:3]
+    assert planned[3:] != ran[3:]
 
 
 def test_planned_trials_are_reproducible_from_the_sweep_seed():

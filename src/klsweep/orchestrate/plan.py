@@ -118,9 +118,16 @@ def preflight_sweep(sweep: Sweep) -> list[str]:
 
 
 def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None) -> int:
-    """Print the parameters and verl command of the first ``n`` trials. Returns 0 (errors raise KlsweepError)."""
+    """Print the parameters and reproduce commands of the first ``n`` trials. Returns 0 (errors raise KlsweepError).
+
+    Each trial says where its values come from: a seed trial, a draw ``sweep run`` makes the same way (the sampler's
+    random start-up: each trial's draw is seeded by the sweep seed and its number, :mod:`~.samplers`), or a trial
+    the sampler proposes from the results of finished trials, which ``plan`` cannot know: those are shown as the
+    random start-up draw of that trial number, and labelled so. The commands are the ones ``sweep run`` and
+    ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines`).
+    """
     from klsweep.space import seed_params, trial_overrides
-    from klsweep.verl.config import verl_command
+    from klsweep.trainers import reproduce_lines
     from klsweep.verl.preflight import preflight
 
     out = out or sys.stdout
@@ -128,15 +135,49 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     for warning in sweep.warnings:
         print(f"warning: {warning}", file=out)
     seeds = len(seed_params(sweep))
+    startup = _random_start(sweep)
+    name = sweep.sampler.name
+    guided = False
     for i, params in enumerate(planned_params(sweep, n)):
         overrides_i = trial_overrides(sweep, params)
         warnings = preflight(overrides_i, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl)
-        origin = f"seed trial {i + 1}" if i < seeds else f"{sweep.sampler.name} sample"
+        if i < seeds:
+            origin = f"seed trial {i + 1}"
+        elif name == "grid":
+            origin = "grid point"
+        elif startup is None or i < startup:
+            origin = f"{name} random draw, as sweep run draws it"
+        else:
+            origin, guided = f"{name} proposes it from results; shown: a random start-up draw", True
         shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "(no parameters)"
         print(f"trial {i} ({origin}): {shown}", file=out)
         for warning in warnings:
             print(f"  warning: {warning}", file=out)
-        print(f"  {verl_command(overrides_i)}", file=out)
+        for line in reproduce_lines(sweep.trainer, overrides_i):
+            print(f"  {line}", file=out)
+    if guided:
+        print(f"note: from trial {startup} on, sweep run's {name} sampler proposes each trial from the results of "
+              f"the trials finished before it, which no plan can know; shown here for those trials: the random "
+              f"start-up draws {name} makes while fewer than {startup} trials have finished (COMPLETE or PRUNED)",
+              file=out)
+    return 0
+
+
+def _random_start(sweep: Sweep) -> int | None:
+    """How many trials (seed trials counted) the sweep's sampler draws at random before it uses results (Optuna's
+    ``n_startup_trials`` of TPE, GP and CMA-ES, NSGA-II's first ``population_size``); None for ``random``, which
+    never uses results."""
+    import optuna
+
+    from klsweep.orchestrate.samplers import build_sampler
+
+    sampler = build_sampler(sweep)
+    inner = getattr(sampler, "sampler", sampler)  # StudySeededSampler wraps the Optuna sampler
+    if isinstance(inner, optuna.samplers.RandomSampler):
+        return None
+    for attribute in ("_n_startup_trials", "_population_size"):  # private in Optuna 5.0: no public accessor
+        if isinstance(getattr(inner, attribute, None), int):
+            return getattr(inner, attribute)
     return 0
 
 

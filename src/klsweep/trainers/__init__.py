@@ -135,6 +135,21 @@ TRAINERS: dict[str, TrainerKind] = {
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
 
 
+def reproduce_lines(trainer: str, overrides: Mapping[str, Any]) -> list[str]:
+    """The lines that rerun a trial, as ``sweep run``, ``sweep status``, ``sweep plan``, the report and the notebook
+    print them: each label of ``TrainerKind.reproduce`` (when not empty) followed by its command. For the embedded
+    trainer: its own command, then verl's without the embedded sizes (8-token responses, batch 16).
+
+    Args:
+        trainer: the sweep's ``trainer:`` name.
+        overrides: the trial's full flat verl overrides.
+
+    Raises:
+        ValueError: ``trainer`` is not a trainer (the message lists the valid names).
+    """
+    return [line for label, command in trainer_kind(trainer).reproduce(overrides) for line in (label, command) if line]
+
+
 def trainer_kind(name: str) -> TrainerKind:
     """The row of :data:`TRAINERS` for ``name``.
 
