@@ -1,7 +1,8 @@
 """The ``sweep`` command: run | resume | plan | validate | status | report | dashboard | health check.
 
 ``main(argv) -> int`` returns 0 on success, 1 for a stop verdict or a failed sweep, 2 for bad input (a
-:class:`~klsweep.errors.KlsweepError`, printed as one message without a traceback; ``--debug`` shows it).
+:class:`~klsweep.errors.KlsweepError`, printed as one message without a traceback; ``--debug`` shows it), 3 for an
+inconclusive ``health check`` (no rule that can stop a run could judge the log).
 Heavy modules (Ray, Optuna, torch, verl) are imported inside each command, never at start-up.
 """
 
@@ -74,10 +75,11 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_health_check(args: argparse.Namespace) -> int:
-    """Replay a training log through a health rule set: 0 healthy, 1 stop verdict, 2 unreadable input."""
+    """Replay a training log through a health rule set: 0 healthy or warned, 1 stop verdict, 2 unreadable input (or a
+    W&B export of several runs without --run), 3 inconclusive (no rule that can stop a run could judge the log)."""
     from klsweep.health.check import health_check
 
-    return health_check(args.trace, preset=args.preset, rules=args.rules, as_json=args.json)
+    return health_check(args.trace, preset=args.preset, rules=args.rules, as_json=args.json, run=args.run)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     hg.add_argument("--preset", help="built-in preset: default, seed, conservative, aggressive (default: default)")
     hg.add_argument("--rules", help="a YAML file of rules")
     hc.add_argument("--json", action="store_true", help="machine-readable output")
+    hc.add_argument("--run", metavar="NAME", help="the run to judge in a W&B export that holds several")
     return p
 
 

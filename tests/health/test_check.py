@@ -103,3 +103,105 @@ def test_rules_file(tmp_path, capsys):
     rules.write_text("rules:\n  - {name: x, metric: ref_kl, above: 1, action: explode}\n")
     assert main(["health", "check", str(trace(GRPO)), "--rules", str(rules)]) == 2
     assert "rules.0.action" in capsys.readouterr().err
+
+
+def _write_jsonl(path, rows):
+    """A verl file-logger jsonl as verl writes it (orjson, one {"step", "data"} per line)."""
+    import orjson
+
+    path.write_bytes(b"".join(orjson.dumps({"step": s, "data": d}) + b"\n" for s, d in rows))
+    return path
+
+
+def test_a_log_no_rule_can_read_is_inconclusive_not_healthy(tmp_path, capsys):
+    # metrics of another trainer's log (HF Trainer names): no rule or built-in check reads any of them
+    log = _write_jsonl(
+        tmp_path / "other.jsonl",
+        [(s, {"train/loss": 1.2 - 0.01 * s, "train/lr": 1e-6, "eval/accuracy": 0.3 + 0.002 * s}) for s in range(1, 41)],
+    )
+    assert main(["health", "check", str(log), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "inconclusive" and out["judged"] == 0 and out["stop_judged"] == 0
+    # every rule and check was listed as not applicable by the engine: the total counts exactly those
+    assert out["total"] == len(out["not_applicable"]) > len(load_ruleset("default").rules)
+    assert main(["health", "check", str(log)]) == 3
+    text = capsys.readouterr().out
+    counts = f"judged by 0 of {out['total']} rules and built-in checks (0 of the {out['stop_total']} that can stop"
+    assert counts in text
+    assert "verdict: INCONCLUSIVE" in text and "HEALTHY" not in text
+
+
+def test_every_verdict_says_how_many_rules_judged_the_log(capsys):
+    assert main(["health", "check", str(trace(GRPO)), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "healthy" and out["kl_not_logged"] == []
+    assert out["judged"] == out["total"] - len(out["not_applicable"]) > 0
+    assert 0 < out["stop_judged"] <= out["judged"]
+    assert main(["health", "check", str(trace(GRPO))]) == 0
+    assert f"judged by {out['judged']} of {out['total']} rules and built-in checks" in capsys.readouterr().out
+
+
+def test_a_warn_only_judgement_is_inconclusive(tmp_path, capsys):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "preset: none\n"
+        "builtin: {nonfinite_loss: false}\n"
+        "rules:\n"
+        "  - {name: score_watch, metric: critic/score/mean, below: 0.5, action: warn}\n"
+    )
+    log = _write_jsonl(tmp_path / "score.jsonl", [(s, {"critic/score/mean": 0.1}) for s in (1, 2, 3)])
+    assert main(["health", "check", str(log), "--rules", str(rules), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "inconclusive" and out["fired"]["score_watch"]["action"] == "warn"
+    assert out["judged"] == 1 and out["stop_judged"] == 0
+
+
+def test_kl_on_in_the_run_config_without_a_kl_metric_is_said(tmp_path, capsys):
+    # a Ray Tune progress.csv whose config turns the KL loss on, while the log has no actor/kl_loss
+    progress = tmp_path / "progress.csv"
+    progress.write_text(
+        "actor/pg_loss,actor/entropy,critic/score/mean,training_iteration,config/actor_rollout_ref/actor/use_kl_loss\n"
+        + "".join(f"0.01,0.5,0.4,{s},True\n" for s in range(1, 6))
+    )
+    assert main(["health", "check", str(progress)]) == 0
+    out = capsys.readouterr().out
+    assert "note: the run's config sets actor_rollout_ref.actor.use_kl_loss=True but the log has no actor/kl_loss" \
+        in out
+    progress.write_text(progress.read_text().replace("True", "False"))
+    assert main(["health", "check", str(progress), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kl_not_logged"] == []
+
+
+def _wandb_export(path):
+    """A W&B chart export ("Export CSV") of two runs in its real column shape: "Step", then per run and metric
+    "<run> - <metric>", "__MIN", "__MAX", every cell quoted; run t07's losses go NaN at step 12, t03 stays finite."""
+    import csv
+
+    runs, metrics = ("sweep-a-t03", "sweep-a-t07"), ("actor/pg_loss", "actor/kl_loss", "critic/score/mean")
+    header = ["Step"] + [f"{r} - {m}{suffix}" for r in runs for m in metrics for suffix in ("", "__MIN", "__MAX")]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f, quoting=csv.QUOTE_ALL)
+        writer.writerow(header)
+        for step in range(1, 21):
+            row = [step]
+            for run in runs:
+                nan = run.endswith("t07") and step >= 12
+                for value in ("NaN" if nan else 0.01, "NaN" if nan else 0.001 * step, 0.3 + 0.01 * step):
+                    row += [value] * 3
+            writer.writerow(row)
+    return path
+
+
+def test_a_wandb_export_of_two_runs_asks_for_run_and_judges_each_alone(tmp_path, capsys):
+    path = _wandb_export(tmp_path / "wandb_export.csv")
+    assert main(["health", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 runs (sweep-a-t03, sweep-a-t07)" in err and "--run NAME" in err
+    assert main(["health", "check", str(path), "--run", "sweep-a-t07", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["run"], out["stop_kind"], out["stop_step"]) == ("sweep-a-t07", "nonfinite", 12)
+    assert out["reports"] == 20
+    assert main(["health", "check", str(path), "--run", "sweep-a-t03"]) == 0
+    assert "wandb_export.csv (run sweep-a-t03): csv, 20 reports (steps 1-20)" in capsys.readouterr().out
+    assert main(["health", "check", str(path), "--run", "t99"]) == 2
+    assert "its runs: sweep-a-t03, sweep-a-t07" in capsys.readouterr().err

@@ -1,4 +1,11 @@
-"""``sweep health check TRACE``: replay a training log through a rule set and show when each rule would have fired."""
+"""``sweep health check TRACE``: replay a training log through a rule set and show when each rule would have fired.
+
+Verdicts and exit codes (``docs/health-rules.md``): STOPPED 1; HEALTHY or WARNED 0; INCONCLUSIVE 3, when no rule or
+built-in check that can stop a run could judge the log (none of their metrics logged), since "healthy" would claim a
+check that never ran; a log that cannot be read, or a W&B export of several runs without ``--run``, exits 2 (the CLI).
+Every verdict says how many rules and checks judged the log, and whether the run's config turns a KL mechanism on
+that the log has no KL metric for.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from klsweep.health.builtin import builtin_checks
 from klsweep.health.engine import HealthEngine
 from klsweep.health.load import load_ruleset
 from klsweep.health.readers import Trace, read_trace
+from klsweep.health.signals import Signals
+from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS, KlSetup
+
+#: Exit codes of ``sweep health check`` per verdict (2 is a log that cannot be read: the CLI's input errors).
+EXIT_CODES = {"healthy": 0, "warned": 0, "stopped": 1, "inconclusive": 3}
 
 
 def backtest(trace: Trace, ruleset) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -41,12 +54,60 @@ def backtest(trace: Trace, ruleset) -> tuple[list[dict[str, Any]], dict[str, Any
     return spans, engine.summary()
 
 
+def coverage(trace: Trace, ruleset, summary: dict[str, Any]) -> dict[str, Any]:
+    """How much of ``ruleset`` could judge the log, and the verdict that follows.
+
+    A rule or built-in check judged the log unless the engine lists it under ``not_applicable`` (its metrics never
+    appeared, its window was never covered, ...). Every built-in check can stop a run; a rule can when its action is
+    ``stop``.
+
+    Returns:
+        ``{"verdict", "judged", "total", "stop_judged", "stop_total", "kl_not_logged"}``: ``verdict`` is the
+        engine's (healthy|warned|stopped), or ``inconclusive`` when no rule or check that can stop judged the log;
+        ``kl_not_logged`` names each KL mechanism the run's config turns on (``trace.config``: a Tune log's config)
+        with no KL metric of it in the log, as sentences.
+    """
+    setup = KlSetup.from_overrides(trace.config)
+    builtins = [c.name for c in builtin_checks(ruleset.builtin, Signals(setup, ()), trace.rounded)]
+    stoppers = [*builtins, *(r.name for r in ruleset.rules if r.action == "stop")]
+    names = [*builtins, *(r.name for r in ruleset.rules)]
+    idle = summary["not_applicable"]
+    judged = [n for n in names if n not in idle]
+    stop_judged = [n for n in stoppers if n not in idle]
+    verdict = summary["verdict"]
+    if verdict != "stopped" and not stop_judged:
+        verdict = "inconclusive"
+    logged = {k for _, metrics in trace.reports for k in metrics}
+    kl_not_logged = []
+    for on, key, metric_names in (
+        (setup.kl_in_loss, "actor_rollout_ref.actor.use_kl_loss", KL_IN_LOSS_METRICS),
+        (setup.kl_in_reward, "algorithm.use_kl_in_reward", KL_IN_REWARD_METRICS),
+    ):
+        if on and not logged.intersection(metric_names):
+            kl_not_logged.append(
+                f"the run's config sets {key}=True but the log has no {' or '.join(metric_names)}: the KL rules "
+                "could not judge it; log it (verl logs it when the mechanism is on) or check the config"
+            )
+    return {
+        "verdict": verdict,
+        "judged": len(judged),
+        "total": len(names),
+        "stop_judged": len(stop_judged),
+        "stop_total": len(stoppers),
+        "kl_not_logged": kl_not_logged,
+    }
+
+
 def _steps(first: Any, last: Any) -> str:
     return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
 def health_check(
-    trace: str | Path, preset: str | None = None, rules: str | Path | None = None, as_json: bool = False
+    trace: str | Path,
+    preset: str | None = None,
+    rules: str | Path | None = None,
+    as_json: bool = False,
+    run: str | None = None,
 ) -> int:
     """Print the timeline and final verdict of a log under a rule set.
 
@@ -54,21 +115,27 @@ def health_check(
         trace: verl jsonl, verl console log, W&B CSV export, or Ray Tune progress.csv/result.json.
         preset: a preset name (default ``default``); ignored when ``rules`` is given.
         rules: a YAML rules file (a ``health:`` value).
-        as_json: print one JSON object instead of text.
+        as_json: print one JSON object instead of text (the engine's summary, with ``verdict`` as below and the
+            counts of :func:`coverage`).
+        run: the run to judge in a W&B export holding several.
 
     Returns:
-        0 when the run would have been left alone (healthy or warned), 1 when a rule would have stopped it.
+        :data:`EXIT_CODES`: 0 when the run would have been left alone (healthy or warned), 1 when a rule would have
+        stopped it, 3 when no rule or check that can stop a run could judge the log (inconclusive).
 
     Raises:
-        TraceReadError: the log cannot be read (the CLI exits 2).
+        TraceReadError: the log cannot be read, or it is a W&B export of several runs and ``run`` names none of them
+            (the CLI exits 2; the message lists the runs).
         SweepFileError: unknown preset or invalid rules file (the CLI exits 2).
     """
     ruleset = load_ruleset(rules if rules is not None else (preset or "default"))
-    t = read_trace(trace)
+    t = read_trace(trace, run=run)
     timeline, summary = backtest(t, ruleset)
+    summary = {**summary, **coverage(t, ruleset, summary)}
     if as_json:
         out = {
             "trace": str(t.path),
+            "run": t.run,
             "format": t.format,
             "rounded": t.rounded,
             "run_config": t.config,
@@ -80,13 +147,14 @@ def health_check(
         print(json.dumps(out, indent=1, default=str))
     else:
         print(_text(t, ruleset, timeline, summary))
-    return 1 if summary["verdict"] == "stopped" else 0
+    return EXIT_CODES[summary["verdict"]]
 
 
 def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     s = summary
     lines = [
-        f"{t.path.name}: {t.format}, {s['reports']} reports ({_steps(s['first_step'], s['last_step'])})"
+        f"{t.path.name}{f' (run {t.run})' if t.run else ''}: {t.format}, {s['reports']} reports "
+        f"({_steps(s['first_step'], s['last_step'])})"
         + (", values rounded to 3 decimals" if t.rounded else "")
         + (", run config from the log" if t.config else ", no run config (rules that need it are not applicable)"),
         f"rule set: {ruleset.name} ({len(ruleset.rules)} rules + built-in checks)",
@@ -102,11 +170,22 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
     if s["not_applicable"]:
         lines += ["", "not applicable:"]
         lines += [f"  {name}: {why}" for name, why in s["not_applicable"].items()]
-    lines.append("")
+    lines += ["", *(f"note: {text}" for text in s["kl_not_logged"])]
+    lines.append(
+        f"judged by {s['judged']} of {s['total']} rules and built-in checks "
+        f"({s['stop_judged']} of the {s['stop_total']} that can stop a run)"
+    )
+    warned = [name for name, fired in s["fired"].items() if fired["action"] == "warn"]
     if s["verdict"] == "stopped":
         lines.append(f"verdict: STOPPED: {s['stop_reason']}")
+    elif s["verdict"] == "inconclusive":
+        lines.append(
+            "verdict: INCONCLUSIVE: no rule or check that can stop a run found its metrics in this log, so nothing "
+            "says it is healthy"
+            + (f" (warned: {', '.join(warned)})" if warned else "")
+            + "; see 'not applicable' for what each one needs"
+        )
     elif s["verdict"] == "warned":
-        warned = [name for name, fired in s["fired"].items() if fired["action"] == "warn"]
         lines.append("verdict: WARNED (not stopped): " + ", ".join(warned))
     else:
         lines.append("verdict: HEALTHY")
