@@ -12,8 +12,12 @@ import yaml
 
 from klsweep.cli import main
 from klsweep.errors import OverrideError, TraceReadError
+from klsweep.health import load_ruleset
+from klsweep.health.check import backtest
+from klsweep.health.readers import read_trace
 from klsweep.trainers.replay import ReplayTrainer, played_reports
 from tests.conftest import NO_SIGNAL, PPO_CONSOLE, PPO_JSONL, trace
+from tests.health.test_decoder import NONFINITE
 
 PPO_LOG = trace(PPO_JSONL)
 PPO_CONSOLE_LOG = trace(PPO_CONSOLE)
@@ -139,3 +143,21 @@ def test_sweep_run_replay_of_a_healthy_run_stays_healthy(tmp_path):
     # cut short by a scheduler: the replay trainer's total_steps is the log's end)
     assert trial["health"] == "healthy" and trial["steps"] == 434 and trial["state"] == "COMPLETE"
     assert trial[f"best/{val}"] == max(d[val] for _, d in jsonl(PPO_LOG) if val in d)
+
+
+@pytest.mark.slow
+def test_sweep_run_replay_of_a_run_whose_losses_went_nan_fails_the_trial_at_step_18(tmp_path):
+    # Written by verl 0.9.1's FileLogger (orjson: NaN and inf as null from step 18; tests/data/README.md). The replay
+    # must stop it as non-finite at step 18, never record it COMPLETE with its last finite score.
+    log = trace(NONFINITE)
+    path = replay_sweep(tmp_path, "replay_nonfinite", log, "grpo", "critic/score/mean", max_steps=25)
+    assert main(["run", path, "--out", str(tmp_path / "out"), "--quiet"]) == 1  # no trial completed
+    [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
+    assert trial["state"] == "FAIL" and trial["health"] == "stopped" and trial["steps"] == 18
+    assert trial["stop_reason"].startswith("nonfinite at step 18 by builtin.nonfinite_loss")
+    # Ray Tune's own loggers wrote the trial's results (result.json: NaN; progress.csv: nan): read back through the
+    # same decoder, they get the same verdict.
+    for name in ("result.json", "progress.csv"):
+        [written] = (tmp_path / "out").rglob(name)
+        _, summary = backtest(read_trace(written), load_ruleset("default"))
+        assert (summary["stop_kind"], summary["stop_step"]) == ("nonfinite", 18), name
