@@ -20,7 +20,8 @@ def _problems(path) -> list[str]:
 
 
 def test_searching_the_inert_kl_coefficient_names_the_live_key(sweep_file):
-    path = sweep_file("parameters:\n  algorithm.kl_ctrl.kl_coef: {distribution: log_uniform, min: 0.0001, max: 0.01}\n")
+    path = sweep_file("parameters:\n"
+                      "  algorithm.kl_ctrl.kl_coef: {distribution: log_uniform_values, min: 0.0001, max: 0.01}\n")
     (problem,) = _problems(path)
     assert problem.startswith(f"{path}:5: parameters.algorithm.kl_ctrl.kl_coef:")
     assert "no effect in any trial" in problem and "actor_rollout_ref.actor.kl_loss_coef" in problem

@@ -31,7 +31,7 @@ def test_yaml_1_2_scalars_floats_and_strings(sweep_file):
           trainer.experiment_name: on
           actor_rollout_ref.actor.optim.weight_decay: 1e-3
         parameters:
-          kl_coef: {distribution: log_uniform, min: 1e-4, max: 1.0e-2}
+          kl_coef: {distribution: log_uniform_values, min: 1e-4, max: 1.0e-2}
         """
     )
     sweep = load_sweep(path)
@@ -39,6 +39,18 @@ def test_yaml_1_2_scalars_floats_and_strings(sweep_file):
     assert sweep.overrides["actor_rollout_ref.actor.optim.weight_decay"] == 0.001
     p = sweep.parameters["kl_coef"]
     assert isinstance(p, Range) and p.distribution == "log_uniform_values" and (p.min, p.max) == (1e-4, 1e-2)
+
+
+def test_w_and_bs_ambiguous_log_uniform_is_refused_with_both_fixes(sweep_file):
+    # W&B's log_uniform takes natural-log exponents; klsweep used to read them as values (issue 15)
+    path = sweep_file("parameters:\n  kl_coef: {distribution: log_uniform, min: -9.2, max: -4.6}\n")
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(path)
+    (problem,) = e.value.problems
+    assert problem.startswith(f"{path}:5: parameters.kl_coef: distribution log_uniform is ambiguous")
+    assert "Write `distribution: log_uniform_values` with min/max in real units" in problem
+    # exp(-9.2) = 0.000101039, exp(-4.6) = 0.0100518 (4 significant digits)
+    assert "(min: 0.000101, max: 0.01005 for these bounds)" in problem
 
 
 def test_w_and_b_range_without_distribution_follows_w_and_b(sweep_file):

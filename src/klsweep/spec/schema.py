@@ -12,6 +12,7 @@ is a parameter defined *earlier* in the file.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -92,14 +93,16 @@ DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "q_uniform")
 class Range(_Param):
     """``{distribution: D, min: a, max: b}``: a numeric range (W&B distributions, in real units).
 
-    ``log_uniform`` is read as W&B's ``log_uniform_values`` (min/max in real units, not natural-log exponents).
-    Without ``distribution``, W&B's rule applies: ``int_uniform`` when min and max are both integers, else ``uniform``.
+    ``log_uniform`` is refused: W&B reads its min/max as natural-log exponents (``e^min`` to ``e^max``), and users
+    of Optuna (``suggest_float(log=True)``) or Ray Tune (``tune.loguniform``) expect real units; the error gives both
+    fixes (``log_uniform_values`` with these bounds, or with ``exp`` of them). Without ``distribution``, W&B's rule
+    applies: ``int_uniform`` when min and max are both integers, else ``uniform``.
     """
 
     distribution: Literal["uniform", "log_uniform_values", "int_uniform", "q_uniform"] = Field(
         "uniform",
-        description="uniform | log_uniform_values (alias log_uniform; min/max in real units) | int_uniform | "
-        "q_uniform (uniform on a grid of step q)",
+        description="uniform | log_uniform_values (log scale, min/max in real units, as W&B's log_uniform_values "
+        "and Optuna's log=True) | int_uniform | q_uniform (uniform on a grid of step q)",
     )
     min: float = Field(description="lower bound, inclusive")
     max: float = Field(description="upper bound, inclusive")
@@ -112,7 +115,7 @@ class Range(_Param):
             return data
         data = dict(data)
         if data.get("distribution") == "log_uniform":
-            data["distribution"] = "log_uniform_values"
+            raise ValueError(_log_uniform_fix(data.get("min"), data.get("max")))
         if "distribution" not in data:
             both_int = all(type(data.get(k)) is int for k in ("min", "max"))
             data["distribution"] = "int_uniform" if both_int else "uniform"
@@ -132,6 +135,18 @@ class Range(_Param):
         if self.q is not None and self.distribution != "q_uniform":
             raise ValueError(f"q is only used by distribution q_uniform, not {self.distribution}: remove q")
         return self
+
+
+def _log_uniform_fix(low: Any, high: Any) -> str:
+    """The refusal of W&B's ambiguous ``log_uniform``, with both readings of the bounds the user wrote."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+    exponents = ""
+    if numbers and max(abs(low), abs(high)) < 700:  # exp() of larger numbers overflows a float
+        exponents = f" (min: {math.exp(low):.4g}, max: {math.exp(high):.4g} for these bounds)"
+    return ("distribution log_uniform is ambiguous: W&B reads its min/max as natural-log exponents (e^min to e^max), "
+            "Optuna's log=True and Ray Tune's loguniform as real values. Write `distribution: log_uniform_values` "
+            "with min/max in real units (e.g. min: 0.0001, max: 0.01 for a KL coefficient); if you meant W&B's "
+            f"exponents, log_uniform_values with min: exp(min), max: exp(max){exponents}")
 
 
 def _param_kind(data: Any) -> str | None:
