@@ -161,3 +161,15 @@ def test_sweep_run_replay_of_a_run_whose_losses_went_nan_fails_the_trial_at_step
         [written] = (tmp_path / "out").rglob(name)
         _, summary = backtest(read_trace(written), load_ruleset("default"))
         assert (summary["stop_kind"], summary["stop_step"]) == ("nonfinite", 18), name
+
+
+def test_a_wandb_export_of_several_runs_plays_the_run_named(tmp_path):
+    from tests.health.test_decoder import WANDB_TWO_RUNS
+
+    export = tmp_path / "wandb_export.csv"
+    export.write_text(WANDB_TWO_RUNS)
+    with pytest.raises(TraceReadError, match=r"holds 2 runs \(sweep-a-t03, sweep-a-t07\)"):
+        ReplayTrainer({}, trace=export)
+    played = play(ReplayTrainer({}, trace=export, run="sweep-a-t07"))
+    assert [step for step, _ in played] == [1, 2, 3]  # its step 4 cells are empty: not logged
+    assert played[0][1] == {"actor/pg_loss": 0.02} and played[2][1] == {"actor/pg_loss": float("inf")}

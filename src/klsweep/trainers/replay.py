@@ -5,8 +5,10 @@ stream: each logged step becomes one Ray Tune report with verl's metric names, s
 searcher and the results table see what they would see from a live run. Use it to try a rule set on real logs
 inside ``sweep run``, or to exercise the orchestrator at scale without training (``benchmarks/scale_sim.py``).
 
-The log is read by :func:`klsweep.health.readers.read_trace` (verl file-logger jsonl, verl console log, W&B CSV
-export, Ray Tune ``progress.csv`` / ``result.json``). The trial's parameters do not change what is played back.
+The log is read by :func:`klsweep.health.readers.read_trace`, the decoder ``sweep health check`` and live trials use
+(verl file-logger jsonl, verl console log, W&B CSV export, Ray Tune ``progress.csv`` / ``result.json``; non-finite
+values as each writer spells them, verl's ``null`` included, so a run whose losses went NaN is stopped, never played to
+COMPLETE). The trial's parameters do not change what is played back.
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ class ReplayTrainer:
         trace: the log (see the module docstring).
         speed: training steps per second of playback: the report of step s comes (s − previous step) / speed
             seconds after the previous one (the first one at once); 0 plays as fast as possible.
+        run: the run to play from a W&B export holding several; None for a log of one run.
 
     Raises:
-        TraceReadError: the log cannot be read, or has no step at or before ``trainer.total_training_steps``.
+        TraceReadError: the log cannot be read, has no step at or before ``trainer.total_training_steps``, or is a
+            W&B export of several runs and ``run`` names none of them.
         OverrideError: ``trainer.total_training_steps`` is not an integer.
 
     Attributes:
@@ -64,14 +68,16 @@ class ReplayTrainer:
         global_step: the step of the last report played; 0 before the first.
     """
 
-    def __init__(self, overrides: Mapping[str, Any], *, trace: str | os.PathLike, speed: float = 0.0):
+    def __init__(
+        self, overrides: Mapping[str, Any], *, trace: str | os.PathLike, speed: float = 0.0, run: str | None = None
+    ):
         limit = overrides.get("trainer.total_training_steps")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise OverrideError(f"trainer.total_training_steps={limit!r} is not an integer: give a number of steps")
         if not (speed >= 0 and math.isfinite(speed)):
             raise ValueError(f"speed must be a finite number of steps per second ≥ 0, not {speed!r}")
         self.trace = Path(trace)
-        self.reports = played_reports(read_trace(self.trace).reports, limit if limit and limit > 0 else None)
+        self.reports = played_reports(read_trace(self.trace, run=run).reports, limit if limit and limit > 0 else None)
         if not self.reports:
             raise TraceReadError(f"{self.trace} has no step at or before trainer.total_training_steps={limit}: raise "
                                  "budget.max_steps or replay a longer log")
