@@ -167,3 +167,24 @@ def test_a_wandb_export_of_several_runs_is_read_one_run_at_a_time(tmp_path):
         read_trace(path, run="t99")
     with pytest.raises(TraceReadError, match="one unnamed run"):
         read_trace(trace(NONFINITE), run="sweep-a-t03")
+
+
+def test_console_lines_printed_by_verls_console_logger(tmp_path, capsys):
+    # verl 0.9.1's console backend (verl/utils/logger/aggregate_logger.py LocalLogger): "step:N - key:pformat(value)",
+    # so numpy 2 scalars print as np.float32(nan); a Ray worker prefixes the line with "(TaskRunner pid=...)"
+    from verl.utils.logger.aggregate_logger import LocalLogger
+
+    logger = LocalLogger()
+    logger.log({"actor/pg_loss": 0.5, "actor/grad_norm": np.float32(0.25)}, step=1)
+    logger.log({"actor/pg_loss": math.nan, "actor/grad_norm": np.float32("inf"), "actor/kl_loss": np.float64("-inf")},
+               step=2)
+    printed = capsys.readouterr().out
+    assert "actor/grad_norm:np.float32(inf)" in printed
+    log = tmp_path / "console.log"
+    log.write_text("".join(f"(TaskRunner pid=7) {line}\n" for line in printed.splitlines()))
+    (_, first), (_, second) = read_trace(log).reports
+    assert first == {"actor/pg_loss": 0.5, "actor/grad_norm": 0.25}
+    assert math.isnan(second["actor/pg_loss"]) and second["actor/grad_norm"] == math.inf
+    assert second["actor/kl_loss"] == -math.inf
+    _, summary = backtest(read_trace(log), load_ruleset("default"))
+    assert (summary["stop_kind"], summary["stop_step"]) == ("nonfinite", 2)
