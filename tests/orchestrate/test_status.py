@@ -1,6 +1,13 @@
-"""`sweep status` from the moment `sweep run` wrote sweep.json: before the study exists, with only running trials."""
+"""`sweep status` from the moment `sweep run` wrote sweep.json: before the study exists, with only running trials;
+each trial's parameters and, for a running trial, its last step, KL, entropy and score; and output to a pipe that
+keeps every command and table row on one line."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import optuna
 
@@ -36,3 +43,51 @@ def test_status_before_the_study_exists_and_with_only_running_trials(tmp_path, c
     printed = capsys.readouterr()
     assert "tiny: 0 finished, 1 running (or interrupted), 2 not started" in printed.out
     assert "no trial has finished yet" in printed.out and "Traceback" not in printed.err
+
+
+KL_KEY = "algorithm.kl_ctrl.kl_coef"  # kl_coef of a PPO sweep with KL in the reward
+REASON = ("diverged at step 2 by beta_high: actor/reward_kl_penalty_coeff = 0.05 (actor/reward_kl_penalty_coeff > "
+          "0.01 after step 1) (advice: lower kl_coef)")
+
+
+def _mid_sweep(tmp_path):
+    """A sweep directory mid-run, as Optuna and Tune leave it: trial 0 stopped by a health rule at step 2, trial 1
+    running at step 3 with its Tune result file (verl's metric names) as Tune's last save left it."""
+    deep = tmp_path / ("d" * 60)  # a long path: longer than 80 columns with the command around it
+    deep.mkdir()
+    out, sweep = _started(deep)
+    study = optuna.create_study(study_name=sweep.name, storage=f"sqlite:///{out / 'study.db'}", direction="maximize")
+    stopped = study.ask({KL_KEY: optuna.distributions.FloatDistribution(0.0005, 0.1, log=True)})
+    stopped.set_user_attr("stop_reason", REASON)
+    stopped.set_user_attr("health", "stopped")
+    stopped.set_user_attr("steps", 2)
+    study.tell(stopped, state=optuna.trial.TrialState.PRUNED)
+    study.enqueue_trial({KL_KEY: 0.002})
+    running = study.ask({KL_KEY: optuna.distributions.FloatDistribution(0.0005, 0.1, log=True)})
+    running.set_user_attr("ray_trial_id", "abc12345")
+    trial_dir = out / "tune" / "run_trial_abc12345_2_kl=0.002"
+    trial_dir.mkdir(parents=True)
+    rows = [{"trial_id": "abc12345", "training_iteration": i, "step": i, "actor/reward_kl_penalty": kl,
+             "actor/entropy": ent, "critic/score/mean": score}
+            for i, kl, ent, score in ((1, 0.0, 1.5, 0.25), (2, 0.01234567, 1.25, 0.375), (3, 0.02345678, 1.125, 0.5))]
+    (trial_dir / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def test_status_to_a_pipe_shows_parameters_and_running_trials_on_unwrapped_lines(tmp_path):
+    out = _mid_sweep(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "klsweep.cli", "status", str(out)], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "COLUMNS"}, timeout=120)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    lines = [line.rstrip() for line in run.stdout.splitlines()]
+    assert "tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)" in lines
+    assert f"if its `sweep run` is no longer running, continue it with: sweep resume {out}" in lines
+    # the trials table: the parameter by its verl leaf name, the running trial's last step, KL, entropy and score
+    header = next(line for line in lines if line.startswith("trial"))
+    assert [c.strip() for c in header.split("┃")][:7] == ["trial", "state", "kl_coef", "step", "KL", "entropy",
+                                                          "score"]
+    running = next(line for line in lines if line.startswith("1 "))
+    assert [c.strip() for c in running.split("│")][:7] == ["1", "RUNNING", "0.002", "3", "0.02346", "1.125", "0.5"]
+    # the stop table: the whole reason on the trial's one row
+    assert any(line.split()[:5] == ["0", "│", "PRUNED", "│", "2"] and line.endswith(REASON) for line in lines)
+    assert "no trial has completed healthy yet" in lines  # one trial still runs: not a failed sweep

@@ -1,13 +1,19 @@
-"""The live view of a running sweep: a table of trials and a progress bar over the trial budget (rich).
+"""The live view of a running sweep: a table of trials and a progress bar over the trial budget (rich), and
+``trials.csv`` kept current while the sweep runs.
 
-A Ray Tune ``Callback``: Tune calls it on the driver for every reported step and every finished trial. On a
-terminal it redraws a table (trial, status, step, KL, entropy, score, objective, health); elsewhere (CI, a pipe) it
-prints one line per finished trial, so logs stay readable.
+Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step and every finished trial. On a
+terminal :class:`SweepProgress` redraws a table (trial, status, searched parameters, step, KL, entropy, score,
+objective, health); elsewhere (CI, a pipe) it prints one line per finished trial, so logs stay readable.
+:class:`TrialsCsv` rewrites ``trials.csv`` as trials start and end, so ``status`` and a notebook never read a stale
+one.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
@@ -17,8 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from klsweep._format import short
-from klsweep.results import HEALTH, STOP_REASON
+from klsweep._format import param_labels, short
+from klsweep.results import HEALTH, STOP_REASON, TRIALS_CSV
 from klsweep.verl.metrics import resolve
 
 #: Aliases shown as the KL, entropy and score columns (klsweep.verl.metrics resolves them per verl version).
@@ -31,12 +37,14 @@ class SweepProgress(Callback):
     Args:
         total_trials: the sweep's trial budget (``budget.trials``).
         objectives: objective metric names, shown as columns.
+        params: the searched verl keys (:func:`klsweep.space.parameters`), shown as columns by their last component.
         console: where to draw (default: stderr's console); ``quiet=True`` prints only finished trials.
     """
 
-    def __init__(self, total_trials: int, objectives: list[str], *, quiet: bool = False,
-                 console: Console | None = None):
+    def __init__(self, total_trials: int, objectives: list[str], *, params: list[str] | None = None,
+                 quiet: bool = False, console: Console | None = None):
         self._objectives = objectives
+        self._params = param_labels(params or [])
         self._rows: dict[str, dict[str, Any]] = {}
         self._done = 0
         self._total = total_trials
@@ -62,6 +70,8 @@ class SweepProgress(Callback):
     def _row(self, trial, result: Mapping[str, Any], status: str) -> dict[str, Any]:
         row = self._rows.setdefault(trial.trial_id, {"trial": trial.trial_id})
         row["status"] = status
+        for key in self._params:
+            row.setdefault(key, trial.config.get(key))
         row["step"] = result.get("training_iteration", row.get("step"))
         for column in _COLUMNS:
             key = resolve(result, column)
@@ -94,10 +104,11 @@ class SweepProgress(Callback):
         if self._interactive:
             self._redraw()
         else:
+            params = "".join(f" {label}={short(row.get(key))}" for key, label in self._params.items())
             objectives = " ".join(f"{name}={short(row.get(name))}" for name in self._objectives)
             reason = f" ({row['stop_reason']})" if row.get("stop_reason") else ""
             self._console.print(
-                f"[{self._done}/{self._total}] {trial.trial_id} {row['status']} step={short(row.get('step'))} "
+                f"[{self._done}/{self._total}] {trial.trial_id} {row['status']}{params} step={short(row.get('step'))} "
                 f"{objectives}{reason}",
                 markup=False,
                 highlight=False,
@@ -106,11 +117,13 @@ class SweepProgress(Callback):
 
     def _table(self) -> Table:
         table = Table(expand=False, show_edge=False, pad_edge=False)
-        headers = ["trial", "status", "step", "KL", "entropy", "score", *self._objectives, "health"]
+        headers = ["trial", "status", *self._params.values(), "step", "KL", "entropy", "score", *self._objectives,
+                   "health"]
         for header in headers:
             table.add_column(header.rsplit("/", 3)[-3] if header.count("/") >= 3 else header, overflow="fold")
         for row in list(self._rows.values())[-20:]:
-            cells = [row["trial"], row["status"], short(row.get("step")), *(short(row.get(c)) for c in _COLUMNS),
+            cells = [row["trial"], row["status"], *(short(row.get(k)) for k in self._params), short(row.get("step")),
+                     *(short(row.get(c)) for c in _COLUMNS),
                      *(short(row.get(n)) for n in self._objectives), str(row.get("health", ""))]
             table.add_row(*(Text(cell) for cell in cells))
         return table
@@ -122,3 +135,46 @@ class SweepProgress(Callback):
     def on_experiment_end(self, trials, **info) -> None:
         if self._live is not None:
             self._live.stop()
+
+
+class TrialsCsv(Callback):
+    """Keeps the sweep directory's ``trials.csv`` current while the sweep runs: rewritten when a trial starts or
+    ends, and on reported steps at most every ``every_s`` seconds (each write reads the study and every trial's
+    result file).
+
+    The sweep directory is the parent of the trial's Tune experiment directory (``trial.storage``), not a path kept
+    in the callback: Tune pickles callbacks with the experiment, and a resumed sweep may have been moved since.
+    """
+
+    def __init__(self, every_s: float = 10.0):
+        self._every_s = every_s
+        self._written = 0.0
+
+    def _write(self, trial) -> None:
+        write_trials_csv(Path(trial.storage.experiment_fs_path).parent)
+        self._written = time.monotonic()
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._write(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if time.monotonic() - self._written >= self._every_s:
+            self._write(trial)
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._write(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._write(trial)
+
+
+def write_trials_csv(out_dir: Path):
+    """Write ``out_dir/trials.csv`` (:func:`klsweep.analysis.load`; a temporary file, then a rename, so a reader
+    never sees half a file) and return its frame."""
+    from klsweep.analysis.load import load
+
+    df = load(out_dir)
+    tmp = out_dir / (TRIALS_CSV + ".tmp")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, out_dir / TRIALS_CSV)
+    return df

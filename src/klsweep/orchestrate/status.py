@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from klsweep._format import console as plain_console
+from klsweep._format import param_labels, short
 
 
 def status(run_dir: str, console: Console | None = None) -> int:
@@ -17,24 +23,47 @@ def status(run_dir: str, console: Console | None = None) -> int:
         ResultsError: ``run_dir`` is not a sweep directory.
     """
     from klsweep.analysis.load import load
-    from klsweep.orchestrate.summary import print_summary
+    from klsweep.orchestrate.summary import counts_line, print_summary
     from klsweep.results import SweepRecord
     from klsweep.spec.schema import Sweep
 
-    console = console or Console()
+    console = console or plain_console()
     sweep = Sweep.model_validate(SweepRecord.read(run_dir).sweep)
     df = load(run_dir)
-    counts = df["state"].value_counts().to_dict() if len(df) else {}
-    finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))
-    running = counts.get("RUNNING", 0)
-    left = max(0, sweep.budget.trials - len(df))
-    console.print(
-        f"{sweep.name}: {finished} finished, {running} running (or interrupted), {left} not started "
-        f"(budget {sweep.budget.trials} trials × {sweep.budget.max_steps} steps)",
-        highlight=False,
-    )
+    console.print(counts_line(sweep, df), highlight=False)
+    if len(df):
+        console.print(trials_table(sweep, df))
+    running = bool(len(df) and (df["state"] == "RUNNING").any())
     if running:
         console.print(f"if its `sweep run` is no longer running, continue it with: sweep resume {run_dir}",
                       highlight=False)
-    print_summary(sweep, df, Path(run_dir), console=console)
+    print_summary(sweep, df, Path(run_dir), console=console, ended=not running)
     return 0
+
+
+def trials_table(sweep, df: pd.DataFrame) -> Table:
+    """One row per trial of a :func:`klsweep.analysis.load` frame: number, state, the searched parameters (the
+    trial's verl overrides), the last reported step, reference KL, entropy and training score (``kl_metric``,
+    ``actor/entropy``, ``critic/score/mean``: running trials included, from their Tune result files), each
+    objective's last value and the health verdict."""
+    from klsweep.space import parameters
+
+    keys = list(parameters(sweep))
+    objectives = [o.metric for o in sweep.objectives]
+    columns = {"number": "trial", "state": "state",
+               **{f"config/{k}": label for k, label in param_labels(keys).items()},
+               "steps": "step", "last/ref_kl": "KL", "last/entropy": "entropy", "last/score": "score",
+               **{f"last/{m}": m for m in objectives}, "health": "health"}
+    table = Table(show_edge=False, pad_edge=False)
+    for label in columns.values():
+        table.add_column(label)
+    for _, row in df.iterrows():
+        table.add_row(*(Text(short(_cell(row.get(column)))) for column in columns))
+    return table
+
+
+def _cell(value):
+    """A frame cell as the console shows it: empty for a missing value, Python numbers for numpy ones."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value

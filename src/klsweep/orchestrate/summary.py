@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from klsweep._format import console as plain_console
 from klsweep._format import short
 from klsweep.analysis.load import overrides_of
 from klsweep.trainers import trainer_kind
@@ -40,9 +41,24 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
         return pareto_front(df, [(c, o.mode) for c, o in zip(value_cols, sweep.objectives)])
 
 
-def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None) -> int:
-    """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy, else 1."""
-    console = console or Console()
+def counts_line(sweep, df: pd.DataFrame) -> str:
+    """``tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)``, from a
+    :func:`klsweep.analysis.load` frame (a RUNNING study trial may belong to a driver that is gone)."""
+    counts = df["state"].value_counts().to_dict() if len(df) else {}
+    finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))
+    left = max(0, sweep.budget.trials - len(df))
+    return (f"{sweep.name}: {finished} finished, {counts.get('RUNNING', 0)} running (or interrupted), {left} not "
+            f"started (budget {sweep.budget.trials} trials × {sweep.budget.max_steps} steps)")
+
+
+def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
+                  ended: bool = True) -> int:
+    """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy, else 1.
+
+    ``ended=False``: the sweep is still running or was interrupted (Ctrl-C) before its budget; no healthy trial yet
+    is then no failure and is not reported as one.
+    """
+    console = console or plain_console()
     counts = df["state"].value_counts().to_dict() if len(df) else {}
     console.print(f"\n[bold]{sweep.name}[/bold]: {len(df)} trials — "
                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
@@ -57,6 +73,9 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     best = best_trials(sweep, df)
     if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
         console.print("no trial has finished yet", highlight=False)
+        return 1
+    if best.empty and not ended:
+        console.print("no trial has completed healthy yet", highlight=False)
         return 1
     if best.empty:
         console.print("no trial completed healthy: see trials.csv for the stop reasons", style="red")

@@ -14,13 +14,15 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from klsweep.analysis.load import storage_from_url, study_of
 from klsweep.errors import ClusterError, ResultsError
 from klsweep.orchestrate import _ray_session
-from klsweep.results import SWEEP_FILE, TRIALS_CSV, TUNE_DIR, SweepRecord, default_storage
+from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord, default_storage
 
 
 def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -251,8 +253,8 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
     from ray.tune import Callback
 
     from klsweep.health import HealthStopper, load_ruleset
-    from klsweep.orchestrate.progress import SweepProgress
-    from klsweep.space import trial_overrides
+    from klsweep.orchestrate.progress import SweepProgress, TrialsCsv
+    from klsweep.space import parameters, trial_overrides
 
     objective = sweep.objectives[0]
     scheduler = None
@@ -265,7 +267,10 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
             reduction_factor=sweep.scheduler.reduction_factor,
         )
     stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(trial_overrides, sweep))
-    callbacks: list[Callback] = [SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet)]
+    callbacks: list[Callback] = [
+        SweepProgress(num_samples, [o.metric for o in sweep.objectives], params=list(parameters(sweep)), quiet=quiet),
+        TrialsCsv(),
+    ]
     if sweep.wandb.mode != "disabled":
         from klsweep.orchestrate.wandb_logging import wandb_callback
 
@@ -295,23 +300,84 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
 
     from klsweep.orchestrate import _repair
 
-    _init_ray(sweep, address, out_dir)
-    tune_path = str(out_dir / TUNE_DIR)
-    if not restore:
-        _record_samples(record, out_dir, sweep.budget.trials)
-        _tuner(sweep, record, out_dir, num_samples=sweep.budget.trials, seed_trials=True, quiet=quiet).fit()
+    try:
+        _init_ray(sweep, address, out_dir)
+        tune_path = str(out_dir / TUNE_DIR)
+        if not restore:
+            _record_samples(record, out_dir, sweep.budget.trials)
+            if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=sweep.budget.trials, seed_trials=True,
+                                       quiet=quiet)):
+                return _interrupted(sweep, out_dir)
+            return _finish(sweep, out_dir)
+        _repair.close_told_trials(tune_path, study_of(out_dir))
+        _repair.reconcile_search_state(tune_path, study_of(out_dir))
+        if tune.Tuner.can_restore(tune_path) and not _repair.tune_finished(tune_path, record.tune_num_samples):
+            if _interrupted_fit(tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
+                                                   resume_errored=False, restart_errored=False)):
+                return _interrupted(sweep, out_dir)
+        remaining = sweep.budget.trials - len(study_of(out_dir).trials)
+        if remaining > 0:
+            _record_samples(record, out_dir, remaining)
+            if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=remaining, seed_trials=False,
+                                       quiet=quiet)):
+                return _interrupted(sweep, out_dir)
+        _repair.fail_leftovers(study_of(out_dir))
         return _finish(sweep, out_dir)
-    _repair.close_told_trials(tune_path, study_of(out_dir))
-    _repair.reconcile_search_state(tune_path, study_of(out_dir))
-    if tune.Tuner.can_restore(tune_path) and not _repair.tune_finished(tune_path, record.tune_num_samples):
-        tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
-                           resume_errored=False, restart_errored=False).fit()
-    remaining = sweep.budget.trials - len(study_of(out_dir).trials)
-    if remaining > 0:
-        _record_samples(record, out_dir, remaining)
-        _tuner(sweep, record, out_dir, num_samples=remaining, seed_trials=False, quiet=quiet).fit()
-    _repair.fail_leftovers(study_of(out_dir))
-    return _finish(sweep, out_dir)
+    except KeyboardInterrupt:  # Ctrl-C outside Tune's loop (Ray starting, the study opening) or a second Ctrl-C
+        return _interrupted(sweep, out_dir)
+
+
+def _interrupted_fit(tuner) -> bool:
+    """``tuner.fit()``; True when Ctrl-C (SIGINT) ended it.
+
+    Tune takes the first SIGINT itself (``_setup_signal_catching`` in ray/tune/tune.py, Ray 2.60): it stops the
+    trials, saves the experiment and returns from ``fit`` as if it had finished, after putting back the handler it
+    found. That handler is :func:`_second_sigint`, installed here, so it is still in place after ``fit`` exactly when
+    Tune took a SIGINT; a second SIGINT during Tune's shutdown reaches it and raises ``KeyboardInterrupt``.
+    """
+    if threading.current_thread() is not threading.main_thread():  # no signal handlers there, Tune's neither
+        tuner.fit()
+        return False
+    previous = signal.signal(signal.SIGINT, _second_sigint)
+    try:
+        tuner.fit()
+        return signal.getsignal(signal.SIGINT) is _second_sigint
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _second_sigint(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupted(sweep, out_dir: Path) -> int:
+    """After Ctrl-C: ``trials.csv`` as it stands, what finished (and the best so far), and the command that
+    continues the sweep. Returns 130 (128 + SIGINT, as a shell reports a command ended by Ctrl-C)."""
+    from klsweep._format import console
+    from klsweep.orchestrate.progress import write_trials_csv
+    from klsweep.orchestrate.summary import counts_line, print_summary
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    # the last lines are printed whole, even on a third Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        df = write_trials_csv(out_dir)
+        print_summary(sweep, df, out_dir, ended=False)
+        out = console()
+        out.print(f"\ninterrupted (Ctrl-C): {counts_line(sweep, df)}", highlight=False)
+        out.print(f"continue with: sweep resume {_shown(out_dir)}", highlight=False)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    return 130
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user would type it here: relative to the working directory when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _record_samples(record: SweepRecord, out_dir: Path, num_samples: int) -> None:
@@ -321,11 +387,7 @@ def _record_samples(record: SweepRecord, out_dir: Path, num_samples: int) -> Non
 
 
 def _finish(sweep, out_dir: Path) -> int:
-    from klsweep.analysis.load import load
+    from klsweep.orchestrate.progress import write_trials_csv
     from klsweep.orchestrate.summary import print_summary
 
-    df = load(out_dir)
-    tmp = out_dir / (TRIALS_CSV + ".tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, out_dir / TRIALS_CSV)
-    return print_summary(sweep, df, out_dir)
+    return print_summary(sweep, write_trials_csv(out_dir), out_dir)

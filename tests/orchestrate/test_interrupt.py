@@ -1,0 +1,61 @@
+"""Ctrl-C during `sweep run`: a real `sweep run` process gets SIGINT the way a terminal sends it (to its whole
+process group: the driver and its private Ray) while its first trial runs. It says it was interrupted, what finished
+and what to run to continue, keeps the study resumable, writes trials.csv, exits 130 and prints no traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pandas as pd
+import pytest
+
+from tests.orchestrate.conftest import sweep_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+
+def _running_trials(out) -> int:
+    try:
+        study = optuna.load_study(study_name="intr", storage=f"sqlite:///{out / 'study.db'}")
+    except Exception:  # study.db or the study not created yet
+        return 0
+    return sum(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
+
+
+def test_ctrl_c_during_the_first_trial(tmp_path):
+    out = tmp_path / "out"
+    # 5000 steps: the first trial cannot end before the SIGINT reaches it
+    path = sweep_file(tmp_path, "intr", parameters={"kl_coef": {"values": [0.001, 0.002]}},
+                      budget={"trials": 3, "max_concurrent": 1, "max_steps": 5000})
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out)],
+                              env={**os.environ, "RAY_AUTH_MODE": "disabled"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _running_trials(out):
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline, "the first trial did not start"
+            time.sleep(0.2)
+        os.killpg(driver.pid, signal.SIGINT)
+        stdout, stderr = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+
+    assert driver.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    study = optuna.load_study(study_name="intr", storage=f"sqlite:///{out / 'study.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]  # left for `sweep resume`
+    lines = stdout.splitlines()
+    assert "interrupted (Ctrl-C): intr: 0 finished, 1 running (or interrupted), 2 not started " \
+           "(budget 3 trials × 5000 steps)" in lines
+    assert lines[-1] == f"continue with: sweep resume {out}"
+    assert "no trial completed healthy" not in stdout
+    trials = pd.read_csv(out / "trials.csv")
+    assert list(trials["state"]) == ["RUNNING"] and list(trials["number"]) == [0]
