@@ -76,7 +76,8 @@ class Trace:
 
 
 def parse_value(text: str) -> float | str:
-    """``"0.123"`` → 0.123, ``"np.float32(0.5)"`` → 0.5, ``"nan"`` → nan; anything else is returned as is."""
+    """``"0.123"`` → 0.123, ``"np.float32(0.5)"`` → 0.5; ``"nan"``, ``"NaN"``, ``"inf"``, ``"-Infinity"`` (any case,
+    also wrapped: ``"np.float32(nan)"``) → the non-finite float; anything else is returned as is."""
     text = text.strip()
     m = _WRAPPED.match(text)
     if m:
