@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     d = add("dashboard", _cmd_dashboard)
     d.add_argument("run_dir")
     d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--port", type=int, help="port to serve on (default 8080, or a free port when 8080 is in use)")
 
     h = sub.add_parser("health", help="health rules: check a log against a rule set")
     hs = h.add_subparsers(dest="health_command", required=True)

@@ -1,9 +1,12 @@
-"""`sweep dashboard`: optuna-dashboard on a real sweep's study, bound to 127.0.0.1, read through its HTTP API."""
+"""`sweep dashboard`: optuna-dashboard on a real sweep's study, bound to 127.0.0.1, read through its HTTP API; a busy
+port is said (and, when no port was given, a free one is used) instead of printing a URL that serves something
+else."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +18,8 @@ import psutil
 import pytest
 
 from klsweep.cli import _parser
+from klsweep.orchestrate.dashboard import DEFAULT_PORT
+from klsweep.results import SweepRecord, default_storage
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +74,61 @@ def test_dashboard_serves_the_study_on_loopback(pareto_run):
         server.terminate()
         server.wait(timeout=30)
     assert f"http://127.0.0.1:{port}/dashboard/" in server.stdout.read()
+
+
+def _one_trial_sweep(tmp_path):
+    """A sweep directory whose study holds one finished trial (a real Optuna study, no Ray)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    SweepRecord(name="busy", sweep_file=str(tmp_path / "busy.yaml"), study_name="busy", storage=default_storage(),
+                objectives=[{"metric": "val-core/arith/acc/mean@1", "mode": "max"}], sweep={}).write(out)
+    optuna.create_study(study_name="busy", storage=f"sqlite:///{out / 'study.db'}",
+                        direction="maximize").optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    return out
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    holder = socket.socket()
+    holder.bind((host, port))
+    holder.listen()
+    return holder
+
+
+def test_a_busy_port_given_is_refused_with_a_free_one_named(tmp_path):
+    out = _one_trial_sweep(tmp_path)
+    with _listening("127.0.0.1", 0) as holder:  # another server on the port asked for
+        port = holder.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "klsweep.cli", "dashboard", str(out), "--port", str(port)],
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "http://" not in run.stdout + run.stderr  # no URL of a server that is not ours
+    assert f"port {port} on 127.0.0.1 is in use" in run.stderr
+    free = int(run.stderr.rsplit("--port ", 1)[1].split()[0])
+    with _listening("127.0.0.1", free):  # the port it names was free
+        pass
+
+
+def test_the_default_port_busy_serves_on_a_free_one_and_says_so(tmp_path):
+    out = _one_trial_sweep(tmp_path)
+    try:
+        holder = _listening("127.0.0.1", DEFAULT_PORT)
+    except OSError:  # something on this machine holds it already: busy either way
+        holder = None
+    server = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "dashboard", str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        assert port != DEFAULT_PORT and line.startswith("optuna-dashboard for study 'busy'")
+        studies = _get(f"http://127.0.0.1:{port}/api/studies")["study_summaries"]
+        assert [s["study_name"] for s in studies] == ["busy"]
+        listening = [c.laddr for c in psutil.Process(server.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]
+    finally:
+        server.send_signal(signal.SIGINT)  # Ctrl-C: a clean stop
+        stderr = server.communicate(timeout=30)[1]
+        if holder is not None:
+            holder.close()
+    assert server.returncode == 0 and "Traceback" not in stderr, stderr
+    assert f"port {DEFAULT_PORT} on 127.0.0.1 is in use" in stderr and f"serving on the free port {port}" in stderr

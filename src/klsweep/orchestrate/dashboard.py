@@ -2,29 +2,82 @@
 
 Trial user attributes (verl overrides, health verdict, stop reason, Ray trial id) show in the dashboard's trial view.
 SQLite (the default storage) lets the dashboard read while a sweep writes.
+
+The server is optuna-dashboard's WSGI app (``optuna_dashboard.wsgi``) on the standard library's ``wsgiref`` server,
+which ``optuna_dashboard.run_server`` also uses through bottle; here the port is bound before the URL is printed, so a
+busy port (another dashboard, another study) is said instead of printing a URL that serves something else.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from klsweep.errors import KlsweepError
+
+#: The port tried when none is given (optuna-dashboard's own default).
+DEFAULT_PORT = 8080
 
 
-def serve(run_dir: str, *, host: str = "127.0.0.1", port: int = 8080) -> int:
-    """Serve the dashboard until interrupted. Returns 0.
+class _Server(WSGIServer):
+    """``wsgiref``'s server, IPv6 when the host is an IPv6 address (``::1``)."""
+
+    @classmethod
+    def for_host(cls, host: str) -> type[WSGIServer]:
+        return type("_Server6", (cls,), {"address_family": socket.AF_INET6}) if ":" in host else cls
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # one line per HTTP request would bury the URL
+        pass
+
+
+def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> int:
+    """Serve the dashboard until interrupted (Ctrl-C). Returns 0.
+
+    Args:
+        run_dir: the sweep directory.
+        host: the address to bind (``127.0.0.1``: this machine only).
+        port: the port to bind; ``None`` tries :data:`DEFAULT_PORT` and, when it is in use, any free port (said).
 
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
+        KlsweepError: ``port`` was given and is in use (the message names a free one).
     """
-    from optuna_dashboard import run_server
+    from optuna_dashboard import wsgi
 
     from klsweep.analysis.load import storage_from_url
     from klsweep.results import SweepRecord
 
     record = SweepRecord.read(run_dir)
-    storage = storage_from_url(record.storage_url(run_dir))
+    app = wsgi(storage_from_url(record.storage_url(run_dir)))
+    server_class = _Server.for_host(host)
+    try:
+        server = make_server(host, port or DEFAULT_PORT, app, server_class=server_class, handler_class=_QuietHandler)
+    except OSError as e:
+        if port is not None:
+            raise KlsweepError(
+                f"port {port} on {host} is in use ({e.strerror}): another dashboard or server holds it, and its URL "
+                f"would not show this sweep. Pass a free port: --port {_free_port(host, server_class)}") from None
+        server = make_server(host, 0, app, server_class=server_class, handler_class=_QuietHandler)
+        print(f"port {DEFAULT_PORT} on {host} is in use ({e.strerror}): serving on the free port "
+              f"{server.server_port} instead", file=sys.stderr)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {host}: anyone who can reach this address can read the study", file=sys.stderr)
-    print(f"optuna-dashboard for study {record.study_name!r}: http://{host}:{port}/dashboard/ (Ctrl-C to stop)",
-          flush=True)
-    run_server(storage, host=host, port=port)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"optuna-dashboard for study {record.study_name!r}: http://{shown}:{server.server_port}/dashboard/ "
+          f"(Ctrl-C to stop)", flush=True)
+    with server:
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
     return 0
+
+
+def _free_port(host: str, server_class: type[WSGIServer]) -> int:
+    """A port free on ``host`` right now (the kernel's pick)."""
+    with socket.socket(server_class.address_family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
