@@ -1,0 +1,37 @@
+"""The live view (SweepProgress) shows each trial's searched parameters by their verl leaf names, and a running
+trial's step, KL, entropy and score, on a terminal's table and on the one line per finished trial a pipe gets."""
+
+from __future__ import annotations
+
+import io
+
+from ray.tune.experiment import Trial
+from rich.console import Console
+
+from klsweep.orchestrate.progress import SweepProgress
+
+VAL = "val-core/arith/acc/mean@1"
+PARAMS = ["algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"]
+
+
+def test_live_view_shows_parameters_and_running_metrics():
+    trial = Trial("run_trial", config={PARAMS[0]: 0.002, PARAMS[1]: 2, PARAMS[2]: 1}, trial_id="abc12345", stub=True)
+    out = io.StringIO()
+    progress = SweepProgress(3, [VAL], params=PARAMS, console=Console(file=out))  # a file: not a terminal
+    progress.setup()
+    progress.on_trial_result(1, [trial], trial, {"training_iteration": 3, "actor/reward_kl_penalty": 0.0125,
+                                                 "actor/entropy": 1.25, "critic/score/mean": 0.375})
+    wide = Console(file=io.StringIO(), width=300)
+    wide.print(progress._table())
+    header, _, row = wide.file.getvalue().splitlines()[:3]
+    # ppo_epochs is the leaf of two searched keys: both keep their whole key
+    assert [c.strip() for c in header.split("┃")] == ["trial", "status", "kl_coef", PARAMS[1], PARAMS[2], "step",
+                                                       "KL", "entropy", "score", "arith", "health"]
+    assert [c.strip() for c in row.split("│")] == ["abc12345", "RUNNING", "0.002", "2", "1", "3", "0.0125", "1.25",
+                                                    "0.375", "", ""]
+    assert out.getvalue() == ""  # a pipe gets finished trials only
+
+    trial.run_metadata.last_result = {"training_iteration": 4, VAL: 0.5, "health": "healthy"}
+    progress.on_trial_complete(2, [trial], trial)
+    assert out.getvalue() == (f"[1/3] abc12345 TERMINATED kl_coef=0.002 {PARAMS[1]}=2 {PARAMS[2]}=1 step=4 "
+                              f"{VAL}=0.5\n")
