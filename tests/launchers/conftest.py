@@ -3,6 +3,7 @@ the supervisor's own /proc reader)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -25,6 +26,15 @@ def fake_trainer(monkeypatch):
     monkeypatch.setitem(TRAINERS, "fake", FAKE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     return "fake"
+
+
+@pytest.fixture
+def verl_standin(monkeypatch):
+    """``tests/launchers/fake_trainer.py`` as trainer ``verl``: its trials get every verl key klsweep sets
+    (``trainer.save_freq``, ``trainer.default_local_dir``, ``+ray_kwargs.ray_init.address``, ...)."""
+    monkeypatch.setitem(TRAINERS, "verl", dataclasses.replace(TRAINERS["verl"], module=FAKE.module))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    return "verl"
 
 
 def alive(pid: int) -> bool:

@@ -1,12 +1,33 @@
-"""A stand-in training process for the launcher tests: ``python -m fake_trainer key=value ...``.
+"""A stand-in for ``python -m verl.trainer.main_ppo`` in the launcher tests: ``python -m fake_trainer key=value ...``.
 
-Writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH`` like
-``verl.utils.tracking.FileLogger``, and can be told to misbehave:
+It takes verl's Hydra overrides and does what verl 0.9.1's v1 trainer (``verl/trainer/ppo/v1/trainer_base.py``,
+``RayPPOTrainer.fit``) does with them, minus the model:
+
+- ``trainer.logger`` (default ``[console,file]``): ``file`` writes through verl's own ``FileLogger``
+  (``verl/utils/tracking.py``, loaded from the installed file without importing the rest of verl, which costs ~9 s
+  of torch imports) to ``$VERL_FILE_LOGGER_PATH``; ``console`` prints verl's ``step:N - key:value`` line.
+- ``trainer.total_training_steps`` (the test knob ``steps=N`` wins; default 3): steps ``global_steps + 1 .. N``, each
+  logging ``actor/kl_loss = step / 100`` and ``actor/entropy = 1 / step``.
+- ``trainer.val_before_train=true`` (or ``val_before_train=1``): first a validation line
+  ``val-core/fake/acc/mean@1 = 0.25`` at step ``global_steps`` (0, or the resumed step). The stand-in's default is
+  false, verl's is true.
+- ``algorithm.use_kl_in_reward=true``: ``algorithm.kl_ctrl`` (``type``, ``kl_coef``, ``target_kl``, ``horizon``) builds
+  verl's own ``AdaptiveKLController`` or ``FixedKLController`` (their class source from ``core_algos.py``, run with
+  numpy only); each step logs ``actor/reward_kl_penalty`` (``kl=``, default 0.2) and ``actor/reward_kl_penalty_coeff``
+  (the coefficient before the step's update) and updates it with ``n_steps = data.train_batch_size ×
+  actor_rollout_ref.rollout.n``, as ``ray_trainer.apply_kl_penalty`` does. The controller is never checkpointed.
+- ``trainer.save_freq`` > 0 with ``trainer.default_local_dir``: every save_freq steps and at the last step, before the
+  step's line is logged (verl's order), ``global_step_N/actor/`` and ``global_step_N/data.pt``, then
+  ``latest_checkpointed_iteration.txt``.
+- ``trainer.resume_mode=auto`` (verl's default): resumes from ``latest_checkpointed_iteration.txt`` in
+  ``trainer.default_local_dir``; ``disable`` starts from step 1.
+- ``+ray_kwargs.ray_init.address=local``: starts its own Ray (``ray.init(address="local")``, one CPU, no dashboard; its
+  GCS and raylet are session-detached children) and shuts it down at the end; the GCS address goes to env.json.
+
+Test knobs (plain ``key=value``), for misbehaviour:
 
 - always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` it got.
-- ``steps=N interval=S``: N lines, S seconds apart; line N has ``actor/kl_loss = N / 100`` and ``actor/entropy = 1/N``.
-- ``val_before_train=1``: first a step-0 line with only ``val-core/fake/acc/mean@1 = 0.25``, as verl's v1 trainer logs
-  its validation before training (``verl/trainer/ppo/v1/trainer_base.py``).
+- ``interval=S``: seconds between steps.
 - ``half_line=1``: after the steps, the first half of one more line, without its newline (a writer killed mid-line).
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
   own session (escapes ``killpg``), and an orphan (its parent exits at once). Their pids go to ``$PWD/tree.json``.
@@ -14,10 +35,12 @@ Writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_L
 - ``linger=S``: stays S seconds after the last step before it exits (verl closes its loggers and shuts its own Ray
   down after the last step; a process that exits right after its last line ends before any reader can see it).
 - ``hang=1``: sleeps forever after the last step.
-- ``crash=1``: after the steps, writes ``$FAKE_TRAINER_STDERR`` to stderr and exits with ``exit=`` (default 1);
-  ``crash=SIGKILL`` kills itself with SIGKILL instead; ``crash=once``: crashes only in the trial's first attempt.
+- ``crash=1``: after the steps (or after step ``crash_after_step=K``), writes ``$FAKE_TRAINER_STDERR`` to stderr and
+  exits with ``exit=`` (default 1); ``crash=SIGKILL`` kills itself with SIGKILL instead; ``crash=once``: crashes only
+  in the trial's first attempt.
 """
 
+import ast
 import json
 import os
 import signal
@@ -25,12 +48,62 @@ import subprocess
 import sys
 import time
 
-args = dict(a.split("=", 1) for a in sys.argv[1:])
+
+def parse(argv):
+    """``key=value`` overrides as verl's Hydra command line writes them (``klsweep.verl.config.format_overrides``):
+    a leading ``+`` dropped, ``[a,b]`` lists, quoted strings, ints, floats, true/false."""
+    def value(text):
+        if text.startswith("[") and text.endswith("]"):
+            return [value(v) for v in text[1:-1].split(",") if v]
+        if len(text) >= 2 and text[0] == text[-1] == "'":
+            return text[1:-1]
+        if text in ("true", "false"):
+            return text == "true"
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+    return {k.lstrip("+"): value(v) for k, v in (a.split("=", 1) for a in argv)}
+
+
+def verl_file(*parts):
+    import importlib.util
+
+    return os.path.join(importlib.util.find_spec("verl").submodule_search_locations[0], *parts)
+
+
+def verl_file_logger(project, experiment):
+    """``verl.utils.tracking.FileLogger`` from the installed verl (its module needs only orjson and packaging)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verl_tracking", verl_file("utils", "tracking.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FileLogger(project, experiment)
+
+
+def verl_kl_controller(kl_ctrl):
+    """verl 0.9.1's ``core_algos.get_kl_controller``: its two controller classes, executed from their source."""
+    import numpy
+
+    tree = ast.parse(open(verl_file("trainer", "ppo", "core_algos.py")).read())
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("KLController")]
+    namespace = {"np": numpy}
+    exec(compile(ast.Module(body=classes, type_ignores=[]), "core_algos.py", "exec"), namespace)
+    if kl_ctrl.get("type", "fixed") == "adaptive":
+        return namespace["AdaptiveKLController"](kl_ctrl.get("kl_coef", 0.001), kl_ctrl.get("target_kl", 0.1),
+                                                 kl_ctrl.get("horizon", 10000))
+    return namespace["FixedKLController"](kl_ctrl.get("kl_coef", 0.001))
+
+
+args = parse(sys.argv[1:])
 with open("env.json", "w") as f:  # what the launcher gave it
     json.dump({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd()}, f)
-if args.get("ignore_term") == "1":
+if args.get("ignore_term") == 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if args.get("grandchildren") == "1":
+if args.get("grandchildren") == 1:
     plain = subprocess.Popen(["sleep", "600"])
     session = subprocess.Popen(["sleep", "600"], start_new_session=True)
     orphan_parent = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, text=True)
@@ -38,29 +111,79 @@ if args.get("grandchildren") == "1":
     orphan_parent.wait()
     with open("tree.json", "w") as f:
         json.dump({"trainer": os.getpid(), "plain": plain.pid, "session": session.pid, "orphan": orphan}, f)
+if "ray_kwargs.ray_init.address" in args:  # verl's main_ppo: ray.init(**ray_kwargs.ray_init) unless initialized
+    import ray
 
-out = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)
-if args.get("val_before_train") == "1":
-    out.write(json.dumps({"step": 0, "data": {"val-core/fake/acc/mean@1": 0.25}}).encode() + b"\n")
-for step in range(1, int(args.get("steps", "3")) + 1):
-    time.sleep(float(args.get("interval", "0.02")))
-    data = {"actor/kl_loss": step / 100, "actor/entropy": 1 / step}
-    out.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
-    print(f"step:{step} - actor/kl_loss:{step / 100:.3f}", flush=True)
+    ray.init(address=args["ray_kwargs.ray_init.address"], num_cpus=1, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    with open("ray.json", "w") as f:
+        json.dump({"gcs_address": ray.get_runtime_context().gcs_address}, f)
 
-if args.get("half_line") == "1":
-    line = json.dumps({"step": int(args.get("steps", "3")) + 1, "data": {"actor/kl_loss": 0.5}}).encode()
-    out.write(line[: len(line) // 2])
-time.sleep(float(args.get("linger", "0")))
-if args.get("hang") == "1":
-    while True:
-        time.sleep(1)
+loggers = args.get("trainer.logger", ["console", "file"])
+loggers = [loggers] if isinstance(loggers, str) else loggers
+out = verl_file_logger(args.get("trainer.project_name", "verl_examples"),
+                       args.get("trainer.experiment_name", "gsm8k")) if "file" in loggers else None
+
+
+def log(data, step):
+    if out is not None:
+        out.log(data=data, step=step)
+    if "console" in loggers:
+        print(f"step:{step} - " + " - ".join(f"{k}:{v:.3f}" for k, v in data.items()), flush=True)
+
+
+total = int(args.get("steps", args.get("trainer.total_training_steps", 3)))
+save_freq = int(args.get("trainer.save_freq", -1))
+checkpoints = args.get("trainer.default_local_dir")
+tracker = os.path.join(checkpoints, "latest_checkpointed_iteration.txt") if checkpoints else None
+global_steps = 0
+if args.get("trainer.resume_mode", "auto") == "auto" and tracker and os.path.exists(tracker):
+    global_steps = int(open(tracker).read())
+kl_ctrl = None
+if args.get("algorithm.use_kl_in_reward") is True:
+    kl_ctrl = verl_kl_controller({k.split(".")[-1]: v for k, v in args.items() if k.startswith("algorithm.kl_ctrl.")})
+    responses = int(args.get("data.train_batch_size", 1024)) * int(args.get("actor_rollout_ref.rollout.n", 1))
 crash = args.get("crash")
 if crash == "once":
-    crash = None if os.path.exists("../crashed-once") else "1"
+    crash = None if os.path.exists("../crashed-once") else 1
     open("../crashed-once", "w").close()
-if crash == "SIGKILL":
-    os.kill(os.getpid(), signal.SIGKILL)
-if crash:
-    sys.stderr.write(os.environ.get("FAKE_TRAINER_STDERR", "") + "\n")
-    sys.exit(int(args.get("exit", "1")))
+
+
+def misbehave():
+    if crash == "SIGKILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if crash:
+        sys.stderr.write(os.environ.get("FAKE_TRAINER_STDERR", "") + "\n")
+        sys.exit(int(args.get("exit", 1)))
+
+
+if args.get("trainer.val_before_train", args.get("val_before_train")) in (True, 1):
+    log({"val-core/fake/acc/mean@1": 0.25}, global_steps)
+for step in range(global_steps + 1, total + 1):
+    time.sleep(float(args.get("interval", 0.02)))
+    data = {"actor/kl_loss": step / 100, "actor/entropy": 1 / step}
+    if kl_ctrl is not None:
+        current_kl = float(args.get("kl", 0.2))
+        data |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": kl_ctrl.value}
+        kl_ctrl.update(current_kl=current_kl, n_steps=responses)
+    if checkpoints and save_freq > 0 and (step == total or step % save_freq == 0):
+        folder = os.path.join(checkpoints, f"global_step_{step}")
+        os.makedirs(os.path.join(folder, "actor"), exist_ok=True)
+        with open(os.path.join(folder, "data.pt"), "w") as f:
+            json.dump({"global_steps": step}, f)
+        with open(tracker, "w") as f:
+            f.write(str(step))
+    log(data, step)
+    if int(args.get("crash_after_step", 0)) == step:
+        misbehave()
+
+if args.get("half_line") == 1:
+    line = json.dumps({"step": total + 1, "data": {"actor/kl_loss": 0.5}}).encode()
+    out.fp.write(line[: len(line) // 2])
+time.sleep(float(args.get("linger", 0)))
+if args.get("hang") == 1:
+    while True:
+        time.sleep(1)
+misbehave()
+if "ray_kwargs.ray_init.address" in args:
+    ray.shutdown()

@@ -146,8 +146,7 @@ def test_a_stopped_process_trial_does_not_lose_the_next_one(ray_local, fake_trai
     assert [row["step"] for _, row in stopped.metrics_dataframe.iterrows()] == [1, 2]
     assert second.error is None, second.error
     assert [row["step"] for _, row in second.metrics_dataframe.iterrows()] == [1, 2, 3, -1]  # -1: fake_trial's own
-    # The trial directories Ray stages on the node (the first trial's last files never reach storage: issue 13 item 2).
-    first_run = attempt_dir(Path(second.metrics["trial_dir"]).parent / Path(stopped.path).name, 1)
+    first_run = attempt_dir(Path(stopped.path), 1)  # the trial's files are in the results directory (storage_path)
     assert (first_run / "exit.json").exists(), "the stopped trial's tree outlived its trial"
     first_exit = json.loads((first_run / "exit.json").read_text())
     assert (first_exit["reason"], first_exit["returncode"]) == ("stopped", -signal.SIGKILL)

@@ -26,6 +26,7 @@ def fake_trial(config):
     from ray import tune
 
     from klsweep.launchers import process
+    from klsweep.launchers.storage import trial_directory
     from klsweep.trainers import TRAINERS
     from tests.launchers.conftest import FAKE
 
@@ -35,7 +36,7 @@ def fake_trial(config):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     start = time.time()
     process.run_process_trial(config, trainer="fake")
-    trial_dir = Path(tune.get_context().get_trial_dir())
+    trial_dir = trial_directory()  # where run_process_trial put the trial's files: in the results directory
     child = json.loads((process.attempt_dir(trial_dir, 1) / "env.json").read_text())
     tune.report({
         "step": -1,

@@ -12,7 +12,7 @@ When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the proc
 and when the sweep driver dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (ray#23971,
 ray#34125).
 
-Layout of a trial directory (Tune's ``get_trial_dir()``)::
+Layout of a trial directory (in the sweep's results directory, :func:`klsweep.launchers.storage.trial_directory`)::
 
     attempt-1/            one per start of the trial (a retry or a resume makes attempt-2, ...)
       metrics.jsonl       $VERL_FILE_LOGGER_PATH
@@ -38,7 +38,9 @@ from klsweep.health.readers import decode_json_line
 from klsweep.launchers import supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
-from klsweep.trainers import TRAINERS, VERL_MODULE, trainer_kind
+from klsweep.launchers.resume import SAVE_FREQ_KEY, logged_steps, resume_overrides, save_freq
+from klsweep.launchers.storage import trial_directory
+from klsweep.trainers import TRAINERS, trainer_kind
 from klsweep.verl.config import format_overrides
 
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
@@ -83,8 +85,9 @@ def trial_command(
         base_env: the environment to start from (default ``os.environ``).
 
     Returns:
-        ``(argv, env)``. For verl, argv ends with the managed keys: ``trainer.experiment_name`` (the trial
-        directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
+        ``(argv, env)``. For verl, argv has ``trainer.save_freq`` (the trial's own, else
+        :func:`klsweep.launchers.resume.save_freq`) and ends with the managed keys: ``trainer.experiment_name`` (the
+        trial directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
         (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list plus ``file``, default ``[console,file]``) and
         ``+ray_kwargs.ray_init.address=local`` unless the sweep sets that key. ``env`` has
         ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl``, ``RAY_AUTH_MODE=disabled`` unless ``base_env``
@@ -100,8 +103,9 @@ def trial_command(
     trial_dir = Path(trial_dir).resolve()
     run_dir = attempt_dir(trial_dir, attempt)
     values = dict(overrides)
-    if module == VERL_MODULE:
+    if trainer == "verl":
         values = {k: v for k, v in values.items() if k.lstrip("+") not in MANAGED_VERL_KEYS}
+        values[SAVE_FREQ_KEY] = save_freq(values)
         logger = values.pop("trainer.logger", ["console"])
         logger = [logger] if isinstance(logger, str) else list(logger)
         values["trainer.experiment_name"] = _experiment_name(trial_dir.name)
@@ -144,15 +148,19 @@ def run_process_trial(
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
     A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed) starts a new attempt, up to
-    ``retries`` times; verl resumes it from the trial's own last checkpoint, and steps already reported are not
-    reported again. Other failures raise at once (Tune's ``FailureConfig`` cannot tell kinds apart: keep its
-    ``max_failures=0``).
+    ``retries`` times. Other failures raise at once (Tune's ``FailureConfig`` cannot tell kinds apart: keep its
+    ``max_failures=0``). Every attempt of a verl trial, in this call or in a later one on the same ``trial_dir``
+    (a Tune retry, ``sweep resume``), resumes from the trial's own last checkpoint (``trainer.save_freq``,
+    verl's ``resume_mode=auto``) with the KL controller's coefficient carried over
+    (:func:`klsweep.launchers.resume.resume_overrides`); steps that the trial's earlier attempts logged are not
+    reported again, so the curve Tune sees has each step once, in order.
 
     Args:
         overrides: the trial's flat verl overrides.
         sweep: the loaded :class:`klsweep.spec.Sweep` (its ``trainer`` is used unless ``trainer`` is given).
         trainer: ``verl`` or ``embedded``.
-        trial_dir: where the trial's files go (default: ``ray.tune.get_context().get_trial_dir()``).
+        trial_dir: where the trial's files go (default: the trial's directory in the sweep's results directory,
+            :func:`klsweep.launchers.storage.trial_directory`, on any node).
         report: called with ``data | {"step": N}`` once per training step N ≥ 1, in file order (default
             ``ray.tune.report``), so Tune's ``training_iteration`` is verl's step. The step-0 line (validation before
             training) is merged into step 1's call, step 1's own values winning; a run that ends cleanly without a
@@ -168,6 +176,7 @@ def run_process_trial(
     Raises:
         TrialFailed: the process failed; ``.kind`` is a :data:`klsweep.launchers.failures.KINDS` entry, recorded
             with the stderr tail in ``trial_dir/failure.json``.
+        ClusterError: the sweep's results directory is not visible on this node.
         ValueError: no trainer, or no trial directory outside a Tune trial; or a complete line of the metrics file
             is not a file-logger record (the message names the file and line).
     """
@@ -177,19 +186,20 @@ def run_process_trial(
     if trial_dir is None or report is None:
         from ray import tune
 
-        trial_dir = trial_dir or tune.get_context().get_trial_dir()
-        if not trial_dir:
-            raise ValueError("run_process_trial runs inside a Ray Tune trial, or needs trial_dir=")
+        if tune.get_context().get_trial_id() is None:
+            raise ValueError("run_process_trial runs inside a Ray Tune trial, or needs trial_dir= and report=")
+        trial_dir = trial_dir or trial_directory()
         report = report or tune.report
     import ray
 
     gpu_ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
-    steps = _StepReports(report)
+    steps = _StepReports(report, last_step=max(logged_steps(trial_dir), default=0))
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
-        argv, env = trial_command(overrides, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
+        resumed = {**overrides, **resume_overrides(trial_dir, overrides)} if trainer == "verl" else overrides
+        argv, env = trial_command(resumed, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
         failure = _run_attempt(argv, env, attempt_dir(trial_dir, attempt), steps, timeout_s=timeout_s, grace_s=grace_s)
         if failure is None:
             steps.finish()
@@ -202,9 +212,9 @@ def run_process_trial(
 class _StepReports:
     """verl's metrics lines → one report per training step (see ``report`` of :func:`run_process_trial`)."""
 
-    def __init__(self, report: Callable[[dict[str, Any]], Any]):
+    def __init__(self, report: Callable[[dict[str, Any]], Any], last_step: int = 0):
         self._report = report
-        self.last_step = 0  # the last training step reported
+        self.last_step = last_step  # the last training step reported (by this call, or by the trial's earlier ones)
         self._before_training: dict[str, Any] | None = None  # step 0's data, until step 1 comes
 
     def line(self, step: int, data: dict[str, Any]) -> None:

@@ -1,0 +1,94 @@
+"""A verl trial that starts again (an in-trial retry, a Ray Tune retry, ``sweep resume``) continues from its own last
+checkpoint instead of step 1.
+
+verl saves a checkpoint every ``trainer.save_freq`` steps (verl's default −1: never) into
+``trainer.default_local_dir`` (``global_step_N/`` and ``latest_checkpointed_iteration.txt``,
+``verl/trainer/ppo/v1/trainer_base.py``, ``_save_checkpoint``) and, with ``trainer.resume_mode=auto`` (verl's
+default), a new start in the same directory resumes from there (``_load_checkpoint``). What the checkpoint lacks is
+the in-reward KL controller: ``RayPPOTrainer`` builds it from ``algorithm.kl_ctrl.kl_coef`` at every start, so an
+adaptive coefficient would snap back to its initial value; :func:`resume_overrides` passes the value it had instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: verl's checkpoint cadence key; a verl trial without one gets :func:`save_freq`.
+SAVE_FREQ_KEY = "trainer.save_freq"
+#: The initial coefficient of verl's in-reward KL controller (``core_algos.get_kl_controller``).
+KL_COEF_KEY = "algorithm.kl_ctrl.kl_coef"
+#: The coefficient ``ray_trainer.apply_kl_penalty`` used at a step: the controller's value before that step's update.
+KL_COEFF_METRIC = "actor/reward_kl_penalty_coeff"
+#: verl's checkpoint tracker in ``trainer.default_local_dir`` (``verl/utils/checkpoint/checkpoint_manager.py``).
+TRACKER = "latest_checkpointed_iteration.txt"
+#: Steps between checkpoints when neither ``trainer.save_freq`` nor ``trainer.test_freq`` is set: a fifth of the
+#: run, the cadence of verl's GRPO reference run (tests/data/README.md: 20 of 105 steps; a checkpoint step took ~15
+#: normal steps there, so a shorter cadence costs more than a retry saves).
+DEFAULT_CHECKPOINTS_PER_RUN = 5
+
+
+def save_freq(overrides: Mapping[str, Any]) -> int:
+    """``trainer.save_freq`` of a verl trial: the trial's own value when it sets one, else the validation cadence
+    ``trainer.test_freq`` when > 0, else a fifth of ``trainer.total_training_steps`` (at least 1); −1 (verl's
+    "never") when none of them is known."""
+    if SAVE_FREQ_KEY in overrides:
+        return int(overrides[SAVE_FREQ_KEY])
+    test_freq = int(overrides.get("trainer.test_freq") or -1)
+    if test_freq > 0:
+        return test_freq
+    total = overrides.get("trainer.total_training_steps")
+    return max(1, int(total) // DEFAULT_CHECKPOINTS_PER_RUN) if total else -1
+
+
+def checkpointed_step(checkpoint_dir: Path) -> int:
+    """The step of the checkpoint verl's ``resume_mode=auto`` resumes from in ``checkpoint_dir`` (its tracker file,
+    when the ``global_step_N`` folder it names exists, as ``find_latest_ckpt_path`` requires); 0 when none."""
+    tracker = Path(checkpoint_dir) / TRACKER
+    try:
+        step = int(tracker.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+    return step if (Path(checkpoint_dir) / f"global_step_{step}").is_dir() else 0
+
+
+def logged_steps(trial_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every step the trial's earlier attempts logged (``attempt-*/metrics.jsonl``), the latest attempt's line winning
+    where two logged the same step: ``{step: data}``. NaN where verl's file logger wrote ``null``."""
+    from klsweep.launchers.process import _MetricsTail
+
+    steps: dict[int, dict[str, Any]] = {}
+    attempts = sorted(Path(trial_dir).glob("attempt-*/metrics.jsonl"), key=lambda p: int(p.parent.name[8:]))
+    for path in attempts:
+        for step, data in _MetricsTail(path).read_new():
+            steps[step] = data
+    return steps
+
+
+def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides a new attempt of a verl trial adds so that it continues where its checkpoint left off.
+
+    With a checkpoint at step N in ``trial_dir/checkpoints`` and a logged :data:`KL_COEFF_METRIC`, sets
+    :data:`KL_COEF_KEY` to the coefficient the controller held at step N: the value logged at step N + 1 (used
+    before that step's update, so the controller's value after step N's), or, when step N + 1 never got logged, the
+    last value logged before it (one update earlier). Nothing when there is no checkpoint (the attempt starts at
+    step 1 with the trial's own coefficient) or no KL in the reward.
+
+    Args:
+        trial_dir: the trial's directory (``checkpoints/`` = ``trainer.default_local_dir``, ``attempt-*/``).
+        overrides: the trial's flat verl overrides.
+
+    Returns:
+        ``{}`` or ``{"algorithm.kl_ctrl.kl_coef": value}``.
+    """
+    step = checkpointed_step(Path(trial_dir) / "checkpoints")
+    if step == 0 or overrides.get("algorithm.use_kl_in_reward") is not True:
+        return {}
+    coefficients = {s: d[KL_COEFF_METRIC] for s, d in logged_steps(trial_dir).items()
+                    if s <= step + 1 and isinstance(d.get(KL_COEFF_METRIC), (int, float))
+                    and math.isfinite(d[KL_COEFF_METRIC])}
+    if not coefficients:
+        return {}
+    return {KL_COEF_KEY: float(coefficients[max(coefficients)])}

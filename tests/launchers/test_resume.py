@@ -1,0 +1,128 @@
+"""A verl trial that starts again continues from its own last checkpoint (issue 13, item 8): checkpoint cadence,
+steps reported once, and the adaptive KL coefficient carried over. The trials run the stand-in for verl's main_ppo
+(``fake_trainer.py``: verl's FileLogger, checkpoint layout, resume_mode=auto and KL controllers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from klsweep.launchers.failures import TrialFailed
+from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
+from klsweep.launchers.resume import resume_overrides, save_freq
+
+from .conftest import HERE
+from .test_process import CRASHES
+
+NCCL = CRASHES[2][0]  # a retryable kind: the trial gets a second attempt
+#: verl's adaptive controller with n_steps / horizon = 10 / 100 and a KL of 0.2 against a target of 0.1: the
+#: proportional error is clipped to 0.2, so the coefficient grows ×1.02 per step (core_algos.AdaptiveKLController).
+ADAPTIVE = {
+    "trainer.total_training_steps": 10,
+    "algorithm.use_kl_in_reward": True,
+    "algorithm.kl_ctrl.type": "adaptive",
+    "algorithm.kl_ctrl.kl_coef": 0.1,
+    "algorithm.kl_ctrl.target_kl": 0.1,
+    "algorithm.kl_ctrl.horizon": 100,
+    "data.train_batch_size": 10,
+    "actor_rollout_ref.rollout.n": 1,
+}
+
+
+def _argv(run_dir):
+    return json.loads((run_dir / "spec.json").read_text())["argv"]
+
+
+def _logged(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_save_freq_of_a_verl_trial(tmp_path):
+    """The trial's own trainer.save_freq is kept; else the validation cadence; else a fifth of the run (verl's
+    default -1 never saves, and a retry restarted at step 1)."""
+    assert save_freq({"trainer.save_freq": 7, "trainer.test_freq": 5}) == 7
+    assert save_freq({"trainer.save_freq": -1}) == -1
+    assert save_freq({"trainer.test_freq": 5, "trainer.total_training_steps": 100}) == 5
+    assert save_freq({"trainer.total_training_steps": 100}) == 20
+    assert save_freq({"trainer.total_training_steps": 3}) == 1
+    argv, _ = trial_command({"trainer.total_training_steps": 100}, trainer="verl", trial_dir=tmp_path)
+    assert "trainer.save_freq=20" in argv
+    argv, _ = trial_command({"trainer.total_training_steps": 100}, trainer="embedded", trial_dir=tmp_path)
+    assert not any(a.startswith("trainer.save_freq") for a in argv)  # the embedded trainer checkpoints through Tune
+
+
+def test_a_retried_verl_trial_resumes_from_its_checkpoint(verl_standin, tmp_path, monkeypatch):
+    """Attempt 1 checkpoints at steps 2 and 4 (save_freq = 10 // 5) and dies of NCCL after logging step 5; attempt 2
+    resumes at step 5 from global_step_4 (not at step 1), and Tune sees steps 1..10 once each, in order."""
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", NCCL)
+    seen: list[dict] = []
+    overrides = {"trainer.total_training_steps": 10, "crash": "once", "crash_after_step": 5}
+    run_process_trial(overrides, trainer=verl_standin, trial_dir=tmp_path, report=seen.append)
+
+    assert [m["step"] for m in seen] == list(range(1, 11))
+    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 1))] == [1, 2, 3, 4, 5]
+    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))] == [5, 6, 7, 8, 9, 10]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("global_step_*")) == [
+        "global_step_10", "global_step_2", "global_step_4", "global_step_6", "global_step_8"]
+    assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "10"
+
+
+def test_adaptive_kl_coefficient_carries_over_a_resume(verl_standin, tmp_path, monkeypatch):
+    """verl does not checkpoint the in-reward KL controller: run again in the same checkpoint directory, verl alone
+    restarts the coefficient at algorithm.kl_ctrl.kl_coef (a jump in the curve); a klsweep retry passes the value the
+    controller held at the checkpoint, and the curve goes on as if nothing happened."""
+    expected = [0.1 * 1.02 ** (step - 1) for step in range(1, 11)]  # the coefficient used at steps 1..10
+
+    # verl alone (the stand-in run twice by hand with the same default_local_dir): the jump
+    standin = [sys.executable, str(HERE / "fake_trainer.py"), "trainer.save_freq=2",
+               f"trainer.default_local_dir={tmp_path / 'alone'}",
+               *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in ADAPTIVE.items())]
+    coefficients = []
+    for n, extra in ((1, ["crash=1", "crash_after_step=5"]), (2, [])):
+        run_dir = tmp_path / f"alone-{n}"
+        run_dir.mkdir()
+        env = {"VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"), "PATH": "/usr/bin:/bin"}
+        subprocess.run(standin + extra, cwd=run_dir, env=env, check=n == 2, timeout=60)
+        coefficients.append({line["step"]: line["data"]["actor/reward_kl_penalty_coeff"] for line in _logged(run_dir)})
+    before, after = coefficients
+    assert before == pytest.approx(dict(enumerate(expected[:5], start=1)), rel=1e-12)
+    assert after[5] == 0.1 and after[6] == pytest.approx(0.102, rel=1e-12)  # restarted from kl_coef: state lost
+    assert after[6] < before[5]  # the jump: a curve stitched at step 5 falls from 0.1082 to 0.102
+
+    # a klsweep trial: carried over
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", NCCL)
+    seen: list[dict] = []
+    run_process_trial(ADAPTIVE | {"crash": "once", "crash_after_step": 5}, trainer=verl_standin,
+                      trial_dir=tmp_path / "t", report=seen.append)
+    assert [m["step"] for m in seen] == list(range(1, 11))
+    assert [m["actor/reward_kl_penalty_coeff"] for m in seen] == pytest.approx(expected, rel=1e-12)
+    def kl_coef(attempt):
+        return [float(a.split("=")[1]) for a in _argv(attempt_dir(tmp_path / "t", attempt))
+                if a.startswith("algorithm.kl_ctrl.kl_coef=")]
+
+    assert kl_coef(1) == [0.1]
+    # logged at step 5 = the controller's value after step 4's update, the step of the checkpoint it resumed from
+    assert kl_coef(2) == [seen[4]["actor/reward_kl_penalty_coeff"]] == pytest.approx([0.1 * 1.02 ** 4], rel=1e-12)
+
+
+def test_a_later_start_of_the_trial_continues_its_curve(verl_standin, tmp_path, monkeypatch):
+    """A Tune retry or ``sweep resume`` runs the trial again in the same directory: it resumes from the checkpoint and
+    reports only the steps the trial had not reported (Tune sees each step once), with the coefficient carried."""
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", "Traceback (most recent call last):\nValueError: boom")  # not retried
+    first: list[dict] = []
+    with pytest.raises(TrialFailed):
+        run_process_trial(ADAPTIVE | {"crash": "once", "crash_after_step": 7}, trainer=verl_standin,
+                          trial_dir=tmp_path, report=first.append)
+    assert [m["step"] for m in first] == [1, 2, 3, 4, 5, 6, 7]
+    assert resume_overrides(tmp_path, ADAPTIVE) == {"algorithm.kl_ctrl.kl_coef": pytest.approx(0.1 * 1.02 ** 6)}
+
+    later: list[dict] = []
+    run_process_trial(ADAPTIVE | {"crash": "once", "crash_after_step": 7}, trainer=verl_standin, trial_dir=tmp_path,
+                      report=later.append)
+    assert [m["step"] for m in later] == [8, 9, 10]
+    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))][0] == 7  # resumed from global_step_6
+    assert [m["actor/reward_kl_penalty_coeff"] for m in later] == pytest.approx(
+        [0.1 * 1.02 ** (s - 1) for s in (8, 9, 10)], rel=1e-12)
