@@ -90,14 +90,25 @@ def test_sigkill_of_the_sweep_driver(tmp_path):
 
 
 def test_trials_on_a_two_node_cluster_never_share_a_gpu(tmp_path):
-    """2 nodes × 2 logical GPUs, 4 trials of {"gpu": 1} at once: one GPU each, spread over both nodes."""
+    """2 nodes × 2 logical GPUs, 4 trials of {"gpu": 1} at once: one GPU each, spread over both nodes; every trial's
+    files are in the sweep's results directory (Tune's storage_path), the worker node's included (they used to stay
+    in Ray's node-local staging directory); a trial's process starts its own Ray, not a client of the cluster's."""
     env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE.parents[1])}
     out = subprocess.run([sys.executable, str(HERE / "tune_trials.py"), "placement", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=240)
-    trials = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+                         capture_output=True, text=True, timeout=300)
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert lines and lines[0]["nodes_without"] == [], out.stderr[-3000:]  # one machine: both nodes see tmp_path
+    trials = lines[1:]
     assert len(trials) == 4, out.stderr[-3000:]
     assert all(t["error"] is None for t in trials)
     assert len({t["node"] for t in trials}) == 2
+    for t in trials:
+        trial_dir = Path(t["trial_dir"])
+        assert trial_dir.parent == tmp_path / "placement"
+        assert len((attempt_dir(trial_dir, 1) / "metrics.jsonl").read_text().splitlines()) == 4
+    (own,) = [Path(t["trial_dir"]) for t in trials if t["config"]["seed"] == 0]
+    own_gcs = json.loads((attempt_dir(own, 1) / "ray.json").read_text())["gcs_address"]
+    assert own_gcs != lines[0]["gcs"]
     for t in trials:
         assert len(t["gpu_ids"].split(",")) == 1
         assert t["child_cvd"] == t["worker_cvd"] == t["gpu_ids"]  # the process sees exactly the trial's GPU

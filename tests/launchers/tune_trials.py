@@ -68,7 +68,9 @@ sweep_trial.__mixins__ = run_trial.__mixins__
 
 
 def placement(out_dir: str) -> None:
-    """2 nodes × 2 logical GPUs, 4 concurrent trials of 1 GPU each: prints one JSON line per trial."""
+    """2 nodes × 2 logical GPUs, 4 concurrent trials of 1 GPU each (the first starts its own Ray, as verl's main_ppo
+    does with ``+ray_kwargs.ray_init.address=local``): prints which nodes do not see ``out_dir``, the cluster's GCS
+    address, then one JSON line per trial."""
     import ray
     from ray import tune
     from ray.cluster_utils import Cluster
@@ -78,10 +80,15 @@ def placement(out_dir: str) -> None:
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
         cluster.wait_for_nodes()
+        from klsweep.launchers.storage import nodes_without
+
+        print(json.dumps({"nodes_without": nodes_without(Path(out_dir)), "gcs": cluster.address}), flush=True)
         trainable = tune.with_resources(fake_trial, {"cpu": 1, "gpu": 1})
+        own_ray = {"+ray_kwargs.ray_init.address": "local"}
         tuner = tune.Tuner(
             trainable,
-            param_space={"steps": 4, "interval": 0.5, "seed": tune.grid_search([0, 1, 2, 3])},
+            param_space=tune.grid_search([{"steps": 4, "interval": 0.5, "seed": seed} | (own_ray if seed == 0 else {})
+                                          for seed in range(4)]),
             tune_config=tune.TuneConfig(max_concurrent_trials=4),
             run_config=tune.RunConfig(storage_path=out_dir, name="placement", verbose=0),
         )
