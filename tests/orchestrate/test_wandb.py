@@ -1,6 +1,8 @@
 """W&B in offline mode on a real sweep: one offline run per trial, grouped by the sweep, id = Ray Tune trial id,
-config = the trial's verl overrides (wandb#2812: several trials in one W&B run); offline mode needs no API key
-(Search-R1#141: offline W&B on many nodes) and the key never lands in the sweep directory.
+config = the trial's verl overrides (wandb#2812: several trials in one W&B run), named by trial number and
+parameters, tagged, with the health verdict and stop reason; offline mode needs no API key (Search-R1#141: offline
+W&B on many nodes) and the key never lands in the sweep directory. The Optuna study carries its objectives' names and
+the sweep's description.
 
 wandb 0.31 has no Python reader of its run files (``wandb sync --view`` is gone), so :func:`records` reads the
 ``run-<id>.wandb`` file itself: W&B's LevelDB-log layout (a 7-byte file header, then 32 KiB blocks of records, each
@@ -128,13 +130,18 @@ def test_offline_run_per_trial(ray_local, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     out = tmp_path / "out"
     path = sweep_file(tmp_path, "wb", wandb={"mode": "offline"}, budget={"trials": 2, "max_steps": 2},
-                      seed_trials=[{"kl_coef": 0.001}, {"kl_coef": 0.002}])
+                      seed_trials=[{"kl_coef": 0.001}, {"kl_coef": 0.05}])  # 0.05: stopped by beta_high at step 2
     assert main(["run", path, "--out", str(out), "--quiet"]) == 0
     info = json.loads((out / "sweep.json").read_text())
     study = optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
     trial_ids = sorted(t.user_attrs["ray_trial_id"] for t in study.trials)
+    assert study.metric_names == ["val-core/arith/acc/mean@1"]  # optuna-dashboard's axis label
+    assert study.user_attrs["description"] == (
+        "wb: ppo on the embedded trainer, KL in reward; searches algorithm.kl_ctrl.kl_coef; "
+        f"max val-core/arith/acc/mean@1; 2 trials × 2 steps; from {path}")
 
     run_files = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    configs = []
     assert sorted(f.stem.removeprefix("run-") for f in run_files) == trial_ids
     for run_file in run_files:
         recs = finished_records(run_file)
@@ -146,17 +153,31 @@ def test_offline_run_per_trial(ray_local, tmp_path, monkeypatch):
                 config.update({item.key: json.loads(item.value_json) for item in r.config.update})
             if r.WhichOneof("record_type") == "run":
                 config.update({item.key: json.loads(item.value_json) for item in r.run.config.update})
+        configs.append(config)
         (trial,) = [t for t in study.trials if t.user_attrs["ray_trial_id"] == run.run_id]
         overrides = json.loads(trial.user_attrs["verl_overrides"])
+        kl_coef = overrides["algorithm.kl_ctrl.kl_coef"]
+        assert run.display_name == f"wb #{trial.number} kl_coef={kl_coef}"
+        assert list(run.tags) == ["wb", "ppo", "embedded"]
+        assert _value(config, "trial_number") == trial.number
+        assert _value(config, "searched") == {"kl_coef": kl_coef}
+        assert _value(config, "health") == trial.user_attrs["health"]  # the verdict and reason the study holds
+        assert _value(config, "stop_reason") == trial.user_attrs["stop_reason"]
         assert overrides["trainer.logger"] == ["console", "file"]  # this callback is the trial's one W&B run
         for key in ("algorithm.kl_ctrl.kl_coef", "trainer.total_training_steps", "data.train_batch_size"):
-            value = config[key]["value"] if isinstance(config[key], dict) and "value" in config[key] else config[key]
-            assert value == overrides[key]
+            assert _value(config, key) == overrides[key]
         history = [r.history for r in recs if r.WhichOneof("record_type") == "history"]
         rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in h.item} for h in history]
         assert [row["training_iteration"] for row in rows] == [1, 2]  # metrics streamed per step, verl's names
         assert "val-core/arith/acc/mean@1" in rows[1] and "actor/reward_kl_penalty" in rows[0]
 
+    assert {_value(c, "health") for c in configs} == {"healthy", "stopped"}
     for file in out.rglob("*"):
         if file.is_file():
             assert FAKE_KEY.encode() not in file.read_bytes(), file
+
+
+def _value(config: dict, key: str):
+    """A W&B config entry's value (run-file config items are ``{"value": ...}`` or the bare value)."""
+    entry = config[key]
+    return entry["value"] if isinstance(entry, dict) and "value" in entry else entry

@@ -21,6 +21,9 @@ Every finished trial gets user attributes ``ray_trial_id``, ``health`` (healthy|
 ``steps`` and ``verl_overrides`` (JSON of the full trial config); in a multi-objective study also the Optuna
 constraint ``health`` (Optuna 5's ``Trial.set_constraint``: 1.0 infeasible when a health rule stopped it, -1.0
 feasible), which samplers learn from and which keeps infeasible trials out of ``study.best_trials``.
+
+The study itself carries its objectives' metric names (``Study.set_metric_names``, which optuna-dashboard uses to
+label its axes) and a one-line description of the sweep (user attribute ``description``).
 """
 
 from __future__ import annotations
@@ -59,15 +62,30 @@ class KlsweepSearch(OptunaSearch):
         overrides_of: maps a trial's suggested params to its full verl override dict (stored as a user attribute).
         total_steps: the step budget of a trial; a trial that ended earlier without a health stop was stopped by
             the scheduler.
+        description: the study's ``description`` user attribute (what the sweep searches, for the dashboard).
         **kwargs: passed to ``OptunaSearch`` (space, metric, mode, points_to_evaluate, sampler, study_name, storage).
     """
 
-    def __init__(self, *, overrides_of: Callable[[Mapping[str, Any]], Mapping[str, Any]], total_steps: int, **kwargs):
+    def __init__(self, *, overrides_of: Callable[[Mapping[str, Any]], Mapping[str, Any]], total_steps: int,
+                 description: str = "", **kwargs):
+        self._description = description
         super().__init__(**kwargs)
         self._overrides_of = overrides_of
         self._total_steps = total_steps
         self._last_values: dict[str, dict[str, float]] = {}
         self._orphans: list[optuna.Trial] = []
+
+    def _setup_study(self, mode) -> None:
+        """OptunaSearch's study (created or loaded), labelled with the objectives' metric names and the sweep's
+        description."""
+        import warnings
+
+        super()._setup_study(mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # set_metric_names: Optuna 3.2+
+            self._ot_study.set_metric_names(self._metrics)
+        if self._description:
+            self._ot_study.set_user_attr("description", self._description)
 
     def suggest(self, trial_id: str) -> dict | None:
         """Optuna's ask (or an orphan adopted after a crash, see :meth:`restore`), tagged with the Tune trial id."""

@@ -218,7 +218,19 @@ def _searcher(sweep, record: SweepRecord, out_dir: Path, *, seed_trials: bool):
         storage=storage_from_url(record.storage_url(out_dir)),
         overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=sweep.budget.max_steps,
+        description=_description(sweep, record),
     )
+
+
+def _description(sweep, record: SweepRecord) -> str:
+    """One line on what the sweep searches: ``tiny: ppo on the embedded trainer, KL in reward; searches
+    algorithm.kl_ctrl.kl_coef; max val-core/arith/acc/mean@1; 3 trials × 4 steps; from /path/tiny.yaml``."""
+    from klsweep.space import parameters
+
+    objectives = ", ".join(f"{o.mode} {o.metric}" for o in sweep.objectives)
+    return (f"{sweep.name}: {sweep.algorithm} on the {sweep.trainer} trainer, KL in {sweep.placement}; searches "
+            f"{', '.join(parameters(sweep)) or 'nothing'}; {objectives}; {sweep.budget.trials} trials × "
+            f"{sweep.budget.max_steps} steps; from {record.sweep_file}")
 
 
 def _trainable(sweep):
