@@ -3,7 +3,9 @@ coefficient 0, no learning signal."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +145,46 @@ def test_score_max_zero_is_no_signal_and_a_recovery_resets_the_streak():
     _, v = _feed(stream, KL_LOSS)
     assert [x.stop for x in v] == [False, False, False, True]
     assert v[-1].reason.kind == "no_signal" and "every score is 0" in v[-1].reason.message
+
+
+# ---- the model never updates (ms-swift#5890) -----------------------------------------------------------------------
+NO_UPDATE = Path(__file__).resolve().parents[1] / "data" / "shapes" / "no_update.jsonl"
+
+
+@pytest.mark.parametrize("run_config", [KL_LOSS, None])
+def test_zero_grad_norm_with_zero_kl_is_no_update_not_dead_kl(run_config):
+    stream = [(row["step"], row["data"]) for row in map(json.loads, NO_UPDATE.read_text().splitlines())]
+    engine, v = _feed(stream, run_config)
+    reason = engine.summary()["reason"]
+    # grad_norm and kl_loss exactly 0 from step 1: 3 steps (no_update_for) at step 3; kl_dead would wait for its
+    # warm-up (10) and stop at 13 as a KL misconfiguration
+    assert (reason["rule"], reason["kind"], reason["step"]) == ("builtin.no_update", "misconfigured", 3)
+    assert reason["message"] == (
+        "no update: actor/grad_norm is 0 for 3 steps (steps 1-3) while the policy is flat (actor/kl_loss = 0)"
+    )
+    assert "learning rate" in reason["advice"] or "optim.lr" in reason["advice"]
+    assert "builtin.kl_dead" not in engine.summary()["fired"]
+
+
+def test_no_update_reads_the_learning_rate_and_the_entropy_when_no_kl_is_logged():
+    flat = [(s, {"actor/grad_norm": 0.4, "actor/lr": 0.0, "actor/entropy": 0.70 + 0.01 * (s % 2)}) for s in range(1, 8)]
+    engine, _ = _feed(flat)
+    reason = engine.summary()["reason"]
+    assert reason["rule"] == "builtin.no_update" and reason["step"] == 3
+    assert "actor/lr is 0" in reason["message"] and "actor/entropy unchanged" in reason["message"]
+    # entropy moving by more than 5 % of its value at the streak's start: the policy moves, no finding
+    moving = [(s, {"actor/grad_norm": 0.0, "actor/entropy": 0.70 * 1.06**s}) for s in range(1, 8)]
+    engine, _ = _feed(moving)
+    assert engine.summary()["verdict"] == "healthy"
+
+
+def test_a_moving_kl_with_zero_grad_norm_is_not_no_update_and_kl_dead_waits_for_updates():
+    moving = [(s, _healthy(s, **{"actor/grad_norm": 0.0})) for s in range(1, 31)]  # kl_loss 0.011 ... 0.04
+    engine, _ = _feed(moving, KL_LOSS)
+    assert engine.summary()["verdict"] == "healthy"
+    frozen = [(s, _healthy(s, **{"actor/grad_norm": 0.0, "actor/kl_loss": 0.0})) for s in range(1, 31)]
+    engine = HealthEngine(load_ruleset({"preset": "default", "builtin": {"no_update_for": 0}}), KL_LOSS)
+    for step, metrics in frozen:
+        engine.update(step, metrics)
+    assert engine.summary()["verdict"] == "healthy"
+    assert "the actor never updated" in engine.summary()["not_applicable"]["builtin.kl_dead"]

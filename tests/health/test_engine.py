@@ -25,11 +25,12 @@ def test_window_statistics_match_numpy():
     rng = np.random.default_rng(0)
     xs = rng.normal(1.0, 0.3, size=30)
     steps = np.arange(1, 31) * 3  # sampled log: every 3rd step
+    # windows are in steps: 18 steps ending at step 63 start at step 46, covered from the report at step 45 (7 reports)
     rules = [
-        {"name": f"r_{stat}", "metric": "m", "stat": stat, "window": 7, "above": -1e9, "action": "advise"}
+        {"name": f"r_{stat}", "metric": "m", "stat": stat, "window": 18, "above": -1e9, "action": "advise"}
         for stat in ("mean", "std", "var", "min", "max", "slope")
     ] + [
-        {"name": "r_drop", "metric": "m", "stat": "drop_from_max", "window": 5, "above": -1e9, "action": "advise"},
+        {"name": "r_drop", "metric": "m", "stat": "drop_from_max", "window": 12, "above": -1e9, "action": "advise"},
         {"name": "r_drop_run", "metric": "m", "stat": "drop_from_max", "above": -1e9, "action": "advise"},
         {"name": "r_ratio", "metric": "m", "stat": "ratio_to_first", "above": -1e9, "action": "advise"},
     ]
@@ -45,7 +46,9 @@ def test_window_statistics_match_numpy():
     assert got["r_drop"] == pytest.approx((xs[i - 4 : i + 1].max() - xs[i]) / xs[i - 4 : i + 1].max())
     assert got["r_drop_run"] == pytest.approx((xs[: i + 1].max() - xs[i]) / xs[: i + 1].max())
     assert got["r_ratio"] == pytest.approx(xs[i] / xs[0])
-    assert "r_mean" not in {e.rule for e in verdicts[5].events}  # window of 7 not yet full at the 6th report
+    assert "over steps 45-63" in next(e.message for e in verdicts[i].events if e.rule == "r_mean")
+    # 18 steps are not covered at step 18 (the first report is step 3), they are at step 21 (reports 3-21)
+    assert "r_mean" not in {e.rule for e in verdicts[5].events} and "r_mean" in {e.rule for e in verdicts[6].events}
 
 
 def test_for_counts_judged_reports_and_absent_metrics_neither_count_nor_reset():

@@ -1,18 +1,26 @@
 """Built-in checks: findings that need no rule and no threshold tuning (settings in :class:`BuiltinConfig`).
 
 - ``builtin.nonfinite_loss``: a NaN/inf actor or critic loss → stop (nonfinite). The update is already broken.
-- ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn; stop only after a streak
-  (verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer skips them).
+- ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn; stop only once it lasts a
+  number of steps (verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer
+  skips them).
 - ``builtin.no_signal``: every advantage 0 (``critic/advantages/max`` and ``/min`` are 0; verl whitens or
   group-normalises advantages to mean 0, so max == 0 means all 0) or every score 0 → stop as no_signal
   (rllm#54), not as divergence.
-- ``builtin.kl_dead``: reference KL exactly 0 after warm-up while a KL mechanism is on with a non-zero coefficient →
-  misconfigured (verl#1573, #2060). Never read from ``actor/ppo_kl`` (KL to the rollout policy, ~0 by
-  design). Not judged on logs printed with 3 decimals, where 0.000 only means < 0.0005.
+- ``builtin.no_update``: ``actor/grad_norm`` exactly 0 (or ``actor/lr`` exactly 0) while the policy is flat (the
+  reference KL ~0, or, with no KL logged, the entropy unchanged) → misconfigured: the policy never moves
+  (ms-swift#5890). Checked before ``kl_dead``: a KL of 0 with a frozen policy is a symptom, not the cause.
+- ``builtin.kl_dead``: reference KL exactly 0 after warm-up while a KL mechanism is on with a non-zero coefficient
+  and the actor updating → misconfigured (verl#1573, #2060). Never read from ``actor/ppo_kl`` (KL to the rollout
+  policy, ~0 by design). Not judged on logs printed with 3 decimals, where 0.000 only means < 0.0005.
 - ``builtin.kl_negative``: a negative batch mean from an estimator that is >= 0 per token (abs, k2/mse, k3/low_var_kl)
   → misconfigured (verl#2928). ``kl``/``k1`` means may be slightly negative: normal.
 - ``builtin.kl_explosion``: reference KL mean at or above ``kl_explosion`` (default 9: k3 clamps each token to
   [-10, 10] in verl's ``core_algos.kl_penalty``, so a mean near 10 means most tokens are at the clamp) → diverged.
+  Judged per token (token-sum aggregations are divided by the tokens summed: :mod:`klsweep.health.signals`).
+
+Every "for N" of these checks counts training steps, not reports (:class:`~klsweep.health.streak.Streak`): a log
+with one report every 25 steps is judged like the full log within 25 steps.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 
 from klsweep.health.rules import BuiltinConfig
 from klsweep.health.signals import Signals, number
+from klsweep.health.streak import Streak, steps_text
 from klsweep.health.verdict import Event
 from klsweep.verl.metrics import (
     ADVANTAGE_METRICS,
@@ -38,6 +47,11 @@ from klsweep.verl.metrics import (
 
 #: Half of the last digit verl's console logger prints (3 decimals): "0.000" is any |x| < 5e-4.
 ZERO = 5e-4
+#: The actor's update size: either exactly 0 means no parameter moved (grad_norm: verl's norm before clipping).
+UPDATE_METRICS = ("actor/grad_norm", "actor/lr")
+#: "Entropy unchanged" for ``builtin.no_update`` when no KL is logged: within 5 % of its value when the streak began
+#: (a frozen policy's entropy still varies a little from batch to batch: new prompts, new samples).
+ENTROPY_FLAT = 0.05
 
 Values = Mapping[str, tuple[str, float] | None]
 
@@ -89,10 +103,10 @@ class NonfiniteLoss(BuiltinCheck):
 class NonfiniteGradNorm(BuiltinCheck):
     name = "builtin.nonfinite_grad_norm"
 
-    def __init__(self, streak_to_stop: int):
+    def __init__(self, steps_to_stop: int):
         super().__init__()
-        self.streak_to_stop = streak_to_stop
-        self.streak = 0
+        self.steps_to_stop = steps_to_stop
+        self.streak = Streak()
         self.count = 0
 
     def check(self, step, metrics, values):
@@ -103,19 +117,20 @@ class NonfiniteGradNorm(BuiltinCheck):
         bad = {k: v for k, v in norms.items() if not math.isfinite(v)}
         losses = [v for k in LOSS_METRICS if (v := number(metrics.get(k))) is not None]
         if not bad or not all(math.isfinite(v) for v in losses):
-            self.streak = 0  # a non-finite loss is builtin.nonfinite_loss's finding
+            self.streak.reset(step)  # a non-finite loss is builtin.nonfinite_loss's finding
             return None
-        self.streak += 1
+        held = self.streak.hold(step)
         self.count += 1
-        stop = 0 < self.streak_to_stop <= self.streak
+        stop = 0 < self.steps_to_stop <= held
         what = ", ".join(f"{k} = {v}" for k, v in bad.items())
         return Event(
             rule=self.name,
             kind="nonfinite",
             step=step,
-            values={**bad, "streak": float(self.streak), "count": float(self.count)},
+            values={**bad, "streak": float(held), "count": float(self.count)},
             advice="lower the learning rate or grad_clip" if stop else "",
-            message=f"{what} with finite losses ({self.streak} in a row, {self.count} in the run)",
+            message=f"{what} with finite losses for {held} steps ({steps_text(self.streak.start or step, step)}; "
+            f"{self.count} reports in the run)",
             action="stop" if stop else "warn",
         )
 
@@ -123,10 +138,10 @@ class NonfiniteGradNorm(BuiltinCheck):
 class NoSignal(BuiltinCheck):
     name = "builtin.no_signal"
 
-    def __init__(self, reports: int):
+    def __init__(self, steps: int):
         super().__init__()
-        self.reports = reports
-        self.streak = 0
+        self.steps = steps
+        self.streak = Streak()
 
     def check(self, step, metrics, values):
         adv = {k: v for k in ADVANTAGE_METRICS if (v := number(metrics.get(k))) is not None}
@@ -137,10 +152,10 @@ class NoSignal(BuiltinCheck):
         adv_zero = bool(adv) and all(abs(v) < ZERO for v in adv.values())
         score_zero = "critic/score/max" in score and all(abs(v) < ZERO for v in score.values())
         if not (adv_zero or score_zero):
-            self.streak = 0
+            self.streak.reset(step)
             return None
-        self.streak += 1
-        if self.streak < self.reports:
+        held = self.streak.hold(step)
+        if held < self.steps:
             return None
         seen = {**adv, **score}
         what = "every advantage is 0" if adv_zero else "every score is 0"
@@ -151,8 +166,8 @@ class NoSignal(BuiltinCheck):
             values=seen,
             advice="check the reward function and data; use an easier task or a larger rollout.n (more chances of "
             "a non-zero group)",
-            message=f"{what} ({', '.join(f'{k} = {v:g}' for k, v in seen.items())}) for {self.streak} reports: "
-            "the policy gradient is 0",
+            message=f"{what} ({', '.join(f'{k} = {v:g}' for k, v in seen.items())}) for {held} steps "
+            f"({steps_text(self.streak.start or step, step)}): the policy gradient is 0",
             action="stop",
         )
 
@@ -160,30 +175,111 @@ class NoSignal(BuiltinCheck):
         return f"never logged (looked for {', '.join((*ADVANTAGE_METRICS, *SCORE_RANGE_METRICS))})"
 
 
+def _not_updating(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The first of :data:`UPDATE_METRICS` logged exactly 0 in this report, as (key, 0.0), else None."""
+    for key in UPDATE_METRICS:
+        if number(metrics.get(key)) == 0.0:
+            return key, 0.0
+    return None
+
+
+class NoUpdate(BuiltinCheck):
+    """``actor/grad_norm`` (or ``actor/lr``) exactly 0 with a flat policy for ``steps`` steps: the actor never moves.
+
+    Flat: the reference KL (whichever mechanism is logged) below :data:`ZERO`; with no KL logged, the entropy within
+    :data:`ENTROPY_FLAT` of its value when the streak began. With neither logged the check does not judge. Off on
+    logs printed with 3 decimals (a learning rate of 1e-6 prints as 0.000).
+    """
+
+    name = "builtin.no_update"
+
+    def __init__(self, signals: Signals, steps: int, rounded: bool):
+        super().__init__()
+        self.signals, self.steps, self.rounded = signals, steps, rounded
+        self.streak = Streak()
+        self.entropy_start: float | None = None
+
+    def _flat(self, values: Values) -> tuple[bool, str] | None:
+        kl = values.get("ref_kl")
+        if kl is not None and math.isfinite(kl[1]):
+            return abs(kl[1]) < ZERO, f"{kl[0]} = {kl[1]:g}"
+        entropy = values.get("entropy")
+        if entropy is None or not math.isfinite(entropy[1]):
+            return None
+        if self.streak.start is None:
+            self.entropy_start = entropy[1]
+        start = entropy[1] if self.entropy_start is None else self.entropy_start
+        return abs(entropy[1] - start) <= ENTROPY_FLAT * abs(start), f"{entropy[0]} unchanged at {entropy[1]:g}"
+
+    def check(self, step, metrics, values):
+        if self.rounded:
+            return None
+        idle = _not_updating(metrics)
+        if idle is None:  # updating (a non-zero grad norm), or nothing to judge by
+            self.judged = self.judged or any(number(metrics.get(k)) is not None for k in UPDATE_METRICS)
+            self.streak.reset(step)
+            return None
+        flat = self._flat(values)
+        if flat is None:  # neither KL nor entropy says whether the policy moved
+            self.streak.reset(step)
+            return None
+        self.judged = True
+        if not flat[0]:
+            self.streak.reset(step)
+            return None
+        held = self.streak.hold(step)
+        if held < self.steps:
+            return None
+        return Event(
+            rule=self.name,
+            kind="misconfigured",
+            step=step,
+            values={idle[0]: idle[1]},
+            advice="the actor never changes: check actor_rollout_ref.actor.optim.lr (> 0), that the advantages are "
+            "not all 0 (critic/advantages/max and /min), that the actor's parameters are trainable (not frozen; LoRA "
+            "adapters attached) and that the optimizer steps (no skipped or overflowing steps)",
+            message=f"no update: {idle[0]} is 0 for {held} steps ({steps_text(self.streak.start or step, step)}) "
+            f"while the policy is flat ({flat[1]})",
+            action="stop",
+        )
+
+    def why_not_applicable(self):
+        if self.rounded:
+            return "the log prints rounded values (3 decimals): 0.000 is not exactly 0"
+        return f"never logged (looked for {', '.join(UPDATE_METRICS)} with a KL or entropy metric)"
+
+
 class KlDead(BuiltinCheck):
     name = "builtin.kl_dead"
 
-    def __init__(self, signals: Signals, after: int, reports: int, rounded: bool):
+    def __init__(self, signals: Signals, after: int, steps: int, rounded: bool):
         super().__init__()
-        self.signals, self.after, self.reports, self.rounded = signals, after, reports, rounded
-        self.streak = 0
+        self.signals, self.after, self.steps, self.rounded = signals, after, steps, rounded
+        self.streak = Streak(after)
         self.zero_coef = False
+        self.frozen = False
 
     def check(self, step, metrics, values):
         if self.rounded or self.signals.setup.kl_off:
             return None
         kl, coef = values.get("ref_kl"), values.get("kl_coef")
-        if kl is None or step <= self.after:
+        if kl is None:
+            return None
+        if step <= self.after:
+            self.streak.reset(step)
             return None
         if coef is not None and coef[1] == 0.0:
             self.zero_coef = True  # KL on with coefficient 0 is a config warning (verl#6519), not a dead KL path
             return None
+        if _not_updating(metrics):
+            self.frozen = True  # a frozen policy has KL 0 as a symptom: builtin.no_update's finding
+            return None
         self.judged = True
         if kl[1] != 0.0:
-            self.streak = 0
+            self.streak.reset(step)
             return None
-        self.streak += 1
-        if self.streak < self.reports:
+        held = self.streak.hold(step)
+        if held < self.steps:
             return None
         return Event(
             rule=self.name,
@@ -192,7 +288,8 @@ class KlDead(BuiltinCheck):
             values={kl[0]: kl[1]},
             advice="the reference policy equals the actor or the KL term is not computed: check that the KL "
             "mechanism you sweep is the one that is on (use_kl_loss vs use_kl_in_reward) and the reference model loads",
-            message=f"{kl[0]} is exactly 0 for {self.streak} reports after step {self.after} while KL is on",
+            message=f"{kl[0]} is exactly 0 for {held} steps ({steps_text(self.streak.start or step, step)}, after the "
+            f"warm-up of {self.after}) while KL is on and the actor updates",
             action="stop",
         )
 
@@ -203,6 +300,8 @@ class KlDead(BuiltinCheck):
             return self.signals.why_absent("ref_kl")
         if self.zero_coef:
             return "the KL coefficient is 0: KL is on but weighs nothing (a config warning, not a dead KL path)"
+        if self.frozen:
+            return "the actor never updated (actor/grad_norm or actor/lr exactly 0): see builtin.no_update"
         if "ref_kl" in self.signals.keys_seen:
             return f"no report after the warm-up (step {self.after})"
         return self.signals.why_absent("ref_kl")
@@ -288,8 +387,10 @@ def builtin_checks(config: BuiltinConfig, signals: Signals, rounded: bool) -> li
     if config.kl_explosion > 0:
         checks.append(KlExplosion(signals, config.kl_explosion))
     checks.append(KlNegative(signals, config.negative_kl_tolerance))
-    if config.kl_dead_for > 0:
-        checks.append(KlDead(signals, config.kl_dead_after, config.kl_dead_for, rounded))
     if config.no_signal_for > 0:
         checks.append(NoSignal(config.no_signal_for))
+    if config.no_update_for > 0:  # before kl_dead: a frozen policy's KL of 0 is a symptom, not a KL misconfiguration
+        checks.append(NoUpdate(signals, config.no_update_for, rounded))
+    if config.kl_dead_for > 0:
+        checks.append(KlDead(signals, config.kl_dead_after, config.kl_dead_for, rounded))
     return checks

@@ -23,82 +23,103 @@ from typing import Any
 
 from klsweep.health.builtin import builtin_checks
 from klsweep.health.rules import Rule, RuleSet
-from klsweep.health.signals import Signals
+from klsweep.health.signals import Signals, TokenScale
+from klsweep.health.streak import Streak, steps_text
 from klsweep.health.verdict import Event, StopReason, Verdict
 from klsweep.verl.metrics import VAL_SCORE, KlSetup
 
 _BEST_SIGNALS = (VAL_SCORE, "score")
+SCALED = ("actor/kl_loss", "actor/entropy")  # the token sums the summary explains
 _UNSET = object()
 
 
 class _Series:
-    """The finite values of one signal: the last ``maxlen`` (step, value) pairs, the first value and the run max."""
+    """The finite values of one signal: enough recent (step, value) pairs to cover ``span`` steps, the first value
+    and step, and the run max.
 
-    __slots__ = ("steps", "values", "first", "run_max", "count", "fresh")
+    Memory and work stay O(window): :meth:`push` drops the oldest pair once the next one also covers the span.
+    A step lower than the last one (a log that restarts its count) starts the window afresh.
+    """
 
-    def __init__(self, maxlen: int):
-        self.steps: deque[int] = deque(maxlen=maxlen)
-        self.values: deque[float] = deque(maxlen=maxlen)
+    __slots__ = ("span", "steps", "values", "first", "first_step", "run_max", "count", "fresh")
+
+    def __init__(self, span: int):
+        self.span = span
+        self.steps: deque[int] = deque()
+        self.values: deque[float] = deque()
         self.first: float | None = None
+        self.first_step = 0
         self.run_max = -math.inf
         self.count = 0
         self.fresh = False  # has a value in the current report
 
     def push(self, step: int, value: float) -> None:
+        if self.steps and step < self.steps[-1]:
+            self.steps.clear()
+            self.values.clear()
         self.steps.append(step)
         self.values.append(value)
+        while len(self.steps) > 1 and self.steps[1] <= step - self.span + 1:
+            self.steps.popleft()
+            self.values.popleft()
         if self.first is None:
-            self.first = value
+            self.first, self.first_step = value, step
         if value > self.run_max:
             self.run_max = value
         self.count += 1
         self.fresh = True
 
-    def last(self, n: int) -> list[float] | None:
-        if len(self.values) < n:
-            return None
-        return list(islice(self.values, len(self.values) - n, None))
+    def window(self, steps: int) -> int | None:
+        """Index of the first pair of the window of ``steps`` steps ending at the last report: the last report at
+        or before step ``last − steps + 1`` (so the window covers the steps, with at least two reports), or None
+        while the run has not covered that many steps yet."""
+        target = self.steps[-1] - steps + 1
+        for i in range(len(self.steps) - 1, -1, -1):
+            if self.steps[i] <= target:
+                return i
+        return None
 
-    def last_steps(self, n: int) -> list[int]:
-        return list(islice(self.steps, len(self.steps) - n, None))
 
+def _statistic(stat: str, window: int | None, peak_above: float, series: _Series) -> tuple[float, int] | None:
+    """A condition's statistic over ``series`` (which holds this report's value) and the first step it read, or None
+    if undefined yet (a window whose steps are not covered yet; ``drop_from_max`` while the maximum is at or below
+    ``peak_above``).
 
-def _statistic(stat: str, window: int | None, peak_above: float, series: _Series) -> float | None:
-    """A condition's statistic over ``series`` (which holds this report's value), or None if undefined yet
-    (``drop_from_max`` while the maximum is at or below ``peak_above``).
-
-    Window statistics use exactly rounded sums (``math.fsum``): variance = E[x²] − E[x]², population (ddof 0);
-    slope = least-squares slope of value against step (against position when steps repeat), NaN (never above or
-    below a bound) when the products overflow the float range.
+    Windows are in training steps (:meth:`_Series.window`): every report from the last one at or before the window's
+    first step. Window statistics weigh each report equally and use exactly rounded sums (``math.fsum``): variance =
+    E[x²] − E[x]², population (ddof 0); slope = least-squares slope of value against step (against position when
+    steps repeat), NaN (never above or below a bound) when the products overflow the float range.
     """
-    value = series.values[-1]
+    value, step = series.values[-1], series.steps[-1]
     if stat == "value":
-        return value
+        return value, step
+    if stat == "ratio_to_first":
+        return (value / series.first, series.first_step) if series.first else None
+    start = None if window is None else series.window(window)
     if stat == "drop_from_max":
         if window is None:
-            peak = series.run_max
-        else:
-            xs = series.last(window)
-            peak = max(xs) if xs is not None else max(series.values)
-        return (peak - value) / peak if peak > peak_above else None
-    if stat == "ratio_to_first":
-        return value / series.first if series.first else None
-    xs = series.last(window)  # type: ignore[arg-type]
-    if xs is None:
+            peak, first = series.run_max, series.first_step
+        else:  # a window not covered yet: the maximum so far
+            first_index = start or 0
+            peak, first = max(islice(series.values, first_index, None)), series.steps[first_index]
+        return ((peak - value) / peak, first) if peak > peak_above else None
+    if start is None:
         return None
+    xs = list(islice(series.values, start, None))
+    first = series.steps[start]
     if stat == "min":
-        return min(xs)
+        return min(xs), first
     if stat == "max":
-        return max(xs)
+        return max(xs), first
     n = len(xs)
     try:
         mean = math.fsum(xs) / n
     except OverflowError:  # finite values near the float limit: their sum overflows, their mean does not
         mean = math.fsum(x / n for x in xs)
     if stat == "mean":
-        return mean
+        return mean, first
     if stat == "slope":
-        ts = series.last_steps(n)
+        ts = list(islice(series.steps, start, None))
         if len(set(ts)) < n:
             ts = list(range(n))
         try:
@@ -106,24 +127,24 @@ def _statistic(stat: str, window: int | None, peak_above: float, series: _Series
             sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
             sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
         except (OverflowError, ValueError):  # steps² or step × value beyond the float range: no finite slope
-            return math.nan
-        return sxy / sxx
+            return math.nan, first
+        return sxy / sxx, first
     mean_square = math.fsum(map(mul, xs, xs)) / n
     if math.isfinite(mean_square):
         var = max(0.0, mean_square - mean * mean)
     else:  # squares beyond the float range: the spread is that large (inf when it is)
         var = math.fsum((x - mean) * (x - mean) for x in xs) / n
-    return var if stat == "var" else math.sqrt(var)
+    return (var if stat == "var" else math.sqrt(var)), first
 
 
 @dataclass
 class _RuleState:
-    """A rule, prepared once per engine, and its streak."""
+    """A rule, prepared once per engine, and the steps its conditions have held for."""
 
     rule: Rule
     describe: str
     conditions: tuple[tuple[Any, tuple[str, str, int | None, float]], ...]  # (condition, statistic cache key)
-    streak: int = 0
+    streak: Streak
     judged: bool = False
 
     @classmethod
@@ -131,7 +152,7 @@ class _RuleState:
         conditions = tuple(
             (c, (c.metric, c.stat, getattr(c, "window", None), getattr(c, "peak_above", 0.0))) for c in rule.conditions
         )
-        return cls(rule, rule.describe(), conditions)
+        return cls(rule, rule.describe(), conditions, Streak(rule.after))
 
 
 class HealthEngine:
@@ -149,7 +170,8 @@ class HealthEngine:
         self.ruleset = ruleset
         self.setup = KlSetup.from_overrides(run_config)
         names = [m for rule in ruleset.rules for m in rule.metrics]
-        self._signals = Signals(self.setup, [*names, "ref_kl", "kl_coef", *_BEST_SIGNALS])
+        self.scale = TokenScale(run_config)
+        self._signals = Signals(self.setup, [*names, "ref_kl", "kl_coef", "entropy", *_BEST_SIGNALS], self.scale)
         self._series: dict[str, _Series] = {}
         for name in self._signals.names:
             self._series[name] = _Series(_window_need(ruleset.rules, name))
@@ -193,12 +215,14 @@ class HealthEngine:
             event = check.check(step, metrics, values)
             if event is not None:
                 events.append(event)
-        stats: dict[tuple[str, str, int | None, float], float | None] = {}
+        stats: dict[tuple[str, str, int | None, float], tuple[float, int] | None] = {}
         for state in self._states:
             if step > state.rule.after:
                 event = self._judge(state, step, values, stats)
                 if event is not None:
                     events.append(event)
+            else:
+                state.streak.reset(step)  # the warm-up: a streak starts after it
 
         for event in events:
             self._record(event)
@@ -214,37 +238,41 @@ class HealthEngine:
     def _judge(self, state: _RuleState, step: int, values, stats) -> Event | None:
         rule = state.rule
         need_all = rule.match == "all"
-        judged = true = 0
+        judged = true = uncovered = 0
         for condition, cache_key in state.conditions:
             series = self._series[condition.metric]
-            if not series.fresh:
+            if not series.fresh:  # absent from this report: neither counts towards `for` nor resets it
                 if need_all:
                     return None
                 continue
             stat = stats.get(cache_key, _UNSET)
             if stat is _UNSET:
                 stat = stats[cache_key] = _statistic(*cache_key[1:], series)
-            if stat is None:
+            if stat is None:  # a window whose steps are not covered yet
+                uncovered += 1
                 if need_all:
-                    return None
+                    break
                 continue
             judged += 1
-            true += condition.holds(stat)
-        if not judged:
+            true += condition.holds(stat[0])
+        if uncovered and need_all or not judged:
+            if uncovered:
+                state.streak.reset(step)
             return None
         state.judged = True
         if not (true == judged if need_all else true > 0):
-            state.streak = 0
+            state.streak.reset(step)
             return None
-        state.streak += 1
-        if state.streak < rule.for_:
+        if state.streak.hold(step) < rule.for_:
             return None
         seen: dict[str, float] = {}
+        first = state.streak.start if rule.for_ > 1 and state.streak.start is not None else step
         for condition, cache_key in state.conditions:
             stat = stats.get(cache_key)
             if stat is not None and self._series[condition.metric].fresh:
                 key = values[condition.metric][0]
-                seen[condition.label().replace(condition.metric, key)] = stat
+                seen[condition.label().replace(condition.metric, key)] = stat[0]
+                first = min(first, stat[1])
         bounds = f" {'and' if rule.match == 'all' else 'or'} ".join(f"{label} = {seen[label]:.4g}" for label in seen)
         return Event(
             rule=rule.name,
@@ -252,7 +280,7 @@ class HealthEngine:
             step=step,
             values=seen,
             advice=rule.advice,
-            message=f"{bounds} ({state.describe})",
+            message=f"{bounds} over {steps_text(first, step)} ({state.describe})",
             action=rule.action,
         )
 
@@ -309,8 +337,13 @@ class HealthEngine:
                 return f"{condition.metric}: {self._signals.why_absent(condition.metric)}"
         for condition in rule.conditions:
             need = getattr(condition, "window", None) or 1
-            if self._series[condition.metric].count < need:
-                return f"{condition.label()} needs {need} reports, the run had {self._series[condition.metric].count}"
+            series = self._series[condition.metric]
+            covered = series.steps[-1] - series.first_step + 1 if series.steps else 0
+            if covered < need:
+                return (
+                    f"{condition.label()} needs {need} steps covered (at least two reports), the run covered "
+                    f"{covered} (steps {series.first_step}-{series.steps[-1]}, {series.count} reports)"
+                )
             floor = getattr(condition, "peak_above", 0.0)
             if floor and self._series[condition.metric].run_max <= floor:
                 best = self._series[condition.metric].run_max
@@ -326,7 +359,8 @@ class HealthEngine:
         ``stop_step``, ``reason`` (structured, or None), ``collapsed_at`` (step or None), ``best`` (the best
         pre-stop ``val_score`` report, else the best ``critic/score/mean``: ``{"metric", "step", "value"}`` or None),
         ``reports``, ``first_step``, ``last_step``, ``fired`` (per rule: action, kind, count, first_step, last_step),
-        ``not_applicable`` (rule → reason).
+        ``not_applicable`` (rule → reason), ``scale`` (how token sums were put per token: ``{metric: text}``, empty
+        when the run's ``loss_agg_mode`` logs per-token values).
         """
         reason = self._reason
         best_signal = next((n for n in _BEST_SIGNALS if n in self._best), None)
@@ -351,11 +385,13 @@ class HealthEngine:
             "last_step": self._last_step,
             "fired": {name: dict(record) for name, record in self._fired.items()},
             "not_applicable": self.not_applicable(),
+            "scale": {k: self.scale.describe(k) for k in SCALED} if self.scale.summed else {},
         }
 
 
 def _window_need(rules, name: str) -> int:
-    need = 2
+    """The longest window (steps) of any condition on signal ``name``: what its series must cover."""
+    need = 1
     for rule in rules:
         for c in rule.conditions:
             if c.metric == name and getattr(c, "window", None):

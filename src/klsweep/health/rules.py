@@ -5,9 +5,9 @@ A rule (YAML, validated here; never evaluated as code)::
     - name: kl_blowup
       metric: ref_kl              # a verl metric name or an alias (klsweep.verl.metrics.ALIASES, val_score,
       stat: mean                  #   kl_coef, kl_loss_share)
-      window: 5                   # the last 5 reports that had the metric
+      window: 5                   # the last 5 training steps (the reports that cover them, at least two)
       above: 1.0
-      for: 3                      # consecutive reports
+      for: 3                      # training steps the conditions must have held for
       after: 10                   # warm-up: reports at step <= 10 are not judged
       action: stop                # stop | warn | advise
       kind: diverged
@@ -15,8 +15,12 @@ A rule (YAML, validated here; never evaluated as code)::
       source: our calibration (verl's PPO baseline peaks at 0.227)
 
 Several conditions combine with ``all: [...]`` or ``any: [...]`` (each item: metric, stat, window, above/below).
+``window``, ``for`` and ``after`` are training steps, not reports, so a log with one row every 25 steps is judged like
+the full log (within 25 steps): a window of W steps ending at step s reads every report from the last one at or before
+step s − W + 1 (it is judged once the run covers W steps, so with at least two reports); a streak (``for``) starts
+right after the last report at which the conditions did not hold (:mod:`klsweep.health.streak`).
 Statistics: ``value`` (the report's value), window ``mean``/``std``/``var``/``min``/``max``/``slope`` (least squares,
-per step), ``drop_from_max`` ((max − value)/max, max over ``window`` reports or the whole run), ``ratio_to_first``.
+per step), ``drop_from_max`` ((max − value)/max, max over ``window`` steps or the whole run), ``ratio_to_first``.
 """
 
 from __future__ import annotations
@@ -70,24 +74,28 @@ class ValueCondition(_Condition):
 
 
 class WindowCondition(_Condition):
-    """A statistic of the metric over its last ``window`` reports (``slope``: least squares, units per step)."""
+    """A statistic of the metric over its last ``window`` steps (``slope``: least squares, units per step).
+
+    The window reads every report from the last one at or before its first step, so it is judged only once the run
+    covers ``window`` steps, with at least two reports; each report weighs the same.
+    """
 
     stat: Literal["mean", "std", "var", "min", "max", "slope"]
-    window: int = Field(ge=2, description="number of most recent reports that had the metric")
+    window: int = Field(ge=2, description="training steps the statistic covers, ending at the report's step")
 
     def label(self) -> str:
         return f"{self.stat}{self.window}({self.metric})"
 
 
 class DropCondition(_Condition):
-    """Relative drop from the running maximum: (max − value) / max; max over ``window`` reports or the whole run.
+    """Relative drop from the running maximum: (max − value) / max; max over ``window`` steps or the whole run.
 
     Judged only while that maximum is above ``peak_above`` (default 0): a relative drop from a near-zero peak (a
     validation accuracy of 0.01 at the start of training) is noise, not a drop.
     """
 
     stat: Literal["drop_from_max"]
-    window: int | None = Field(None, ge=2, description="reports the maximum is taken over (default: whole run)")
+    window: int | None = Field(None, ge=2, description="training steps the maximum is taken over (default: whole run)")
     peak_above: float = Field(0.0, ge=0, description="judge only once the maximum is above this (metric units)")
 
     def describe(self) -> str:
@@ -137,8 +145,9 @@ class Rule(BaseModel):
     """One health rule: conditions on metrics, how long they must hold, and what to do.
 
     Written either with a single condition inline (``metric``, ``stat``, ``window``, ``above``/``below``) or with
-    ``all: [...]`` / ``any: [...]`` lists of conditions. Reports where a condition's metric is absent (or not finite,
-    or its window not yet full) are skipped: they neither count towards ``for`` nor reset it.
+    ``all: [...]`` / ``any: [...]`` lists of conditions. Reports where a condition's metric is absent (or not
+    finite) are skipped: they neither end a streak (``for``) nor start one. A report where the conditions do not hold,
+    or a window does not cover its steps yet, ends it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -146,7 +155,13 @@ class Rule(BaseModel):
     name: str = Field(min_length=1, description="unique name, shown in verdicts")
     conditions: tuple[Condition, ...] = Field(min_length=1, description="from 'metric: ...' or 'all:'/'any:'")
     match: Literal["all", "any"] = Field("all", description="all conditions must hold, or any one")
-    for_: int = Field(1, alias="for", ge=1, description="consecutive judged reports the conditions must hold")
+    for_: int = Field(
+        1,
+        alias="for",
+        ge=1,
+        description="training steps the conditions must have held for: since the step after the last report where "
+        "they did not",
+    )
     after: int = Field(0, ge=0, description="warm-up: reports at step <= after are not judged")
     action: Action = Field(description="stop the trial, warn, or advise (informational, verdict stays healthy)")
     kind: Kind = Field("unhealthy", description="what a stop means: diverged, no_signal, collapsed, ...")
@@ -181,9 +196,9 @@ class Rule(BaseModel):
         return data
 
     def describe(self) -> str:
-        """``"mean5(ref_kl) > 1 for 3 reports after step 10"``."""
+        """``"mean5(ref_kl) > 1 for 3 steps after step 10"``."""
         joined = f" {'and' if self.match == 'all' else 'or'} ".join(c.describe() for c in self.conditions)
-        text = joined + (f" for {self.for_} reports" if self.for_ > 1 else "")
+        text = joined + (f" for {self.for_} steps" if self.for_ > 1 else "")
         return text + (f" after step {self.after}" if self.after else "")
 
     @property
@@ -203,14 +218,20 @@ class BuiltinConfig(BaseModel):
         True, description="stop when actor/pg_loss, actor/kl_loss, critic/vf_loss or the in-reward KL is NaN/inf"
     )
     nonfinite_grad_norm_streak: int = Field(
-        3, ge=0, description="warn on each non-finite grad_norm with finite losses; stop after this many in a row"
+        3, ge=0, description="warn on each non-finite grad_norm with finite losses; stop once it lasts this many steps"
     )
     no_signal_for: int = Field(
-        2, ge=0, description="stop as no_signal after this many consecutive reports with all advantages 0 or score 0"
+        2, ge=0, description="stop as no_signal once all advantages (or scores) have been 0 for this many steps"
+    )
+    no_update_for: int = Field(
+        3,
+        ge=0,
+        description="stop as misconfigured once actor/grad_norm (or actor/lr) has been exactly 0 with a flat policy "
+        "(reference KL ~0, or entropy unchanged) for this many steps",
     )
     kl_dead_after: int = Field(10, ge=0, description="warm-up steps before reference KL == 0 counts as dead")
     kl_dead_for: int = Field(
-        3, ge=0, description="stop as misconfigured after this many reports of reference KL exactly 0 with KL on"
+        3, ge=0, description="stop as misconfigured once reference KL has been exactly 0 with KL on for this many steps"
     )
     kl_explosion: float = Field(
         9.0, ge=0, description="stop when the reference KL mean reaches this (k3/low_var_kl clamps each token at 10)"
