@@ -184,3 +184,19 @@ def test_validate_runs_verls_adaptive_controller_at_every_value_the_space_can_pr
     horizon = [e for e in errors if ":11: " in e]
     assert "horizon=0: verl's get_kl_controller asserts horizon > 0" in horizon[0]
     assert "horizon=200 is too short" in horizon[1] and "= -0.024" in horizon[1] and "> 204.8" in horizon[1]
+
+
+@pytest.mark.slow
+def test_validate_lists_the_file_and_the_verl_problems_of_one_file_in_one_run(tmp_path):
+    # issue 15: schema, keys, inert knobs and verl's values were four runs of validate, one stage each
+    code, printed = _validate(tmp_path / "four.yaml", (
+        "name: four\nalgorithm: grpo\nobjective: {metric: val-core/arith/acc/mean@1, mode: max}\n"
+        "budget: {trials: 4, max_concurent: 2}\n"                              # line 4: schema
+        "parameters:\n  kl_loss_coef: {values: [0.01, 0.1]}\n"                 # line 6: a bare verl leaf name
+        "  target_kl: {values: [0.1]}\n"                                       # line 7: inert under GRPO
+        "  loss_agg_mode: {values: [token-mean, seq-sum]}\n"))                 # line 8: verl rejects seq-sum
+    assert code == 2
+    lines = [line.removeprefix("  error: ").split(": ")[0].rsplit(":", 1)[1]
+             for line in printed.splitlines() if line.startswith("  error: ")]
+    assert lines == ["4", "6", "7", "8"], printed
+    assert "loss_agg_mode='seq-sum' is not valid" in printed

@@ -205,5 +205,67 @@ def test_replay_section_and_trainer_must_agree(sweep_file, tmp_path):
 
 @pytest.mark.parametrize("field", ["search_space", "replay.trace"])
 def test_a_file_name_too_long_for_the_file_system_is_a_missing_file(sweep_file, field):
-    [problem] = _problems(sweep_file("trainer: replay\n"), [f"{field}={'x' * 600}"])
-    assert f"{field}: no file" in problem
+    problems = _problems(sweep_file("trainer: replay\n"), [f"{field}={'x' * 600}"])
+    assert f"{field}: no file" in problems[0]
+    # search_space: the file also lacks the replay section trainer replay needs, reported in the same run
+    assert len(problems) == {"search_space": 2, "replay.trace": 1}[field], problems
+
+
+FIVE_MISTAKES = """
+overrides:
+  kl_loss_type: low_var_kl
+  actor_rollout_ref.actor.entropy_coef: 0.001
+parameters:
+  kl_loss_coef: {values: [0.01, 0.1]}
+  loss_agg_mode: {values: [token-mean, token-sum]}
+  target_kl: {values: [0.1]}
+  kl_coef: {values: [0.01, 0.1], when: {kl_loss_coef: 0.01}}
+seed_trials:
+  - {kl_loss_coef: 0.01, loss_agg_mod: token-mean}
+budget: {trials: 4, max_concurent: 2}
+health:
+  rules:
+    - {name: kl, metric: ref_kl, abvoe: 1, action: stop}
+"""
+
+
+def test_every_independent_problem_is_reported_in_one_load(sweep_file):
+    # issue 15: a file with several mistakes took one run per mistake (schema, then keys, then knobs)
+    path = sweep_file(FIVE_MISTAKES)
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(path)
+    fields = [p.split(": ")[1] for p in e.value.problems]
+    assert fields == [
+        "budget.max_concurent", "health.rules.0",  # the schema: unknown fields
+        "health.rules.0.abvoe",
+        "overrides.kl_loss_type", "overrides.actor_rollout_ref.actor.entropy_coef", "parameters.kl_loss_coef",
+        "seed_trials.0.loss_agg_mod",  # verl keys, then (without the entries above) seed trials and inert knobs
+        "parameters.target_kl",
+    ], e.value.problems
+    # kl_coef's `when` names the removed kl_loss_coef: no echo of that problem (nor of the seed trial's kl_loss_coef)
+    assert not any("parameters.kl_coef" in p or "seed_trials.0.kl_loss_coef" in p for p in e.value.problems)
+
+
+def test_typo_fixes_name_the_full_key_the_alias_target_and_the_valid_fields(sweep_file):
+    path = sweep_file(FIVE_MISTAKES)
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(path)
+    by_field = {p.split(": ")[1]: p for p in e.value.problems}
+    assert by_field["parameters.kl_loss_coef"].endswith("did you mean 'actor_rollout_ref.actor.kl_loss_coef'?")
+    assert "overrides take verl's full keys: write 'actor_rollout_ref.actor.kl_loss_type'" in \
+        by_field["overrides.kl_loss_type"]  # GRPO: the KL is in the loss
+    assert "did you mean 'actor_rollout_ref.actor.entropy_coeff'?" in \
+        by_field["overrides.actor_rollout_ref.actor.entropy_coef"]
+    assert "did you mean 'max_concurrent'? Valid fields here: trials, max_concurrent, max_steps" in \
+        by_field["budget.max_concurent"]
+    # a health rule's fields as a user writes them (its condition inline, `for`), never an empty list
+    rule = by_field["health.rules.0.abvoe"]
+    assert "did you mean 'above'?" in rule and "Valid fields here: name, match, for, after, action" in rule
+    assert "metric, above, below, stat, window" in rule
+    assert "did you mean 'loss_agg_mode'?" in by_field["seed_trials.0.loss_agg_mod"]
+
+
+def test_a_bare_leaf_shared_by_two_keys_names_both(sweep_file):
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(sweep_file("parameters:\n  lr: {values: [0.001, 0.0003]}\n"))
+    assert "did you mean 'actor_rollout_ref.actor.optim.lr' or 'critic.optim.lr'?" in e.value.problems[0]

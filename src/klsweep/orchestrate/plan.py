@@ -184,19 +184,36 @@ def _random_start(sweep: Sweep) -> int | None:
 def validate(path: str, overrides: list[str], out: TextIO | None = None) -> int:
     """Check a sweep file: schema, verl keys and live/inert knobs, sampler, preflight of every reachable config.
 
+    Every problem that does not depend on another is found in one run: the file's problems
+    (:func:`klsweep.spec.load.load_partial`), then the sampler's and the preflight's on the rest of the file.
     Prints ``ok``/warnings and returns 0, or prints every problem (one per line) and returns 2.
     """
     from klsweep.orchestrate.samplers import build_sampler
+    from klsweep.spec.load import load_partial
 
     out = out or sys.stdout
+    problems: list[str] = []
+    warnings: list[str] = []
     try:
-        sweep = load_sweep(path, overrides)
-        build_sampler(sweep)
-        warnings = [*sweep.warnings, *preflight_sweep(sweep)]
+        sweep, problems = load_partial(path, overrides)
     except KlsweepError as e:
+        sweep, problems = None, str(e).splitlines()
+    if sweep is not None:
+        warnings += sweep.warnings
+        try:
+            build_sampler(sweep)
+        except KlsweepError as e:
+            problems += str(e).splitlines()
+        try:
+            warnings += preflight_sweep(sweep)
+        except KlsweepError as e:
+            problems += str(e).splitlines()
+    if problems or sweep is None:
         print(f"{path}: invalid", file=out)
-        for line in str(e).splitlines():
+        for line in problems:
             print(f"  error: {line}", file=out)
+        for warning in warnings:
+            print(f"  warning: {warning}", file=out)
         return 2
     for warning in warnings:
         print(f"  warning: {warning}", file=out)

@@ -6,6 +6,7 @@ put the file and line in front. These checks run before any trial config is comp
 
 from __future__ import annotations
 
+import difflib
 import functools
 import itertools
 import math
@@ -45,27 +46,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.)
     Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (verl#6519).
     """
-    errors: list[Problem] = []
     warnings: list[Problem] = []
-    placement = sweep.placement
-    for key in sweep.overrides:
-        errors.extend((("overrides", key), m) for m in _key_problems(key))
-    resolved: dict[str, str] = {}  # verl key -> parameter name
-    for name, p in sweep.parameters.items():
-        try:
-            key = presets.resolve_key(name, placement)
-        except ValueError as e:
-            errors.append((("parameters", name), str(e)))
-            continue
-        errors.extend((("parameters", name), m) for m in _key_problems(key))
-        if key in resolved:
-            errors.append(
-                (("parameters", name), f"names the same verl key {key} as parameter {resolved[key]!r}: keep one")
-            )
-        if key in sweep.overrides:
-            errors.append((("parameters", name), f"{key} is both fixed in overrides and searched: remove one"))
-        errors.extend((("parameters", name, "when") + sub, m) for sub, m in _when_problems(sweep, p.when, resolved))
-        resolved[key] = name
+    errors, resolved = _check_keys(sweep)
     if errors:
         return errors, warnings
 
@@ -102,6 +84,38 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     if sweep.trainer == "verl":
         errors.extend(_verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
+
+
+def check_keys(sweep: Sweep) -> list[Problem]:
+    """The problems of a schema-valid sweep's keys alone, the first stage of :func:`check_sweep` (the other checks
+    need every key to be a verl key): unknown keys (with the closest or the full verl key), aliases in overrides or
+    without a live key under the kl_placement, keys owned by other fields, a key both fixed and searched, `when`
+    keys that are not fixed or earlier parameters or that can never hold."""
+    return _check_keys(sweep)[0]
+
+
+def _check_keys(sweep: Sweep) -> tuple[list[Problem], dict[str, str]]:
+    errors: list[Problem] = []
+    placement = sweep.placement
+    for key in sweep.overrides:
+        errors.extend((("overrides", key), m) for m in _key_problems(key, placement))
+    resolved: dict[str, str] = {}  # verl key -> parameter name
+    for name, p in sweep.parameters.items():
+        try:
+            key = presets.resolve_key(name, placement)
+        except ValueError as e:
+            errors.append((("parameters", name), str(e)))
+            continue
+        errors.extend((("parameters", name), m) for m in _key_problems(key))
+        if key in resolved:
+            errors.append(
+                (("parameters", name), f"names the same verl key {key} as parameter {resolved[key]!r}: keep one")
+            )
+        if key in sweep.overrides:
+            errors.append((("parameters", name), f"{key} is both fixed in overrides and searched: remove one"))
+        errors.extend((("parameters", name, "when") + sub, m) for sub, m in _when_problems(sweep, p.when, resolved))
+        resolved[key] = name
+    return errors, resolved
 
 
 #: The keys that size a verl trial's GPUs: verl's ResourcePoolManager asks Ray for nnodes × n_gpus_per_node.
@@ -165,15 +179,39 @@ def _label(name: str, key: str) -> str:
     return key if name == key else f"{name} ({key})"
 
 
-def _key_problems(key: str) -> list[str]:
+def _key_problems(key: str, placement: str | None = None) -> list[str]:
+    """Why ``key`` is not a verl key a sweep may set, with the fix: the closest verl key, the full key of a bare leaf
+    name (``kl_loss_coef``) or of an alias given in ``overrides`` (``placement`` set: aliases are for parameters)."""
     if key in _OWNED:
         return [f"{key} is set by the sweep file's `{_OWNED[key]}` field: set that field instead"]
     if key.startswith("+") or key in default_keys():
         return []
-    hint = closest_key(key)
+    if placement is not None and key in presets.ALIASES:
+        try:
+            full = f"write {presets.resolve_key(key, placement)!r}"
+        except ValueError as e:
+            full = str(e)
+        return [f"{key!r} is an alias, which only `parameters` and `when` take; overrides take verl's full keys: "
+                f"{full}"]
+    closest = closest_key(key)
+    hints = [closest] if closest else _full_keys(key)
     aliases = ", ".join(presets.ALIASES)
-    fix = f"did you mean {hint!r}?" if hint else f"use a key of verl's ppo_trainer config or an alias ({aliases})"
+    fix = (f"did you mean {' or '.join(map(repr, hints))}?" if hints
+           else f"use a key of verl's ppo_trainer config or an alias ({aliases})")
     return [f"{key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}"]
+
+
+def _full_keys(name: str) -> list[str]:
+    """The verl keys whose last parts are ``name`` or close to it (``kl_loss_coef`` →
+    ``actor_rollout_ref.actor.kl_loss_coef``; ``lr`` → both learning rates)."""
+    keys = default_keys()
+    found = [k for k in keys if k.endswith("." + name)]
+    if not found:
+        depth = name.count(".") + 1
+        tails = {".".join(k.split(".")[-depth:]): k for k in keys}
+        close = difflib.get_close_matches(name, list(tails), n=1, cutoff=0.8)
+        found = [k for k in keys if close and k.endswith("." + close[0])]
+    return sorted(found)
 
 
 def _when_problems(sweep: Sweep, when: dict | None, earlier: dict[str, str]) -> Iterator[Problem]:
@@ -233,7 +271,9 @@ def _seed_problems(sweep: Sweep, seed: dict[str, Any], params: dict) -> Iterator
             continue
         p = params.get(key)
         if p is None:
-            yield (name,), f"{name} is not a parameter of this sweep (parameters: {', '.join(sweep.parameters)})"
+            hint = difflib.get_close_matches(name, list(sweep.parameters), n=1, cutoff=0.6)
+            fix = f"did you mean {hint[0]!r}? " if hint else ""
+            yield (name,), f"{name} is not a parameter of this sweep: {fix}Parameters: {', '.join(sweep.parameters)}"
         elif isinstance(p, Choice) and repr(value) not in map(repr, p.values):
             yield (name,), f"{value!r} is not one of the parameter's values {p.values}: add it to values"
         elif isinstance(p, Constant) and value != p.value:

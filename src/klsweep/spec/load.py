@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from klsweep.errors import SweepFileError
-from klsweep.spec.checks import check_sweep
+from klsweep.spec.checks import check_keys, check_sweep
 from klsweep.spec.schema import Parameter, Sweep
 
 Lines = dict[tuple[str, ...], str]
@@ -88,6 +88,32 @@ def load_sweep(path: str | Path, cli_overrides: Iterable[str] = ()) -> Sweep:
     Raises:
         SweepFileError: every problem found, one line each (file, line, dotted field path, value, fix).
     """
+    sweep, problems = load_partial(path, cli_overrides)
+    if problems or sweep is None:
+        raise SweepFileError(problems)
+    return sweep
+
+
+#: Top-level fields without a default: a problem in one of them leaves nothing to check the rest against.
+_REQUIRED = ("name", "algorithm", "objective")
+
+
+def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[Sweep | None, list[str]]:
+    """Every problem of a sweep file that does not depend on another, for ``sweep validate``.
+
+    Each round validates the file, then removes the entries that have problems (a parameter, an override, or an
+    optional top-level field, which falls back to its default) and validates again, until the rest is
+    clean; a problem in a required field (``name``, ``algorithm``, ``objective``) or in the whole file ends it.
+    Removing a parameter also removes it from the seed trials and ``when`` conditions, and a later round never
+    reports a field an earlier round reported or removed, so a problem is listed once and none is an echo of another.
+
+    Returns:
+        ``(sweep, problems)``: the sweep without the entries that have problems (None when nothing valid is left to
+        check further), and every problem, one line each as :class:`~klsweep.errors.SweepFileError` lists them.
+
+    Raises:
+        SweepFileError: the file cannot be read or is not a YAML mapping.
+    """
     path = Path(path)
     data, lines = _read(path)
     if not isinstance(data, dict):
@@ -103,21 +129,77 @@ def load_sweep(path: str | Path, cli_overrides: Iterable[str] = ()) -> Sweep:
         problems.extend(_include_search_space(path, data, lines))
     if isinstance(data.get("replay"), dict) and isinstance(data["replay"].get("trace"), str):
         problems.extend(_resolve_trace(path, data["replay"], lines))
-    if problems:
-        raise SweepFileError(problems)
+    reported: set[tuple[str, ...]] = set()
+    for _ in range(5):  # each round removes at least one entry; real files settle in two or three
+        try:
+            sweep = Sweep.model_validate(data)
+        except ValidationError as e:
+            found = _explain(e, data, lines, str(path))
+        except RecursionError:
+            return None, problems + [f"{path}:1: the file nests too deeply to be a sweep file"]
+        else:
+            sweep._source = str(path)
+            sweep._where = lines
+            errors, warnings = check_sweep(sweep)
+            if not errors:
+                sweep._warnings = tuple(_line(sweep, p, m) for p, m in warnings)
+                return sweep, problems
+            found = [(tuple(map(str, p)), _line(sweep, p, m)) for p, m in errors]
+            if not check_keys(sweep):  # the last stage: every check ran, on keys that are all verl's
+                problems.extend(m for p, m in found if not _under(p, reported))
+                return _without(data, [p for p, _ in found], lines, str(path)), problems
+        fresh = [(p, m) for p, m in found if not _under(p, reported)]
+        problems.extend(m for _, m in fresh)
+        reported.update(p for p, _ in fresh)
+        removed = _remove(data, [p for p, _ in fresh]) if fresh else None
+        if not removed:
+            return None, problems
+        reported.update(removed)  # what is checked next is the default there, not the user's value
+    return None, problems
+
+
+def _under(path: tuple[str, ...], done: set[tuple[str, ...]]) -> bool:
+    return any(path[:len(d)] == d for d in done)
+
+
+def _without(data: dict, paths: list[tuple[str, ...]], lines: Lines, name: str) -> Sweep | None:
+    """The sweep without the parameters at ``paths``, for the checks that follow (sampler, preflight); None when a
+    path is not a parameter: a fixed setting changed to its default would make those checks report echoes."""
+    if not all(p[:1] == ("parameters",) and len(p) > 1 for p in paths) or not _remove(data, paths):
+        return None
     try:
         sweep = Sweep.model_validate(data)
-    except ValidationError as e:
-        raise SweepFileError(_explain(e, data, lines, str(path))) from None
-    except RecursionError:
-        raise SweepFileError([f"{path}:1: the file nests too deeply to be a sweep file"]) from None
-    sweep._source = str(path)
-    sweep._where = lines
-    errors, warnings = check_sweep(sweep)
-    if errors:
-        raise SweepFileError([_line(sweep, p, m) for p, m in errors])
-    sweep._warnings = tuple(_line(sweep, p, m) for p, m in warnings)
+    except ValidationError:
+        return None
+    sweep._source, sweep._where = name, lines
     return sweep
+
+
+def _remove(data: dict, paths: list[tuple[str, ...]]) -> list[tuple[str, ...]] | None:
+    """Remove the entries at ``paths`` from the sweep file's ``data`` so that the rest can be checked.
+
+    Returns:
+        the paths removed (a parameter, an override, or a whole optional field), or None when a path
+        is the whole file or a required field (nothing left to check against).
+    """
+    removed: list[tuple[str, ...]] = []
+    for path in paths:
+        if not path or path[0] in _REQUIRED:
+            return None
+        field = path[0]
+        if field in ("parameters", "overrides") and len(path) > 1 and isinstance(data.get(field), dict):
+            data[field].pop(path[1], None)
+            removed.append(path[:2])
+            if field == "parameters":  # seed trials and conditions that name it would only echo its problem
+                seeds: list[Any] = data["seed_trials"] if isinstance(data.get("seed_trials"), list) else []
+                whens = [p.get("when") for p in data["parameters"].values() if isinstance(p, dict)]
+                for entry in [*seeds, *whens]:
+                    if isinstance(entry, dict):
+                        entry.pop(path[1], None)
+        else:  # an optional field (seed_trials as a whole: one round reports every seed trial's problems)
+            data.pop(field, None)
+            removed.append((field,))
+    return removed
 
 
 def _line(sweep: Sweep, path: tuple, message: str) -> str:
@@ -269,7 +351,7 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[st
     try:
         _SearchSpaceFile.model_validate(space_data)
     except ValidationError as e:
-        return _explain(e, space_data, space_lines, str(found), model=_SearchSpaceFile)
+        return [m for _, m in _explain(e, space_data, space_lines, str(found), model=_SearchSpaceFile)]
     own = data.get("parameters") or {}
     if not isinstance(own, dict):
         return []  # the schema reports it
@@ -280,9 +362,10 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[st
     return []
 
 
-def _explain(error: ValidationError, data: Any, lines: Lines, name: str, model: type[BaseModel] = Sweep) -> list[str]:
-    """Pydantic errors as "FILE:LINE: field.path: what is wrong (value) — fix" lines, one per field."""
-    out: list[str] = []
+def _explain(error: ValidationError, data: Any, lines: Lines, name: str,
+             model: type[BaseModel] = Sweep) -> list[tuple[tuple[str, ...], str]]:
+    """Pydantic errors as ``(field path, "FILE:LINE: field.path: what is wrong (value) — fix")``, one per field."""
+    out: list[tuple[tuple[str, ...], str]] = []
     done: set[tuple] = set()
     for err in error.errors(include_url=False):
         path = _data_path(data, err["loc"], keep_last=err["type"] == "missing")
@@ -295,16 +378,17 @@ def _explain(error: ValidationError, data: Any, lines: Lines, name: str, model: 
         if kind == "extra_forbidden":
             valid = _fields_at(model, path[:-1])
             hint = difflib.get_close_matches(path[-1], valid, n=1, cutoff=0.6)
-            fix = f"did you mean {hint[0]!r}?" if hint else f"valid fields here: {', '.join(valid)}"
-            out.append(f"{where}: {dotted}: unknown field — {fix}")
+            fix = (f"did you mean {hint[0]!r}? " if hint else "") + f"Valid fields here: {', '.join(valid)}"
+            out.append((path, f"{where}: {dotted}: unknown field — {fix}"))
         elif kind == "missing":
-            out.append(f"{where}: {dotted}: required field is missing — add `{path[-1]}:` "
-                       f"({_description(model, path) or 'see the sweep-file reference'})")
+            out.append((path, f"{where}: {dotted}: required field is missing — add `{path[-1]}:` "
+                              f"({_description(model, path) or 'see the sweep-file reference'})"))
         else:
             value = err.get("input")
             shown = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
             expected = _description(model, path)
-            out.append(f"{where}: {dotted}: {message}{shown}" + (f" — expected: {expected}" if expected else ""))
+            fix = f" — expected: {expected}" if expected else ""
+            out.append((path, f"{where}: {dotted}: {message}{shown}{fix}"))
     return out
 
 
@@ -335,7 +419,7 @@ def _annotations_at(model: type[BaseModel], path: tuple[str, ...]) -> list[tuple
                 if isinstance(member, type) and issubclass(member, BaseModel) and part in member.model_fields:
                     info = member.model_fields[part]
                     nxt.append((info.annotation, info))
-                elif origin is list and part.isdigit():
+                elif origin in (list, tuple) and part.isdigit():  # list[X], tuple[X, ...]
                     nxt.append((typing.get_args(member)[0], None))
                 elif origin is dict:
                     nxt.append((typing.get_args(member)[1], None))
@@ -351,12 +435,26 @@ def _members(ann: Any) -> list[Any]:
     return [ann]
 
 
+def _written_fields(model: type[BaseModel]) -> list[str]:
+    """The field names a user writes for ``model``: aliases (``for``, not ``for_``); for a health rule, its condition
+    written inline (``metric``, ``stat``, ``window``, ``above``, ...) or its ``all:``/``any:`` lists, which its
+    before-validator turns into ``conditions``."""
+    from klsweep.health.rules import Condition, Rule
+
+    names = [info.alias or n for n, info in model.model_fields.items()]
+    if model is Rule:
+        conditions = [m for m in _members(Condition) if isinstance(m, type) and issubclass(m, BaseModel)]
+        inline = [n for m in conditions for n in m.model_fields]
+        names = [n for n in names if n != "conditions"] + ["all", "any"] + inline
+    return list(dict.fromkeys(names))
+
+
 def _fields_at(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
     names: list[str] = []
     for ann, _ in _annotations_at(model, path):
         for member in _members(ann):
             if isinstance(member, type) and issubclass(member, BaseModel):
-                names += [n for n in member.model_fields if n not in names]
+                names += [n for n in _written_fields(member) if n not in names]
     return names
 
 
