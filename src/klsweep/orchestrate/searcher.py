@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -78,8 +79,6 @@ class KlsweepSearch(OptunaSearch):
     def _setup_study(self, mode) -> None:
         """OptunaSearch's study (created or loaded), labelled with the objectives' metric names and the sweep's
         description."""
-        import warnings
-
         super()._setup_study(mode)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # set_metric_names: Optuna 3.2+
@@ -120,7 +119,11 @@ class KlsweepSearch(OptunaSearch):
                 last[name] = value
         value = last.get(self.metric) if not isinstance(self.metric, list) else None
         if value is not None and self.metric in result and math.isfinite(value):
-            self._ot_trials[trial_id].report(value, result["training_iteration"])
+            with warnings.catch_warnings():
+                # A trial resumed from its checkpoint runs again the steps after it, with the same values; Optuna
+                # keeps the first report of a step and warns about the second.
+                warnings.filterwarnings("ignore", message="The reported value is ignored", category=UserWarning)
+                self._ot_trials[trial_id].report(value, result["training_iteration"])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:

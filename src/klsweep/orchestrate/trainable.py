@@ -2,8 +2,10 @@
 
 Tune calls :func:`run_trial` with the params Optuna suggested; the sweep turns them into the trial's full verl
 override dict, the trainer runs, and every training step goes to ``tune.report`` with verl's metric names, where the
-health stopper (on the driver) and the searcher see it. A checkpoint is saved on every validation step so a resumed
-sweep continues an interrupted trial from there instead of from step 0.
+health stopper (on the driver) and the searcher see it. An in-process trial saves a checkpoint every
+``trainer.save_freq`` steps, verl's cadence key, defaulting as for a verl trial
+(:func:`klsweep.launchers.resume.save_freq`: the validation cadence ``trainer.test_freq``, else a fifth of the run),
+so a resumed sweep continues an interrupted trial from there instead of from step 0, validation or not.
 
 A process trainer's trial (``trainer: verl``) is one supervised process tree
 (:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``; when Tune stops such a
@@ -28,6 +30,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     """
     from ray import tune
 
+    from klsweep.launchers.resume import save_freq
     from klsweep.space import trial_overrides
     from klsweep.trainers import trainer_kind
 
@@ -44,13 +47,13 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             trainer.load(folder)
-    test_freq = int(overrides.get("trainer.test_freq") or 0)
+    every = save_freq(overrides)
     while trainer.global_step < trainer.total_steps:
         metrics: dict[str, Any] = dict(trainer.train_step())
         step = trainer.global_step
         metrics[STEP] = step
         metrics[TOTAL_STEPS] = trainer.total_steps  # the searcher tells a finished trial from an early-stopped one
-        if test_freq > 0 and step % test_freq == 0 and step < trainer.total_steps:
+        if every > 0 and step % every == 0 and step < trainer.total_steps:
             with tempfile.TemporaryDirectory() as folder:
                 trainer.save(folder)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
