@@ -83,9 +83,12 @@ def preflight(
             has_flash_attn = importlib.util.find_spec("flash_attn") is not None
         if not has_flash_attn:
             problems += [at(k, m) for k, m in _attention(value)]
+    from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems  # keys klsweep writes
+
+    problems += [at(k, m) for k, m in managed_key_problems(overrides, trainer=trainer, launcher_keys=False)]
     if problems:
         raise PreflightError("\n".join(problems))
-    return [at(k, m) for k, m in _zero_coef(value)]
+    return [at(k, m) for k, m in _zero_coef(value) + checkpoint_cadence_warnings(overrides, trainer=trainer)]
 
 
 def _installed_verl() -> str:
