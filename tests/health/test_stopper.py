@@ -8,7 +8,7 @@ from ray import tune
 from klsweep.health import HealthStopper, load_ruleset
 
 STEPS = 12
-#: reference KL per iteration: crosses 1.0 at iteration 6, so default's kl_blowup (> 1 for 3 reports) fires at 8
+#: reference KL per iteration: crosses 1.0 at iteration 6, so default's kl_blowup (> 1 for 3 steps) fires at 8
 DIVERGING_KL = [0.01, 0.02, 0.05, 0.1, 0.5, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5]
 
 
@@ -54,7 +54,7 @@ def test_stopper_without_ray_tune_writes_health_and_stop_reason():
     )
     results = [{"actor/kl_loss": 0.0, "training_iteration": i, "config": {"kl_on": True}} for i in range(1, 15)]
     stops = [stopper("t1", r) for r in results]
-    assert stops.index(True) == 12  # kl exactly 0 after step 10 for 3 reports: iteration 13
+    assert stops.index(True) == 12  # kl exactly 0 after step 10 for 3 steps: iteration 13
     assert results[12]["health"] == "stopped" and "builtin.kl_dead" in results[12]["stop_reason"]
     assert results[12]["stop_kind"] == "misconfigured" and results[11]["stop_kind"] == ""
     assert results[0]["health"] == "healthy" and results[0]["stop_reason"] == ""
