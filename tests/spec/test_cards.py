@@ -184,3 +184,29 @@ def test_every_algorithm_knob_is_explicit_and_trials_differ_only_where_searched(
 def test_clip_ratio_alone_is_inert_in_verl_0_9_1(sweep_file):
     (problem,) = _problems(sweep_file("parameters:\n  actor_rollout_ref.actor.clip_ratio: {values: [0.1, 0.3]}\n"))
     assert "clip_ratio_low and clip_ratio_high" in problem
+
+
+@pytest.mark.parametrize(("objective", "parameter", "scale"), [
+    ("actor/kl_loss", "kl_loss_type: {values: [kl, low_var_kl]}", "each estimator has its own scale"),
+    ("actor/kl_loss", "loss_agg_mode: {values: [token-mean, token-sum]}", "token-sum and seq-mean-token-sum sums"),
+])
+def test_a_kl_objective_compared_across_scales_is_a_warning(sweep_file, objective, parameter, scale):
+    # issue 14: a KL objective across estimators or aggregations compares scales, not drift
+    text = (f"objective: [{{metric: val-core/arith/acc/mean@1, mode: max}}, {{metric: {objective}, mode: min}}]\n"
+            f"parameters:\n  {parameter}\n")
+    sweep = load_sweep(_with_objective(sweep_file, text))
+    (warning,) = sweep.warnings
+    assert f"objective {objective} is compared across trials with" in warning and scale in warning
+    assert "the front would favour the scale" in warning
+
+
+def test_a_kl_objective_with_one_estimator_or_a_score_objective_is_not_warned(sweep_file):
+    same_scale = "objective: {metric: actor/kl_loss, mode: min}\nparameters:\n  kl_coef: {values: [0.01, 0.1]}\n"
+    assert load_sweep(_with_objective(sweep_file, same_scale)).warnings == ()
+    score = "parameters:\n  kl_loss_type: {values: [kl, low_var_kl]}\n"
+    assert load_sweep(sweep_file(score)).warnings == ()
+
+
+def _with_objective(sweep_file, text: str):
+    """A GRPO sweep file whose ``objective`` is the one in ``text``."""
+    return sweep_file("name: t\nalgorithm: grpo\n" + text, header=False)

@@ -17,6 +17,7 @@ from klsweep.spec.schema import Choice, Constant, Range, Sweep
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS, closest_key, default_keys
 from klsweep.verl.liveness import inert_reason
+from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
 
 Problem = tuple[tuple[Any, ...], str]
 
@@ -44,7 +45,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     GRPO with rollout.n < 2; for ``trainer: verl``, ``budget.resources.gpu`` that differs from the GPUs a trial's verl
     uses (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials. (Sampler options are checked
     where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.)
-    Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (verl#6519).
+    Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (verl#6519), a KL objective compared
+    across searched estimators or loss aggregations (different scales).
     """
     warnings: list[Problem] = []
     errors, resolved = _check_keys(sweep)
@@ -75,6 +77,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                              "Add a `when` condition so it is only sampled where it acts"))
     errors.extend(_negative_kl(sweep, params))
     warnings.extend(_zero_kl(fixed, params, resolved))
+    warnings.extend(_kl_objective_scales(sweep, params, resolved))
     n = fixed.get("actor_rollout_ref.rollout.n")
     if (fixed.get("algorithm.adv_estimator") == "grpo" and "actor_rollout_ref.rollout.n" not in params
             and n is not None and n < 2):
@@ -304,6 +307,37 @@ def _negative_kl(sweep: Sweep, params: dict) -> Iterator[Problem]:
 def _numbers(p) -> list[float]:
     values = p.values if isinstance(p, Choice) else [p.value]
     return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+#: What sets the scale of each KL metric an objective can name: the estimator (verl ``core_algos.kl_penalty``) and, for
+#: the KL loss, its aggregation over tokens (``core_algos.agg_loss``).
+_KL_SCALE_KEYS = {
+    **dict.fromkeys(KL_IN_LOSS_METRICS, (presets.ACTOR + "kl_loss_type", presets.ACTOR + "loss_agg_mode")),
+    **dict.fromkeys(KL_IN_REWARD_METRICS, ("algorithm.kl_penalty",)),
+}
+_ESTIMATOR_SCALE = ("each estimator has its own scale (verl core_algos.kl_penalty: kl/k1 is the log-ratio and can "
+                    "be negative, abs its absolute value, mse/k2 half its square, low_var_kl/k3 clamped to [-10, 10])")
+_SCALE_OF = {
+    presets.ACTOR + "kl_loss_type": _ESTIMATOR_SCALE,
+    "algorithm.kl_penalty": _ESTIMATOR_SCALE,
+    presets.ACTOR + "loss_agg_mode": "verl aggregates the KL loss with it (core_algos.agg_loss): token-mean and "
+    "seq-mean-token-mean are per-token means, token-sum and seq-mean-token-sum sums over each response's tokens "
+    "(tens of times larger), seq-mean-token-sum-norm a sum divided by loss_scale_factor",
+}
+
+
+def _kl_objective_scales(sweep: Sweep, params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    """A KL objective (``actor/kl_loss``, ``actor/reward_kl_penalty``) compared across trials that search what sets
+    its scale: the best trial or the Pareto front would favour a scale, not less drift."""
+    for objective in sweep.objectives:
+        for key in _KL_SCALE_KEYS.get(objective.metric, ()):
+            p = params.get(key)
+            if isinstance(p, Choice) and len(p.values) > 1:
+                yield ("parameters", names[key]), (
+                    f"objective {objective.metric} is compared across trials with {_label(names[key], key)} in "
+                    f"{p.values}, but {_SCALE_OF[key]}: the {'front' if len(sweep.objectives) > 1 else 'best trial'} "
+                    f"would favour the scale, not the smaller drift. Fix {key} in overrides for a KL objective, or "
+                    "optimise a metric with one scale (the validation score) and compare KL per value in the report")
 
 
 def _zero_kl(fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
