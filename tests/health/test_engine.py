@@ -120,6 +120,17 @@ def test_kl_loss_share_is_the_windowed_share_of_the_actor_loss():
     assert "needs the run config" in engine.summary()["not_applicable"]["share"]
 
 
+def test_kl_loss_share_window_is_ten_steps_on_a_sampled_log():
+    config = {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 1.0}
+    rows = {1: (0.5, 0.5), 6: (0.1, 0.1), 11: (0.2, 0.1), 16: (0.3, 0.1)}  # step: (pg_loss, kl_loss), every 5 steps
+    stream = [(s, {"actor/pg_loss": pg, "actor/kl_loss": kl}) for s, (pg, kl) in rows.items()]
+    rule = {"name": "share", "metric": "kl_loss_share", "above": -1, "action": "advise"}
+    _, v = _run(_rules(rule), stream, config)
+    # steps 7-16: the last report at or before step 7 is step 6, so reports 6, 11, 16 (not step 1)
+    kl_terms, totals = [0.1, 0.1, 0.1], [0.1 + 0.1, 0.2 + 0.1, 0.3 + 0.1]
+    assert v[-1].events[0].values["kl_loss_share"] == pytest.approx(sum(kl_terms) / sum(totals))
+
+
 # ---- late collapse and reward hacking (ConvSearch-R1#6, TinyZero#85, verl#7412) ------------------------------------
 def test_score_collapse_while_kl_climbs_is_tagged_collapsed_with_the_best_pre_collapse_step():
     scores = [0.1 + 0.02 * i for i in range(30)] + [0.68 - 0.06 * i for i in range(1, 15)]

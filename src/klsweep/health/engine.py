@@ -203,7 +203,7 @@ class HealthEngine:
         self._last_step = step
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
-        values = self._signals.read(metrics)
+        values = self._signals.read(metrics, step)
         for name, series in self._series.items():
             hit = values[name]
             series.fresh = False

@@ -7,7 +7,7 @@ Derived quantities (beyond :data:`klsweep.verl.metrics.ALIASES`):
 - ``kl_coef``: the logged coefficient (``actor/kl_coef``, ``actor/reward_kl_penalty_coeff``, ``critic/kl_coeff``), else
   the configured one of the active mechanism.
 - ``kl_loss_share``: the KL term's share of the actor loss, ``Σ|kl_coef·kl_loss| / Σ|pg_loss − entropy_coeff·entropy +
-  kl_coef·kl_loss|`` over the last :data:`SHARE_WINDOW` reports (the actor loss of verl's
+  kl_coef·kl_loss|`` over the last :data:`SHARE_WINDOW` steps (the actor loss of verl's
   ``workers/utils/losses.py::ppo_loss``). Summed over a window because GRPO's ``pg_loss`` averages ~0, which makes a
   one-step ratio jump to 100 %. Only for KL in the loss; needs ``entropy_coeff`` (run config) when entropy is logged.
 - ``val_score``: the first ``val-core/*/mean@N``, ``val/test_score/*`` or ``test_score/*`` key.
@@ -176,8 +176,9 @@ class Signals:
         self.setup = setup
         self.scale = scale or TokenScale(None)
         self.unscaled: dict[str, str] = {}  # signal -> why a logged sum could not be put per token
+        self._step = 0  # the step of the report being read
         self.names = tuple(dict.fromkeys(names))
-        self._share_terms: deque[tuple[float, float]] = deque(maxlen=SHARE_WINDOW)
+        self._share_terms: deque[tuple[int, float, float]] = deque()  # (step, |KL term|, |actor loss|)
         self.keys_seen: dict[str, str] = {}  # signal -> the verl key it was last read from
         self._val_keys: tuple[Any, list[str]] = (None, [])  # (a report's key set, its validation keys, sorted)
         special = {"kl_coef": self._kl_coef, "kl_loss_share": self._kl_loss_share, VAL_SCORE: self._val_score}
@@ -186,9 +187,10 @@ class Signals:
             for name in self.names
         ]
 
-    def read(self, metrics: Mapping[str, Any]) -> dict[str, tuple[str, float] | None]:
-        """``{signal: (verl key, value) or None}`` for this report; values may be NaN/inf."""
+    def read(self, metrics: Mapping[str, Any], step: int = 0) -> dict[str, tuple[str, float] | None]:
+        """``{signal: (verl key, value) or None}`` for this report at training ``step``; values may be NaN/inf."""
         out: dict[str, tuple[str, float] | None] = {}
+        self._step = step
         for name, keys, special in self._readers:
             hit = first_present(metrics, keys) if special is None else special(metrics)
             if hit is not None and self.scale.summed and hit[0] in SUMMED_METRICS:
@@ -250,11 +252,16 @@ class Signals:
         total = pg - entropy_term + kl_term
         if not (math.isfinite(kl_term) and math.isfinite(total)):
             return None
-        self._share_terms.append((abs(kl_term), abs(total)))
-        denominator = sum(t for _, t in self._share_terms)
+        terms, step = self._share_terms, self._step
+        if terms and step < terms[-1][0]:
+            terms.clear()  # a log that restarts its step count
+        terms.append((step, abs(kl_term), abs(total)))
+        while len(terms) > 1 and terms[1][0] <= step - SHARE_WINDOW + 1:  # keep the report covering the first step
+            terms.popleft()
+        denominator = sum(t for _, _, t in terms)
         if denominator == 0.0:
             return None
-        return "kl_loss_share", sum(k for k, _ in self._share_terms) / denominator
+        return "kl_loss_share", sum(k for _, k, _ in terms) / denominator
 
     def _read_per_token(self, metrics: Mapping[str, Any], keys: Iterable[str]) -> float | None:
         """The first of ``keys`` logged, per token (terms of one loss on one scale: ``actor/entropy`` sums over the
