@@ -139,3 +139,12 @@ def test_a_log_sampled_every_k_steps_gets_the_full_logs_verdict_within_k_steps(k
         return
     assert sampled["reason"] is not None and sampled["reason"]["rule"] == full["reason"]["rule"]
     assert abs(sampled["stop_step"] - full["stop_step"]) < every, (full["stop_reason"], sampled["stop_reason"])
+
+
+def test_a_log_that_restarts_its_step_count_restarts_the_streak():
+    rule = {"name": "high", "metric": "m", "above": 1.0, "for": 3, "action": "stop"}
+    ruleset = load_ruleset(HealthConfig(preset="none", rules=[rule]))
+    # steps 100, 101 hold (2 steps), then the log restarts at step 1: a streak from 100 would never reach 3 steps
+    summary = _summary(ruleset, [(100, {"m": 2.0}), (101, {"m": 2.0}), (1, {"m": 2.0}), (2, {"m": 2.0}),
+                                 (3, {"m": 2.0})])
+    assert summary["stop_step"] == 3 and "over steps 1-3" in summary["stop_reason"]

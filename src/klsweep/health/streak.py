@@ -26,9 +26,9 @@ class Streak:
 
     def hold(self, step: int) -> int:
         """The condition holds at ``step``: returns the steps it has held for (``step − start + 1``, >= 1)."""
-        if self.start is None:
+        if self.start is None or step < self.start:  # a step below the start: the log restarted its count
             start = step if self.clear is None else max(self.clear + 1, self.after + 1)
-            self.start = min(start, step)  # steps that go backwards (a restarted log) start a fresh streak here
+            self.start = min(start, step)
         return step - self.start + 1
 
     def reset(self, step: int) -> None:
