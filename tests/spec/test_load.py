@@ -269,3 +269,17 @@ def test_a_bare_leaf_shared_by_two_keys_names_both(sweep_file):
     with pytest.raises(SweepFileError) as e:
         load_sweep(sweep_file("parameters:\n  lr: {values: [0.001, 0.0003]}\n"))
     assert "did you mean 'actor_rollout_ref.actor.optim.lr' or 'critic.optim.lr'?" in e.value.problems[0]
+
+
+def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
+    # `sweep health check --rules FILE` said only "Extra inputs are not permitted"
+    from klsweep.health import load_ruleset
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("preset: default\nrules:\n  - {name: kl, metric: ref_kl, above: 1, acton: stop}\n")
+    with pytest.raises(SweepFileError) as e:
+        load_ruleset(rules)
+    typo = next(p for p in e.value.problems if "rules.0.acton" in p)
+    assert typo == (f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: "
+                    "name, match, for, after, action, kind, advice, source, all, any, metric, above, below, stat, "
+                    "window, peak_above")

@@ -376,10 +376,7 @@ def _explain(error: ValidationError, data: Any, lines: Lines, name: str,
         dotted = ".".join(path) or "(top level)"
         kind, message = err["type"], err["msg"].removeprefix("Value error, ")
         if kind == "extra_forbidden":
-            valid = _fields_at(model, path[:-1])
-            hint = difflib.get_close_matches(path[-1], valid, n=1, cutoff=0.6)
-            fix = (f"did you mean {hint[0]!r}? " if hint else "") + f"Valid fields here: {', '.join(valid)}"
-            out.append((path, f"{where}: {dotted}: unknown field — {fix}"))
+            out.append((path, f"{where}: {dotted}: unknown field — {unknown_field_fix(model, path)}"))
         elif kind == "missing":
             out.append((path, f"{where}: {dotted}: required field is missing — add `{path[-1]}:` "
                               f"({_description(model, path) or 'see the sweep-file reference'})"))
@@ -447,6 +444,14 @@ def _written_fields(model: type[BaseModel]) -> list[str]:
         inline = [n for m in conditions for n in m.model_fields]
         names = [n for n in names if n != "conditions"] + ["all", "any"] + inline
     return list(dict.fromkeys(names))
+
+
+def unknown_field_fix(model: type[BaseModel], path: tuple[str, ...]) -> str:
+    """The fix for the unknown field at ``path`` (field names and list indices as strings) of ``model``: the closest
+    valid field, if any, and the valid fields at that place as a user writes them."""
+    valid = _fields_at(model, path[:-1])
+    hint = difflib.get_close_matches(path[-1], valid, n=1, cutoff=0.6)
+    return (f"did you mean {hint[0]!r}? " if hint else "") + f"Valid fields here: {', '.join(valid)}"
 
 
 def _fields_at(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
