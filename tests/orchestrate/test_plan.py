@@ -200,3 +200,18 @@ def test_validate_lists_the_file_and_the_verl_problems_of_one_file_in_one_run(tm
              for line in printed.splitlines() if line.startswith("  error: ")]
     assert lines == ["4", "6", "7", "8"], printed
     assert "loss_agg_mode='seq-sum' is not valid" in printed
+
+
+@pytest.mark.slow
+def test_the_horizon_is_checked_at_the_largest_batch_the_space_can_propose(tmp_path):
+    # issue 14: verl's n_steps is data.train_batch_size × rollout.n of the trial; horizon 200 is safe for
+    # 64 × 4 = 256 responses (0.2 × 256 = 51.2) but turns the coefficient negative for 512 × 4 = 2048 (> 409.6 needed)
+    code, printed = _validate(tmp_path / "batch.yaml", (
+        "name: batch\nalgorithm: ppo\nkl_placement: reward\noverrides:\n  algorithm.kl_ctrl.type: adaptive\n"
+        "  actor_rollout_ref.rollout.n: 4\nparameters:\n  data.train_batch_size: {values: [64, 512]}\n"
+        "  horizon: {values: [200, 5000]}\n"
+        "objective: {metric: val-core/arith/acc/mean@1, mode: max}\nbudget: {trials: 4, max_steps: 20}\n"))
+    assert code == 2, printed
+    (error,) = [line for line in printed.splitlines() if line.startswith("  error: ")]
+    assert "algorithm.kl_ctrl.horizon=200 is too short for 2048 responses per step" in error
+    assert "1 - 0.2 × 2048 / 200 = -1.05" in error and "> 409.6" in error

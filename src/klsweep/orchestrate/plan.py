@@ -8,6 +8,7 @@ file, builds the sampler and preflights every distinct config a trial can reach 
 
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Any, TextIO
 
@@ -43,18 +44,28 @@ def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
 def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
     """Distinct trial configs that cover every value the sweep can emit: each seed trial (or the fixed config),
     then for each parameter each of its ``values`` and the ``min``/``max`` of its range, substituted into the first
-    seed trial together with the values its ``when`` needs. A bad categorical value is caught before any
-    trial runs, not when a sampler happens to pick it."""
+    seed trial together with the values its ``when`` needs; then, for each pair of numeric parameters, the four
+    combinations of their smallest and largest values (a horizon is only too short for the largest batch a trial can
+    have, verl's n_steps). A bad categorical value is caught before any trial runs, not when a sampler happens to
+    pick it."""
     from klsweep.space import condition, parameters, seed_params, trial_overrides
 
     seeds = seed_params(sweep) or [{}]
     variants: list[dict[str, Any]] = list(seeds)
+    ends: dict[str, tuple[dict[str, Any], list[Any]]] = {}  # numeric parameter -> (its `when` needs, [min, max])
     for key, p in parameters(sweep).items():
         needs = {k: allowed[0] for k, allowed in condition(sweep, p.when).items()}
         values = getattr(p, "values", None) or ([p.value] if hasattr(p, "value") else [p.min, p.max])
         if getattr(p, "distribution", None) == "int_uniform":
             values = [int(v) for v in values]
         variants += [{**seeds[0], **needs, key: v} for v in values]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(set(numbers)) > 1:
+            ends[key] = (needs, [min(numbers), max(numbers)])
+    for (a, (needs_a, ends_a)), (b, (needs_b, ends_b)) in itertools.combinations(ends.items(), 2):
+        if any(needs_b.get(k, v) != v for k, v in needs_a.items()):
+            continue  # never sampled together
+        variants += [{**seeds[0], **needs_a, **needs_b, a: x, b: y} for x in ends_a for y in ends_b]
     configs, seen = [], set()
     for params in variants:
         overrides = trial_overrides(sweep, params)
