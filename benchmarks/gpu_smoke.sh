@@ -1,105 +1,164 @@
 #!/bin/bash
-# GPU smoke check of the verl launcher: on ONE GPU machine, from the repository root:
+# One-shot offline acceptance check of klsweep's verl trials on ONE GPU box (issue 13), from the repository root:
 #
-#   bash benchmarks/gpu_smoke.sh            # STEPS=4 WORK=/tmp/klsweep_gpu_smoke MODEL_ID=Qwen/Qwen2.5-0.5B-Instruct
+#   bash benchmarks/gpu_smoke.sh [--dry-run | --prepare-only]    # env: WORK, STEPS, MODEL_DIR
 #
-# 1. installs klsweep[gpu] (verl[vllm]) unless klsweep, verl and vllm already import;
-# 2. downloads the model from Hugging Face and writes a small GSM8K-format arithmetic dataset (parquet);
-# 3. runs verl alone (python -m verl.trainer.main_ppo) with the overrides of the sweep's first trial;
-# 4. runs the 2-trial GRPO sweep benchmarks/gpu_smoke.yaml with klsweep (trainer: verl, 1 GPU per trial);
-# 5. prints the mean step time (verl's timing_s/step, first step excluded) with and without klsweep, and the ratio.
+#   --dry-run       print the plan (each step and command) and exit 0; runs nothing
+#   --prepare-only  check what needs no GPU (vllm excepted), build the model, data and reward in $WORK, validate the
+#                   sweep, and stop: runs on a CPU box
 #
-# About 5-8 minutes on an H100/H200 once installed (each run: ~1-2 min of Ray/vLLM start-up plus STEPS steps).
-# Needs network access to PyPI and huggingface.co. It was never run in the session that wrote it (no GPU there).
+# Preconditions (exit 2 if one is missing; nothing is installed or downloaded, HF_HUB_OFFLINE=1): klsweep, verl,
+# vllm, ray and transformers import; flash-attn is installed or the sweep uses the sdpa fallback
+# (benchmarks/gpu_smoke.yaml does); a GPU that no other process uses; MODEL_DIR, if given, is a local model dir
+# (else a tiny random Qwen2 and its tokenizer are built here with transformers).
+# Then two trials of benchmarks/gpu_smoke.yaml (kl_coef 0.001 and 0.01) run at once on the one GPU (0.5 GPU each),
+# with a custom reward that varies between samples, so the policy and the KL move.
+# Pass (exit 0): both trials COMPLETE; each logged steps 1..STEPS with finite values only; each trial's actor/kl_coef
+# equals its swept kl_coef; the trials overlapped in time; after a forced stop (SIGKILL of a sweep driver during a
+# trial) the GPU has no process and its memory is back to the baseline (+256 MiB) within 15 s, by nvidia-smi.
+# A failed check exits 1. Every command runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${WORK:-/tmp/klsweep_gpu_smoke}
+MODE=${1:-}
+WORK=${WORK:-/tmp/klsweep_gpu_accept}
 STEPS=${STEPS:-4}
-MODEL_ID=${MODEL_ID:-Qwen/Qwen2.5-0.5B-Instruct}
-export RAY_AUTH_MODE=disabled
-rm -rf "$WORK" && mkdir -p "$WORK/data"
-START=$SECONDS
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
+say() { echo "== $*"; }
+missing() { echo "MISSING PRECONDITION: $*" >&2; exit 2; }
+fail() { echo "FAILED: $*" >&2; exit 1; }
+run() {  # run [SECONDS] CMD...: under timeout; --dry-run only prints it
+    local limit=$1; shift
+    echo "+ timeout $limit $*" >&2
+    [[ $MODE == --dry-run ]] || timeout "$limit" "$@"
+}
+gpu_mib() { timeout 10 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+gpu_pids() { timeout 10 nvidia-smi --query-compute-apps=pid --format=csv,noheader; }
 
-if ! python -c "import klsweep, verl, vllm" 2>/dev/null; then
-    echo "== installing klsweep[gpu]"
-    pip install -q -e '.[gpu]'
+say "preconditions"
+NEEDS="klsweep, verl, ray, transformers"
+[[ $MODE == --prepare-only ]] || NEEDS+=", vllm"
+run 60 python -c "import $NEEDS" || missing "$NEEDS must import (pip install -e '.[gpu]' first; this check installs nothing)"
+if ! run 30 python -c "import importlib.util as u, sys; sys.exit(u.find_spec('flash_attn') is None)"; then
+    grep -q "attn_implementation: sdpa" benchmarks/gpu_smoke.yaml || missing "flash-attn, or the sdpa fallback in benchmarks/gpu_smoke.yaml"
+    echo "flash-attn not installed: the sweep's sdpa fallback is used"
 fi
-echo "== model and data ($((SECONDS - START)) s)"
-MODEL=$(python -c "from huggingface_hub import snapshot_download; print(snapshot_download('$MODEL_ID'))")
-python - "$WORK/data" <<'PY'
-"""Two-step arithmetic word problems in verl's GSM8K format (data_source openai/gsm8k: verl's gsm8k reward)."""
+[[ -z ${MODEL_DIR:-} || -f ${MODEL_DIR:-}/config.json ]] || missing "MODEL_DIR=$MODEL_DIR has no config.json"
+if [[ $MODE != --prepare-only ]]; then
+    run 10 nvidia-smi -L || missing "nvidia-smi lists no GPU"
+    [[ $MODE == --dry-run || -z $(gpu_pids) ]] || missing "another process uses the GPU: $(gpu_pids | tr '\n' ' ')"
+fi
+
+say "model, data and reward in $WORK (offline)"
+[[ $MODE == --dry-run ]] || { rm -rf "$WORK" && mkdir -p "$WORK/data"; }
+MODEL=${MODEL_DIR:-$WORK/model}
+run 300 python - "$WORK" "${MODEL_DIR:-}" <<'PY'
+"""GSM8K-format parquet data, a reward that varies between samples, and (without MODEL_DIR) a tiny random Qwen2."""
 import random, sys
 import pandas as pd
 
+work, model_dir = sys.argv[1], sys.argv[2]
 def rows(n, seed, split):
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        a, b, c = rng.randint(2, 60), rng.randint(2, 60), rng.randint(2, 9)
-        question = f"Tom has {a} apples and buys {b} more. He shares them equally among {c} friends and keeps the rest. How many apples does he keep?"
-        answer = (a + b) % c
-        prompt = question + ' Let\'s think step by step and output the final answer after "####".'
-        out.append({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": prompt}], "ability": "math",
-                    "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        a, b = rng.randint(2, 60), rng.randint(2, 60)
+        out.append({"data_source": "openai/gsm8k", "ability": "math",
+                    "prompt": [{"role": "user", "content": f"Tom has {a} apples and buys {b} more. How many?"}],
+                    "reward_model": {"style": "rule", "ground_truth": str(a + b)},
                     "extra_info": {"split": split, "index": i}})
     return pd.DataFrame(out)
+train, test = rows(256, 0, "train"), rows(32, 1, "test")
+train.to_parquet(f"{work}/data/train.parquet")
+test.to_parquet(f"{work}/data/test.parquet")
+with open(f"{work}/reward.py", "w") as f:  # verl's reward.custom_reward_function (name compute_score)
+    f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+            "    return sum(c.isdigit() for c in solution_str) / max(1, len(solution_str))\n")
+if not model_dir:
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-rows(256, 0, "train").to_parquet(f"{sys.argv[1]}/train.parquet")
-rows(32, 1, "test").to_parquet(f"{sys.argv[1]}/test.parquet")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([m[0]["content"] for m in train["prompt"]] + ["0123456789 apples"] * 10,
+                            vocab_size=512, special_tokens=specials)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer.save_pretrained(f"{work}/model")
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=True, torch_dtype="bfloat16")
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(f"{work}/model")
+    text = tokenizer.apply_chat_template(list(train["prompt"][0]), add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text)["input_ids"]
+    print(f"tiny Qwen2 in {work}/model: vocab {len(tokenizer)}, a prompt is {len(ids)} tokens")
 PY
-sed -e "s|@MODEL@|$MODEL|g" -e "s|@DATA@|$WORK/data|g" benchmarks/gpu_smoke.yaml > "$WORK/gpu_smoke.yaml"
+run 10 sed -n -e "s|@MODEL@|$MODEL|g" -e "s|@DATA@|$WORK/data|g" -e "w $WORK/gpu_smoke.yaml" benchmarks/gpu_smoke.yaml
+SWEEP_ARGS=("budget.max_steps=$STEPS" budget.max_concurrent=2 budget.resources.gpu=0.5 budget.resources.cpu=4
+            "overrides.reward.custom_reward_function.path=$WORK/reward.py" overrides.reward.num_workers=2)
+run 120 sweep validate "$WORK/gpu_smoke.yaml" "${SWEEP_ARGS[@]}" || fail "sweep validate refused the sweep"
+[[ $MODE == --prepare-only ]] && { say "prepared; the GPU steps were not run"; exit 0; }
 
-echo "== verl alone ($((SECONDS - START)) s)"
-mapfile -t ARGS < <(python - "$WORK/gpu_smoke.yaml" "$WORK/plain" "budget.max_steps=$STEPS" <<'PY'
-"""The first trial's command line, as klsweep builds it, minus klsweep: same overrides, same managed keys."""
-import sys
+say "two trials at once on one GPU"
+BASELINE=0
+[[ $MODE == --dry-run ]] || BASELINE=$(gpu_mib)
+LOG=$WORK/sweep.log
+[[ $MODE != --dry-run ]] || LOG=/dev/null
+run 1800 sweep run "$WORK/gpu_smoke.yaml" "${SWEEP_ARGS[@]}" --out "$WORK/sweep" --quiet > "$LOG" 2>&1 \
+    || { tail -40 "$LOG"; fail "sweep run exited non-zero"; }
+run 120 python - "$WORK/sweep" "$STEPS" <<'PY' || fail "see the lines above"
+"""Both trials COMPLETE, steps 1..N finite, actor/kl_coef = the trial's kl_coef, the two trials overlapped."""
+import json, math, sys
 from pathlib import Path
-from klsweep.launchers.process import trial_command
-from klsweep.space import seed_params, trial_overrides
-from klsweep.spec.load import load_sweep
+import optuna
 
-sweep = load_sweep(sys.argv[1], sys.argv[3:])
-argv, _ = trial_command(trial_overrides(sweep, seed_params(sweep)[0]), trainer="verl", trial_dir=Path(sys.argv[2]))
-print("\n".join(argv))
+out, steps = Path(sys.argv[1]), int(sys.argv[2])
+problems = []
+(summary,) = optuna.get_all_study_summaries(f"sqlite:///{out}/study.db")
+states = [t.state.name for t in optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{out}/study.db").trials]
+if states != ["COMPLETE", "COMPLETE"]:
+    problems.append(f"trial states {states}, expected two COMPLETE")
+spans = []
+for trial in sorted(p for p in (out / "tune").iterdir() if (p / "attempt-1").is_dir()):
+    lines = [json.loads(x) for a in sorted(trial.glob("attempt-*")) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    logged = sorted({x["step"] for x in lines} - {0})
+    bad = [(x["step"], k) for x in lines for k, v in x["data"].items()
+           if v is None or (isinstance(v, float) and not math.isfinite(v))]  # verl's orjson writes NaN/inf as null
+    swept = json.loads((trial / "params.json").read_text())["actor_rollout_ref.actor.kl_loss_coef"]
+    coefs = {x["data"]["actor/kl_coef"] for x in lines if "actor/kl_coef" in x["data"]}
+    kl = [x["data"].get("actor/kl_loss") or 0.0 for x in lines]
+    print(f"{trial.name}: steps {logged}, kl_coef {sorted(coefs)} (swept {swept}), max actor/kl_loss {max(kl):.3g}")
+    if logged != list(range(1, steps + 1)):
+        problems.append(f"{trial.name}: logged steps {logged}, expected 1..{steps}")
+    if bad:
+        problems.append(f"{trial.name}: non-finite values at (step, metric) {bad[:5]}")
+    if coefs != {swept}:
+        problems.append(f"{trial.name}: actor/kl_coef {sorted(coefs)} is not the swept kl_coef {swept}")
+    spans.append(((trial / "attempt-1" / "spec.json").stat().st_mtime, (trial / "attempt-1" / "exit.json").stat().st_mtime))
+if len(spans) != 2 or not (spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]):
+    problems.append(f"the trials did not run at the same time: (start, end) {spans}")
+print("\n".join(["checks passed"] if not problems else problems))
+sys.exit(1 if problems else 0)
 PY
-)
-mkdir -p "$WORK/plain/attempt-1"
-PLAIN_START=$SECONDS
-VERL_FILE_LOGGER_PATH="$WORK/plain/attempt-1/metrics.jsonl" "${ARGS[@]}" > "$WORK/plain.log" 2>&1 \
-    || { tail -30 "$WORK/plain.log"; exit 1; }
-PLAIN_WALL=$((SECONDS - PLAIN_START))
 
-echo "== klsweep sweep, 2 trials ($((SECONDS - START)) s)"
-SWEEP_START=$SECONDS
-sweep run "$WORK/gpu_smoke.yaml" "budget.max_steps=$STEPS" --out "$WORK/sweep" --quiet > "$WORK/sweep.log" 2>&1 \
-    || { tail -30 "$WORK/sweep.log"; exit 1; }
-SWEEP_WALL=$((SECONDS - SWEEP_START))
-
-python - "$WORK" "$PLAIN_WALL" "$SWEEP_WALL" <<'PY'
-import json, statistics, sys
-from pathlib import Path
-
-work, plain_wall, sweep_wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-
-def step_times(path):
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return [line["data"]["timing_s/step"] for line in lines if "timing_s/step" in line["data"]][1:]
-
-plain = step_times(work / "plain/attempt-1/metrics.jsonl")
-trials = sorted(work.glob("sweep/**/attempt-1/metrics.jsonl"))
-assert len(trials) == 2, f"expected 2 trials' metrics, found {trials}"
-swept = [t for path in trials for t in step_times(path)]
-leftovers = []
-for proc in Path("/proc").glob("[0-9]*"):
-    try:
-        if b"verl.trainer.main_ppo" in (proc / "cmdline").read_bytes():
-            leftovers.append(proc.name)
-    except OSError:
-        pass
-print(f"verl alone     : {statistics.mean(plain):6.2f} s/step over {len(plain)} steps, {plain_wall} s wall for 1 run")
-print(f"with klsweep   : {statistics.mean(swept):6.2f} s/step over {len(swept)} steps, {sweep_wall} s wall for 2 trials")
-print(f"ratio (klsweep / verl alone, per step): {statistics.mean(swept) / statistics.mean(plain):.3f}")
-print(f"verl processes left after the sweep: {len(leftovers)}")
-PY
-echo "== done in $((SECONDS - START)) s"
+say "forced stop: SIGKILL of a sweep driver while its trial trains; GPU memory back within 15 s"
+[[ $MODE == --dry-run ]] && exit 0
+timeout 900 sweep run "$WORK/gpu_smoke.yaml" "${SWEEP_ARGS[@]}" budget.max_steps=1000 budget.trials=1 \
+    --out "$WORK/stop" --quiet > "$WORK/stop.log" 2>&1 &
+DRIVER=$!
+for _ in $(seq 600); do  # up to 10 min for verl's start-up and its first step
+    compgen -G "$WORK/stop/tune/*/attempt-1/metrics.jsonl" > /dev/null && grep -q '"step":1' "$WORK"/stop/tune/*/attempt-1/metrics.jsonl && break
+    kill -0 "$DRIVER" 2>/dev/null || { tail -40 "$WORK/stop.log"; fail "the stop trial ended before its first step"; }
+    sleep 1
+done
+kill -9 "$DRIVER"
+KILLED=$SECONDS
+while [[ -n $(gpu_pids) || $(gpu_mib) -gt $((BASELINE + 256)) ]]; do
+    (( SECONDS - KILLED <= 15 )) || fail "GPU not free $((SECONDS - KILLED)) s after the forced stop: pids $(gpu_pids | tr '\n' ' '), $(gpu_mib) MiB used, baseline $BASELINE MiB"
+    sleep 0.5
+done
+echo "GPU free $((SECONDS - KILLED)) s after the forced stop ($(gpu_mib) MiB used, baseline $BASELINE MiB)"
+say "PASS"
