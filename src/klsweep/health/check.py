@@ -13,11 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from klsweep.health.builtin import builtin_checks
 from klsweep.health.engine import HealthEngine
 from klsweep.health.load import load_ruleset
 from klsweep.health.readers import Trace, read_trace
-from klsweep.health.signals import Signals
 from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS, KlSetup
 
 #: Exit codes of ``sweep health check`` per verdict (2 is a log that cannot be read: the CLI's input errors).
@@ -54,8 +52,9 @@ def backtest(trace: Trace, ruleset) -> tuple[list[dict[str, Any]], dict[str, Any
     return spans, engine.summary()
 
 
-def coverage(trace: Trace, ruleset, summary: dict[str, Any]) -> dict[str, Any]:
-    """How much of ``ruleset`` could judge the log, and the verdict that follows.
+def coverage(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
+    """How much of the rule set (``summary["judges"]`` of :meth:`HealthEngine.summary`) could judge the log, and
+    the verdict that follows.
 
     A rule or built-in check judged the log unless the engine lists it under ``not_applicable`` (its metrics never
     appeared, its window was never covered, ...). Every built-in check can stop a run; a rule can when its action is
@@ -68,9 +67,8 @@ def coverage(trace: Trace, ruleset, summary: dict[str, Any]) -> dict[str, Any]:
         with no KL metric of it in the log, as sentences.
     """
     setup = KlSetup.from_overrides(trace.config)
-    builtins = [c.name for c in builtin_checks(ruleset.builtin, Signals(setup, ()), trace.rounded)]
-    stoppers = [*builtins, *(r.name for r in ruleset.rules if r.action == "stop")]
-    names = [*builtins, *(r.name for r in ruleset.rules)]
+    names = list(summary["judges"])
+    stoppers = [name for name, action in summary["judges"].items() if action == "stop"]
     idle = summary["not_applicable"]
     judged = [n for n in names if n not in idle]
     stop_judged = [n for n in stoppers if n not in idle]
@@ -131,7 +129,7 @@ def health_check(
     ruleset = load_ruleset(rules if rules is not None else (preset or "default"))
     t = read_trace(trace, run=run)
     timeline, summary = backtest(t, ruleset)
-    summary = {**summary, **coverage(t, ruleset, summary)}
+    summary = {**summary, **coverage(t, summary)}
     if as_json:
         out = {
             "trace": str(t.path),

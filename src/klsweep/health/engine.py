@@ -359,8 +359,9 @@ class HealthEngine:
         ``stop_step``, ``reason`` (structured, or None), ``collapsed_at`` (step or None), ``best`` (the best
         pre-stop ``val_score`` report, else the best ``critic/score/mean``: ``{"metric", "step", "value"}`` or None),
         ``reports``, ``first_step``, ``last_step``, ``fired`` (per rule: action, kind, count, first_step, last_step),
-        ``not_applicable`` (rule → reason), ``scale`` (how token sums were put per token: ``{metric: text}``, empty
-        when the run's ``loss_agg_mode`` logs per-token values).
+        ``not_applicable`` (rule → reason), ``judges`` (every built-in check and rule → its action: a built-in check
+        stops; what could judge the log is ``judges`` less ``not_applicable``), ``scale`` (how token sums were put per
+        token: ``{metric: text}``, empty when the run's ``loss_agg_mode`` logs per-token values).
         """
         reason = self._reason
         best_signal = next((n for n in _BEST_SIGNALS if n in self._best), None)
@@ -385,6 +386,7 @@ class HealthEngine:
             "last_step": self._last_step,
             "fired": {name: dict(record) for name, record in self._fired.items()},
             "not_applicable": self.not_applicable(),
+            "judges": {**{c.name: "stop" for c in self._builtins}, **{r.name: r.action for r in self.ruleset.rules}},
             "scale": {k: self.scale.describe(k) for k in SCALED} if self.scale.summed else {},
         }
 
