@@ -24,6 +24,8 @@ PPO_JSONL = "ppo_qwen05b_gsm8k_sampled.jsonl"
 GRPO = "grpo_qwen7b_gsm8k.jsonl"
 #: A GRPO run with zero reward on every sample (rllm-org/rllm#54): two reports, no learning signal.
 NO_SIGNAL = "grpo_no_signal.jsonl"
+#: A GRPO log written by verl's own FileLogger whose losses are NaN/inf (orjson writes them as null) from step 18.
+NONFINITE = "grpo_losses_nonfinite_from_step18.jsonl"
 
 
 def trace(name: str) -> Path:

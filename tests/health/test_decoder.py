@@ -17,10 +17,9 @@ from klsweep.health import load_ruleset
 from klsweep.health.check import backtest
 from klsweep.health.readers import decode_json_line, read_trace
 from klsweep.launchers.process import _MetricsTail
-from tests.conftest import trace
+from tests.conftest import NONFINITE, trace
 
 #: Written by verl's own FileLogger with :func:`file_logger_log` (tests/data/README.md).
-NONFINITE = "grpo_losses_nonfinite_from_step18.jsonl"
 
 
 def file_logger_log(root, monkeypatch) -> object:

@@ -16,8 +16,7 @@ from klsweep.health import load_ruleset
 from klsweep.health.check import backtest
 from klsweep.health.readers import read_trace
 from klsweep.trainers.replay import ReplayTrainer, played_reports
-from tests.conftest import NO_SIGNAL, PPO_CONSOLE, PPO_JSONL, trace
-from tests.health.test_decoder import NONFINITE
+from tests.conftest import NO_SIGNAL, NONFINITE, PPO_CONSOLE, PPO_JSONL, trace
 
 PPO_LOG = trace(PPO_JSONL)
 PPO_CONSOLE_LOG = trace(PPO_CONSOLE)
