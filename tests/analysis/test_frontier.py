@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import curve_fit
 
-from klsweep.analysis.frontier import fit_frontier, frontier_points, gao_gain, peak
+from klsweep.analysis.frontier import attainment_surface, fit_frontier, frontier_points, gao_gain, peak
 from klsweep.errors import ResultsError
 
 
@@ -114,3 +114,21 @@ def test_points_refuse_mixed_kl_metrics():
                         "b": [(1, {val: 0.3, "actor/reward_kl_penalty": 0.1, "response_length/mean": 10})]})
     with pytest.raises(ResultsError, match="different metrics"):
         frontier_points(history, val)
+
+
+def test_attainment_surfaces_of_a_hand_built_two_seed_front():
+    """Two seeds of the same three configs, (KL, score) with KL down and score up. Worked by hand:
+    seed A reaches score 0.4 from KL 0.1, 0.6 from 0.3, 0.7 from 0.5; seed B 0.5 from 0.2, 0.55 from 0.4, 0.8 from 0.6.
+    Best (k = 1, level 0.5 of 2 runs): at KL 0.1 → 0.4, 0.2 → 0.5, 0.3 → 0.6, 0.5 → 0.7, 0.6 → 0.8.
+    Worst (k = 2, level 1): at 0.2 → min(0.4, 0.5) = 0.4 (no change from nothing → first corner), 0.3 → min(0.6, 0.5) =
+    0.5, 0.4 → min(0.6, 0.55) = 0.55, 0.5 → min(0.7, 0.55) = 0.55 (no corner), 0.6 → min(0.7, 0.8) = 0.7."""
+    a = np.array([[0.1, 0.4], [0.3, 0.6], [0.5, 0.7]])
+    b = np.array([[0.2, 0.5], [0.4, 0.55], [0.6, 0.8]])
+    best = attainment_surface([a, b], 0.5)
+    worst = attainment_surface([a, b], 1.0)
+    assert best.tolist() == [[0.1, 0.4], [0.2, 0.5], [0.3, 0.6], [0.5, 0.7], [0.6, 0.8]]
+    assert worst.tolist() == [[0.2, 0.4], [0.3, 0.5], [0.4, 0.55], [0.6, 0.7]]
+    assert attainment_surface([a, b], 0.25).tolist() == best.tolist()  # ceil(0.25 * 2) = 1
+    assert attainment_surface([a], 1.0).tolist() == a.tolist()  # one run: its own front
+    with pytest.raises(ValueError, match="level"):
+        attainment_surface([a], 0.0)

@@ -217,6 +217,41 @@ def fit_frontier(
     return Frontier(reference, fits, best, len(d), float(d.max()), level)
 
 
+def attainment_surface(runs: Sequence[np.ndarray], level: float) -> np.ndarray:
+    """The empirical ``level``-attainment surface of several runs' fronts of (KL down, score up).
+
+    Fonseca, Grunert da Fonseca & Hall 2001 ("Inferential performance assessment of stochastic optimisers and the
+    attainment function"): a goal ``(kl, score)`` is attained by a run when one of its points has KL ``<=`` kl and
+    score ``>=`` score; the ``k``-th attainment surface bounds the goals attained by at least ``k`` of the ``n``
+    runs, with ``k = ceil(level * n)`` (``level`` 0.5 is the median surface, 1/n the best, 1 the worst).
+    In two objectives it is a staircase: at each KL where some run has a point, the ``k``-th largest over runs of
+    the best score reached at or below that KL.
+
+    Args:
+        runs: one ``(m_i, 2)`` array of ``(kl, score)`` per run (e.g. per training seed), NaN rows ignored.
+        level: in ``(0, 1]``.
+
+    Returns:
+        ``(p, 2)`` array of the staircase's corners ``(kl, score)``, KL ascending, score strictly ascending.
+
+    Raises:
+        ValueError: ``level`` outside ``(0, 1]`` or no runs.
+    """
+    if not 0 < level <= 1:
+        raise ValueError(f"level must be in (0, 1], got {level}")
+    if not runs:
+        raise ValueError("attainment_surface needs at least one run")
+    clean = [r[np.isfinite(r).all(axis=1)] for r in (np.asarray(r, dtype=float).reshape(-1, 2) for r in runs)]
+    k = max(1, math.ceil(level * len(clean) - 1e-9))
+    corners: list[tuple[float, float]] = []
+    for kl in np.unique(np.concatenate([r[:, 0] for r in clean])):
+        best = sorted((r[r[:, 0] <= kl, 1].max(initial=-math.inf) for r in clean), reverse=True)
+        score = best[k - 1]
+        if math.isfinite(score) and (not corners or score > corners[-1][1]):
+            corners.append((float(kl), float(score)))
+    return np.array(corners, dtype=float).reshape(-1, 2)
+
+
 def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per trial, the per-sequence KL and the score at the trial's last step that logged both.
 
