@@ -39,6 +39,19 @@ def test_slice_png_leaves_no_pyplot_figure_and_no_global_style(synthetic_sweep, 
     assert dict(matplotlib.rcParams) == before  # Optuna switches to ggplot inside, not for the rest of the process
 
 
+def test_slice_png_of_a_sweep_that_searches_one_parameter(tmp_path):
+    """The first sweep most users write searches kl_coef alone: Optuna's slice plot is then one Axes and its colorbar,
+    which constrained layout divided by zero on (sweep report crashed with a ZeroDivisionError traceback)."""
+    kl = optuna.distributions.CategoricalDistribution((0.001, 0.002, 0.004))
+    study = optuna.create_study(direction="maximize")
+    for coef, value in ((0.002, 0.4765625), (0.004, 0.48046875), (0.004, 0.48046875)):
+        study.add_trial(optuna.trial.create_trial(params={"algorithm.kl_ctrl.kl_coef": coef},
+                                                  distributions={"algorithm.kl_ctrl.kl_coef": kl}, value=value))
+    [path] = write_pngs({"slice": SliceData(study, 0, "val-core/arith/acc/mean@1")}, tmp_path, width=800)
+    image = imread(path)
+    assert image.shape[1] == 800 and image.std() > 0  # decoded and drawn
+
+
 def test_long_tables_are_cut_to_a_readable_height_and_say_so(tmp_path):
     table = pd.DataFrame({"number": range(300), "stop_reason": ["entropy_collapse: entropy < 0.02 " * 8] * 300})
     fig = render(table_data(table, "Stop reasons"))

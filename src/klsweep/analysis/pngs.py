@@ -201,7 +201,10 @@ def _slice(data: SliceData, width_in: float) -> Figure:
     for ax in np.atleast_1d(axes).flat:  # long verl keys side by side: smaller text than Optuna's
         ax.xaxis.label.set_fontsize(8)
         ax.tick_params(labelsize=8)
-    fig.set_layout_engine("constrained")
+    if np.atleast_1d(axes).size > 1:
+        fig.set_layout_engine("constrained")
+    else:  # one searched parameter: constrained layout divides by zero on the colorbar Optuna drew beside its axes
+        fig.subplots_adjust(left=0.07, right=0.88, bottom=0.15, top=0.88)
     return fig
 
 
