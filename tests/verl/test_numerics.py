@@ -93,3 +93,23 @@ def test_preflight_refuses_them_with_the_sweep_file_line():
         preflight(ppo, trainer="embedded", where={"algorithm.kl_ctrl.horizon": "k31.yaml:14"})
     assert any(line.startswith("k31.yaml:14: algorithm.kl_ctrl.horizon=200 is too short")
                for line in str(e.value).splitlines())
+
+
+@pytest.mark.parametrize(("clip_ratio_c", "refused"), [(1.0, True), (0.5, True), (1.5, False), (3.0, False)])
+def test_dual_clip_lower_bound_must_exceed_1(clip_ratio_c, refused):
+    # verl's compute_policy_loss_vanilla asserts clip_ratio_c > 1 at the first actor update
+    problems = _problems(**{A + "actor.clip_ratio": 0.2, A + "actor.clip_ratio_low": 0.2,
+                            A + "actor.clip_ratio_high": 0.28, A + "actor.clip_ratio_c": clip_ratio_c})
+    assert (A + "actor.clip_ratio_c" in problems) == refused
+    if refused:
+        assert f"clip_ratio_c={clip_ratio_c}: verl's compute_policy_loss_vanilla asserts clip_ratio_c > 1" in \
+            problems[A + "actor.clip_ratio_c"]
+
+
+def test_verls_default_clip_ratio_c_is_the_one_not_rerun():
+    from omegaconf import OmegaConf
+
+    from klsweep.verl.config import compose
+    from klsweep.verl.numerics import VERL_CLIP_RATIO_C
+
+    assert OmegaConf.select(compose({}), A + "actor.clip_ratio_c") == VERL_CLIP_RATIO_C

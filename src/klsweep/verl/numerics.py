@@ -2,12 +2,13 @@
 
 verl 0.9.1 composes ``algorithm.kl_ctrl.target_kl: 0``, ``horizon: 200`` with 1,024 responses per step, or
 ``loss_scale_factor: 0`` without a word; the trial then dies at its first update (ZeroDivisionError) or trains on a
-KL coefficient that is frozen at 0 or has turned negative (a KL *bonus*). :func:`numeric_problems` runs the controller
-and loss aggregation a trial would use (``verl.trainer.ppo.core_algos``: ``get_kl_controller`` →
-``AdaptiveKLController.update``, ``agg_loss``) on the trial's values, at the trial's real ``n_steps`` (verl's
-``apply_kl_penalty`` in verl/trainer/ppo/ray_trainer.py passes the batch's responses, ``data.train_batch_size ×
-actor_rollout_ref.rollout.n``), and at both ends of the controller's clipped error (±0.2). OpenRLHF#1289 is the same
-fault in another trainer. verl is imported only when a trial uses one of these paths (~8 s with torch).
+KL coefficient that is frozen at 0 or has turned negative (a KL *bonus*). :func:`numeric_problems` runs the controller,
+loss aggregation and policy loss a trial would use (``verl.trainer.ppo.core_algos``: ``get_kl_controller`` →
+``AdaptiveKLController.update``, ``agg_loss``, the dual-clip ``compute_policy_loss_vanilla``) on the trial's values,
+at the trial's real ``n_steps`` (verl's ``apply_kl_penalty`` in verl/trainer/ppo/ray_trainer.py passes the batch's
+responses, ``data.train_batch_size × actor_rollout_ref.rollout.n``), and at both ends of the controller's clipped
+error (±0.2). OpenRLHF#1289 is the same fault in another trainer. verl is imported only when a trial uses one of these
+paths with a value other than verl's default (~8 s with torch).
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ def numeric_problems(value: Callable[[str], Any]) -> list[tuple[str, str]]:
 
     Returns:
         ``(verl key, message)`` pairs; each message names the key, the value, what verl's code does with it and the
-        safe range. Empty when the config uses neither the adaptive in-reward controller nor
-        ``seq-mean-token-sum-norm``.
+        safe range.
     """
     out: list[tuple[str, str]] = []
     if value("algorithm.use_kl_in_reward") and value("algorithm.kl_ctrl.type") == "adaptive":
         out += _adaptive_controller(value)
     if value(A + "actor.loss_agg_mode") == "seq-mean-token-sum-norm":
         out += _loss_scale_factor(value)
+    out += _dual_clip(value)
     return out
 
 
@@ -111,3 +112,37 @@ def _loss_scale_factor(value: Callable[[str], Any]) -> list[tuple[str, str]]:
     return [(key, f"{key}={factor}: verl's agg_loss (seq-mean-token-sum-norm) divides the loss by it, giving a loss "
              f"of {loss.item():g} for a unit loss. Safe range: loss_scale_factor > 0 (DrGRPO uses the maximum "
              "response length, data.max_response_length)")]
+
+
+class _ActorConfig(dict):
+    """The fields of verl's ``ActorConfig`` that ``compute_policy_loss_vanilla`` reads, as attributes and ``get``."""
+
+    __getattr__ = dict.__getitem__
+
+
+#: verl 0.9.1's ``actor.clip_ratio_c`` (verl/trainer/config/actor/actor.yaml), which its own assert accepts; other
+#: values are run through verl's policy loss (importing torch and verl only then).
+VERL_CLIP_RATIO_C = 3.0
+
+
+def _dual_clip(value: Callable[[str], Any]) -> list[tuple[str, str]]:
+    """One step of verl's PPO policy loss (``compute_policy_loss_vanilla``, dual-clip PPO) with the trial's clip
+    ratios: it asserts ``clip_ratio_c > 1`` (the lower bound of the ratio for negative advantages) at the first
+    update."""
+    key = A + "actor.clip_ratio_c"
+    clip = {k: value(f"{A}actor.{k}") for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                  for v in (clip["clip_ratio"], clip["clip_ratio_c"]))
+    if not numbers or clip["clip_ratio_c"] == VERL_CLIP_RATIO_C:
+        return []
+    import torch
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    zeros, ones = torch.zeros(1, 2), torch.ones(1, 2)
+    try:  # "vanilla" is compute_policy_loss_vanilla, as verl's actor (and the embedded trainer) looks it up
+        get_policy_loss_fn("vanilla")(zeros, zeros, ones, ones, config=_ActorConfig(clip, global_batch_info={}))
+    except AssertionError:
+        return [(key, f"{key}={clip['clip_ratio_c']}: verl's compute_policy_loss_vanilla asserts clip_ratio_c > 1, "
+                 "the lower bound of the ratio in dual-clip PPO (AssertionError at the first actor update). Safe "
+                 "range: clip_ratio_c > 1 (verl's default 3.0)")]
+    return []
