@@ -84,6 +84,12 @@ def test_importance_needs_two_complete_trials(synthetic_sweep):
     # kl_loss_coef drives both metrics of the synthetic curves; Optuna must rank it first for each objective
     assert [t.name for t in fig.data] == ["critic/score/mean", "actor/kl_loss"]
     assert all(t.y[-1] == "actor_rollout_ref.actor.kl_loss_coef" for t in fig.data)
+    # 6 trials, 4 COMPLETE: far from the 50 that give PED-ANOVA 5 trials in its top 10 % (Optuna's own advice)
+    complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study_of(run_dir).trials)
+    assert fig.layout.title.text == f"Parameter importance (Optuna, {complete} COMPLETE trials)"
+    assert fig.layout.title.subtitle.text.replace("<br>", " ") == (
+        f"{complete} COMPLETE trials are too few for a stable ranking (PED-ANOVA wants 5 trials in its top 10 %: 50 "
+        "trials); read it as a hint at most")
 
     lonely = optuna.create_study(directions=["maximize", "minimize"])
     lonely.add_trial(study_of(run_dir).trials[0])

@@ -29,6 +29,9 @@ from klsweep.verl.metrics import ALIASES, KlSetup
 AGG = "config/actor_rollout_ref.actor.loss_agg_mode"
 #: The three panels of :func:`curves_data`: alias (klsweep.verl.metrics.ALIASES) and axis title.
 CURVES = (("ref_kl", "reference KL"), ("entropy", "actor/entropy"), ("score", "critic/score/mean"))
+#: COMPLETE trials from which Optuna's default importance is stable: PED-ANOVA (``target_quantile=0.1``) "prefers at
+#: least 5 trials above target_quantile" (optuna/importance/_ped_anova/evaluator.py, Optuna 5), i.e. 5 / 0.1.
+STABLE_IMPORTANCE_TRIALS = 50
 #: Trial colours of the curves, in order (plotly's default qualitative palette, hex).
 PALETTE: tuple[str, ...] = tuple(plotly.colors.qualitative.Plotly)
 
@@ -102,6 +105,7 @@ class ImportanceData:
     bars: list[tuple[str, dict[str, float]]]  # (objective, {parameter: importance}), most important first
     message: str | None = None
     title: str = "Parameter importance (Optuna, COMPLETE trials)"
+    note: str | None = None  # a caveat shown under the title (too few trials for a stable ranking)
 
 
 @dataclass
@@ -319,7 +323,7 @@ def importance_data(study, objectives: Sequence[Mapping[str, str]] | None = None
     (``optuna.importance.get_param_importances``, PED-ANOVA in Optuna 5) on the study's COMPLETE trials.
 
     With fewer than two COMPLETE trials (or when Optuna cannot evaluate, e.g. no parameter varies) ``message`` says
-    why instead.
+    why instead. With fewer than :data:`STABLE_IMPORTANCE_TRIALS` ``note`` says the ranking is a hint at most.
     """
     import optuna
 
@@ -341,7 +345,11 @@ def importance_data(study, objectives: Sequence[Mapping[str, str]] | None = None
         if not importances:
             return ImportanceData([], "no searched parameter varies across the COMPLETE trials")
         bars.append((name, dict(importances)))
-    return ImportanceData(bars)
+    note = None
+    if len(complete) < STABLE_IMPORTANCE_TRIALS:
+        note = (f"{len(complete)} COMPLETE trials are too few for a stable ranking (PED-ANOVA wants 5 trials in its "
+                f"top 10 %: {STABLE_IMPORTANCE_TRIALS} trials); read it as a hint at most")
+    return ImportanceData(bars, title=f"Parameter importance (Optuna, {len(complete)} COMPLETE trials)", note=note)
 
 
 def varying_knobs(df: pd.DataFrame) -> list[str]:

@@ -147,7 +147,8 @@ def importance_figure(study, objectives: Sequence[Mapping[str, str]] | None = No
 
 def _importance(data: ImportanceData) -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=data.title, template="plotly_white", barmode="group",
+    title = dict(text=data.title, subtitle=dict(text=_wrap(data.note))) if data.note else data.title
+    fig.update_layout(title=title, template="plotly_white", barmode="group",
                       xaxis_title="importance (sums to 1 per objective)")
     if data.message is not None:
         return _message(fig, data.message)

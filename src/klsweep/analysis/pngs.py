@@ -145,6 +145,8 @@ def _importance(data: ImportanceData, width_in: float) -> Figure:
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8)
     fig.suptitle(data.title, x=0.01, ha="left", fontweight="bold")
+    if data.note:
+        ax.set_title("\n".join(textwrap.wrap(f"⚠ {data.note}", 150)), loc="left", fontsize=8)
     return fig
 
 
