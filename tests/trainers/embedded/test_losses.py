@@ -1,13 +1,15 @@
-"""Parity: the losses, rewards and advantages the embedded trainer uses equal verl's functions and closed forms."""
+"""Parity: the losses and rewards the embedded trainer uses equal verl's functions and closed forms.
 
-import itertools
+References that share no code with the trainer (verl's end-to-end ``ppo_loss``, hand-derived closed forms, GAE and
+GRPO re-derived from the papers on the trainer's own batch) are in ``test_reference_math.py`` (issue 19).
+"""
+
 
 import numpy as np
 import pytest
 import torch
 
 from klsweep.trainers.embedded.trainer import EmbeddedTrainer, actor_loss, apply_kl_penalty
-from klsweep.verl.config import KL_ESTIMATORS, LOSS_AGG_MODES
 
 A = "actor_rollout_ref.actor"
 
@@ -32,35 +34,6 @@ def _tensors(seed: int = 0):
     advantages = torch.randn(shape, generator=g)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.float)
     return log_prob, entropy, old, ref, advantages, mask
-
-
-@pytest.mark.parametrize(
-    "kl_loss_type,loss_agg_mode", list(itertools.product(KL_ESTIMATORS, LOSS_AGG_MODES))
-)
-def test_actor_loss_and_gradient_equal_verls_functions(kl_loss_type, loss_agg_mode):
-    from verl.trainer.ppo import core_algos
-
-    log_prob, entropy, old, ref, advantages, mask = _tensors()
-    config = _actor_config(kl_loss_type, loss_agg_mode)
-    loss, metrics = actor_loss(log_prob, entropy, old, ref, advantages, mask, config)
-    (grad,) = torch.autograd.grad(loss, log_prob)
-
-    # verl's functions on the same tensors, combined as verl/workers/utils/losses.py ppo_loss does
-    lp = log_prob.detach().clone().requires_grad_(True)
-    expected_cfg = _actor_config(kl_loss_type, loss_agg_mode)
-    expected_cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=4,
-                                          loss_scale_factor=None)
-    pg, _ = core_algos.compute_policy_loss_vanilla(old, lp, advantages, mask.bool(), loss_agg_mode, expected_cfg)
-    ent = core_algos.agg_loss(entropy, mask.bool(), loss_agg_mode)
-    kl = core_algos.agg_loss(core_algos.kl_penalty(lp, ref, kl_loss_type), mask.bool(), loss_agg_mode)
-    expected = pg - 0.01 * ent + 0.3 * kl
-    (expected_grad,) = torch.autograd.grad(expected, lp)
-
-    torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(grad, expected_grad)
-    assert metrics["actor/kl_loss"] == pytest.approx(kl.item())
-    assert metrics["actor/pg_loss"] == pytest.approx(pg.item())
-    assert metrics["actor/kl_coef"] == 0.3
 
 
 def test_actor_loss_closed_form_token_mean_k1_at_ratio_one():
@@ -95,6 +68,11 @@ def test_kl_in_reward_equals_verls_apply_kl_penalty():
     _, _, old, ref, _, mask = _tensors(2)
     scores = torch.zeros(4, 5)
     scores[torch.arange(4), mask.sum(1).long() - 1] = torch.tensor([1.0, 0.2, 0.7, 1.3])
+    kld = {  # Schulman 2020 (http://joschu.net/blog/kl-approx.html): k1, |k1| and k3 of log p - log p_ref
+        "kl": lambda lp, r: lp - r,
+        "abs": lambda lp, r: (lp - r).abs(),
+        "low_var_kl": lambda lp, r: torch.exp(r - lp) - (r - lp) - 1,
+    }
     for kl_penalty in ("kl", "low_var_kl", "abs"):
         ours_ctrl = core_algos.AdaptiveKLController(init_kl_coef=0.2, target_kl=0.05, horizon=100)
         verl_ctrl = core_algos.AdaptiveKLController(init_kl_coef=0.2, target_kl=0.05, horizon=100)
@@ -105,7 +83,11 @@ def test_kl_in_reward_equals_verls_apply_kl_penalty():
         data, verl_metrics = verl_apply_kl_penalty(data, verl_ctrl, kl_penalty=kl_penalty)
         torch.testing.assert_close(rewards, data.batch["token_level_rewards"])
         assert metrics == pytest.approx(verl_metrics)
-        assert ours_ctrl.value == verl_ctrl.value != 0.2
+        # the controller's update by hand (Ziegler et al. 2019): the batch mean of each sequence's token-mean KL,
+        # its proportional error clipped to ±0.2, β ← β·(1 + error·n_steps/horizon) with n_steps = 4 sequences
+        kl = sum(((kld[kl_penalty](old, ref) * mask).sum(1) / mask.sum(1)).tolist()) / 4
+        assert metrics["actor/reward_kl_penalty"] == pytest.approx(kl, rel=1e-5)
+        assert ours_ctrl.value == pytest.approx(0.2 * (1 + max(-0.2, min(0.2, kl / 0.05 - 1)) * 4 / 100), rel=1e-6)
 
 
 def _overrides(**extra):
@@ -130,29 +112,6 @@ def test_adaptive_controller_matches_closed_form():
         beta *= 1 + float(np.clip(kl / target - 1, -0.2, 0.2)) * n / horizon
     assert trainer.kl_ctrl.value == pytest.approx(beta, rel=1e-12)
     assert trainer.kl_ctrl.value != beta0
-
-
-@pytest.mark.parametrize("estimator,norm_by_std", [("gae", True), ("grpo", True), ("grpo", False)])
-def test_advantages_equal_verl_and_closed_form(estimator, norm_by_std):
-    from verl.trainer.ppo import core_algos
-
-    trainer = EmbeddedTrainer(_overrides(**{
-        "algorithm.adv_estimator": estimator, "algorithm.norm_adv_by_std_in_grpo": norm_by_std,
-        "algorithm.gamma": 0.99, "algorithm.lam": 0.95,
-    }))
-    batch, _ = trainer.make_experience()
-    mask, rewards = batch["response_mask"], batch["token_level_rewards"]
-    if estimator == "gae":
-        expected, returns = core_algos.compute_gae_advantage_return(rewards, batch["values"], mask, 0.99, 0.95)
-        torch.testing.assert_close(batch["returns"], returns)
-    else:
-        scores = rewards.sum(-1).view(4, 4)  # 4 prompts x 4 samples, grouped by uid
-        centred = scores - scores.mean(dim=1, keepdim=True)
-        if norm_by_std:
-            centred = centred / (scores.std(dim=1, keepdim=True) + 1e-6)
-        expected = centred.reshape(-1, 1) * mask
-        assert (batch["uid"] == np.repeat(np.arange(4), 4)).all()
-    torch.testing.assert_close(batch["advantages"], expected)
 
 
 def test_update_backpropagates_the_verl_loss_of_the_batch():
