@@ -125,7 +125,7 @@ def _check_consistent(out: Path, budget: int) -> None:
 
 def test_resume_after_driver_sigkill(tmp_path):
     out = tmp_path / "out"
-    path = sweep_file(tmp_path, "crash", parameters={"kl_coef": {"distribution": "log_uniform", "min": 0.0005,
+    path = sweep_file(tmp_path, "crash", parameters={"kl_coef": {"distribution": "log_uniform_values", "min": 0.0005,
                                                                  "max": 0.005}},
                       budget={"trials": TRIALS, "max_steps": STEPS}, health="default")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}

@@ -83,9 +83,9 @@ def scored(config):
 
 
 SAMPLER_SPACES = {
-    "tpe": {"kl_coef": {"distribution": "log_uniform", "min": 0.001, "max": 0.1},
+    "tpe": {"kl_coef": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1},
             "kl_loss_type": {"values": ["k1", "k3"]}},
-    "gp": {"kl_coef": {"distribution": "log_uniform", "min": 0.001, "max": 0.1}},
+    "gp": {"kl_coef": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1}},
     "nsga2": {"kl_coef": {"values": [0.001, 0.01, 0.1]}},
     "random": {"kl_coef": {"distribution": "uniform", "min": 0.001, "max": 0.1}},
     "grid": {"kl_coef": {"values": [0.001, 0.01, 0.1]}},
@@ -132,7 +132,8 @@ def test_every_sampler_runs_through_klsweep_search(ray_local, tmp_path, name):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"sampler": "grid", "parameters": {"kl_coef": {"distribution": "log_uniform", "min": 0.001, "max": 0.1}}},
+        ({"sampler": "grid",
+          "parameters": {"kl_coef": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1}}},
          "parameters.algorithm.kl_ctrl.kl_coef: sampler grid needs `values: [...]` lists"),
         ({"sampler": "cmaes", "parameters": {"kl_coef": {"values": [0.001, 0.01]}}},
          "cmaes samples numeric, unconditional ranges only"),
