@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 from ray import tune
@@ -216,3 +217,33 @@ def test_a_trial_past_its_time_limit_fails_and_ends_its_tree(ray_local, fake_tra
     assert not attempt_dir(Path(result.path), 2).exists()  # a timeout is not retried
     assert [row["step"] for _, row in result.metrics_dataframe.iterrows()] == [1]
     print(f"timed-out trial: tree gone {seconds_until_gone(_pids(Path(result.path))):.2f} s after fit() returned")
+
+
+def test_a_trial_tune_retries_resumes_from_its_checkpoint(ray_local, tmp_path):
+    """A verl trial that fails with a kind klsweep does not retry itself is retried by Tune (FailureConfig
+    max_failures=1) in the same trial directory: it resumes from its checkpoint (step 6, save_freq 10 // 5 = 2), and
+    Tune's results have each step once, in order, with training_iteration == step (it used to start again at 1), the
+    adaptive KL coefficient continuing where it was (verl does not checkpoint it: without the carry-over, step 8
+    would use 0.1 × 1.02 instead of 0.1 × 1.02^7)."""
+    from tests.launchers.test_resume import ADAPTIVE
+
+    from .tune_trials import verl_trial
+
+    config = ADAPTIVE | {"crash": "once", "crash_after_step": 7, "stderr": "Traceback (most recent call last):\n"
+                         "ValueError: a failure klsweep does not retry"}
+    tuner = tune.Tuner(
+        verl_trial,
+        param_space=config,
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="retry", verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=1)),
+    )
+    (result,) = tuner.fit()
+
+    assert result.error is None
+    rows = pd.read_csv(Path(result.path) / "progress.csv")  # every result of the trial (result.json restarts)
+    assert list(rows["step"]) == list(range(1, 11))
+    assert list(rows["actor/reward_kl_penalty_coeff"]) == pytest.approx([0.1 * 1.02 ** (s - 1) for s in range(1, 11)])
+    trial_dir = Path(result.path)
+    assert json.loads((trial_dir / "failure.json").read_text())["kind"] == "error"
+    assert json.loads((attempt_dir(trial_dir, 2) / "metrics.jsonl").read_text().splitlines()[0])["step"] == 7
+    assert list(rows["training_iteration"]) == list(range(1, 11))  # restored from the step-7 result: 8, 9, 10

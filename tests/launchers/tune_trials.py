@@ -53,6 +53,24 @@ def fake_trial(config):
 fake_trial.__mixins__ = run_trial.__mixins__  # as a sweep's trainable: a stopped trial's tree ends before Tune moves on
 
 
+def verl_trial(config):
+    """:func:`~klsweep.launchers.process.run_process_trial` of a ``trainer: verl`` trial whose main_ppo is the stand-in
+    (``fake_trainer.py``), with ``config`` as its verl overrides; ``config["stderr"]`` as in :func:`fake_trial`."""
+    import dataclasses
+
+    from klsweep.launchers import process
+    from klsweep.trainers import TRAINERS
+
+    config = dict(config)
+    os.environ["FAKE_TRAINER_STDERR"] = config.pop("stderr", "")
+    TRAINERS["verl"] = dataclasses.replace(TRAINERS["verl"], module="fake_trainer")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    process.run_process_trial(config, trainer="verl")
+
+
+verl_trial.__mixins__ = run_trial.__mixins__
+
+
 def sweep_trial(config, sweep):
     """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``fake``), as the
     sweep's Tuner runs it; ``config`` are the trial's params (for the fake trainer: ``steps``, ``hang``, ...)."""

@@ -162,7 +162,8 @@ def run_process_trial(
         trial_dir: where the trial's files go (default: the trial's directory in the sweep's results directory,
             :func:`klsweep.launchers.storage.trial_directory`, on any node).
         report: called with ``data | {"step": N}`` once per training step N ≥ 1, in file order (default
-            ``ray.tune.report``), so Tune's ``training_iteration`` is verl's step. The step-0 line (validation before
+            ``ray.tune.report`` with a checkpoint of the step, :func:`_report_with_step_checkpoint`), so Tune's
+            ``training_iteration`` is verl's step, after a restart by Tune too. The step-0 line (validation before
             training) is merged into step 1's call, step 1's own values winning; a run that ends cleanly without a
             step 1 gets it as ``{"step": 0}`` at its end. Raising from it (Tune raises ``SystemExit`` when it stops
             the trial) ends the process tree and propagates.
@@ -189,7 +190,7 @@ def run_process_trial(
         if tune.get_context().get_trial_id() is None:
             raise ValueError("run_process_trial runs inside a Ray Tune trial, or needs trial_dir= and report=")
         trial_dir = trial_dir or trial_directory()
-        report = report or tune.report
+        report = report or _report_with_step_checkpoint
     import ray
 
     gpu_ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
@@ -207,6 +208,25 @@ def run_process_trial(
         failure.save(trial_dir / "failure.json")
         if not failure.retryable or retry == retries:
             raise TrialFailed(failure.kind, failure.message)
+
+
+def _report_with_step_checkpoint(metrics: dict[str, Any]) -> None:
+    """``ray.tune.report(metrics)`` with a Tune checkpoint that holds only the step (``step.json``, bytes).
+
+    verl's own checkpoint stays in the trial directory; this one is for Tune: a trial Tune starts again (a
+    ``FailureConfig`` retry, ``sweep resume``) is restored from its last checkpoint, and ``Trainable.restore`` sets
+    ``training_iteration`` from that checkpoint's result (ray/tune/trainable/trainable.py). Without it the restarted
+    trial's iterations begin again at 1 while its steps go on, and ASHA and the searcher, which count
+    ``training_iteration``, see the steps after the restart as steps 1, 2, ...
+    """
+    import json
+    import tempfile
+
+    from ray import tune
+
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "step.json").write_text(json.dumps({"step": metrics["step"]}))
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
 class _StepReports:
