@@ -88,11 +88,13 @@ class Panel:
     lines: list[Line]
     bands: list[dict[str, Any]]  # :func:`thresholds` of this panel
     ylim: tuple[float, float]
+    baseline: float | None = None  # the reference policy's value of this metric (a dotted line), when known
 
 
 @dataclass
 class CurvesData:
-    """Per-trial curves, one panel per entry of :data:`CURVES` (:func:`curves_data`)."""
+    """Per-trial curves: one panel per objective that no entry of :data:`CURVES` shows, then one per entry
+    (:func:`curves_data`)."""
 
     panels: list[Panel]
     title: str
@@ -269,13 +271,20 @@ def thresholds(ruleset) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, max_trials: int = 40) -> CurvesData:
-    """Per-trial curves of reference KL, entropy and training score (panels), with the health thresholds.
+def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, objectives: Objectives = (),
+                baselines: Mapping[str, float] | None = None, max_trials: int = 40) -> CurvesData:
+    """Per-trial curves of each objective, reference KL, entropy and training score (panels), with the health
+    thresholds. Next to the training score (the proxy reward), a validation objective shows whether the policy
+    got better or only learned to please the reward (the embedded task's gold accuracy falls while its proxy rises).
 
     Args:
         history: :func:`klsweep.analysis.load.load_history` (long format).
         df: :func:`klsweep.analysis.load.load` (for health verdicts, stop reasons and steps).
         ruleset: the sweep's :class:`klsweep.health.RuleSet`, or None for no thresholds (see :func:`thresholds`).
+        objectives: ``(metric, mode)`` of the sweep; each gets a panel of its own unless a :data:`CURVES` panel
+            shows that metric already.
+        baselines: metric → the reference policy's value (:func:`klsweep.analysis.baseline.reference_scores`),
+            drawn as a dotted line on the metric's panel.
         max_trials: at most this many trials are drawn (stopped trials first, then by trial number).
 
     Each panel's y range shows the data and every rule's threshold; a built-in one (``kl_explosion``) only when the
@@ -288,8 +297,11 @@ def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, max_tr
         trials = df
     bands = thresholds(ruleset) if ruleset is not None else {}
     by_trial = {tid: g for tid, g in history.groupby("trial_id")} if len(history) else {}
+    baselines = baselines or {}
+    in_curves = {name for alias, _ in CURVES for name in (alias, *ALIASES.get(alias, ()))}
+    specs = [(metric, f"{metric} (objective, {mode})") for metric, mode in objectives if metric not in in_curves]
     panels = []
-    for alias, title in CURVES:
+    for alias, title in [*specs, *CURVES]:
         lines = []
         for i, (_, trial) in enumerate(trials.iterrows()):
             steps = by_trial.get(trial["trial_id"])
@@ -305,14 +317,16 @@ def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, max_tr
             stopped = trial.get("health") == "stopped"
             lines.append(Line(f"trial {trial['number']}", PALETTE[i % len(PALETTE)], metric, series["step"].tolist(),
                               series["value"].tolist(), str(trial.get("stop_reason")) if stopped else None))
+        baseline = baselines.get(alias)
         values = [v for line in lines for v in line.values if v == v]  # NaN reports are not drawn
+        values += [baseline] if baseline is not None else []
         lo, hi = (min(values), max(values)) if values else (0.0, 0.0)
         panel = bands.get(alias, [])
         shown = [b for b in panel if not b["rule"].endswith("(built-in)") or b.get("above", 0) <= 2 * max(hi, 0)]
         top = max([hi, *(b["above"] for b in shown if "above" in b)])
         bottom = min([lo, *(b["below"] for b in shown if "below" in b)])
         pad = 0.08 * ((top - bottom) or abs(top) or 1.0)
-        panels.append(Panel(alias, title, lines, panel, (bottom - pad, top + pad)))
+        panels.append(Panel(alias, title, lines, panel, (bottom - pad, top + pad), baseline))
     shown_trials = f"{len(trials)} of {len(df)} trials" if len(df) > len(trials) else f"{len(df)} trials"
     preset = f", health bands: {ruleset.name}" if ruleset is not None else ""
     return CurvesData(panels, f"Curves ({shown_trials}{preset}; ✕ = stopped by a health rule)")

@@ -85,19 +85,24 @@ def _wrap(text: str, width: int = 120) -> str:
     return "<br>".join(textwrap.wrap(text, width))
 
 
-def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, max_trials: int = 40) -> go.Figure:
-    """Per-trial curves of reference KL, entropy and training score (rows), health thresholds as bands.
+def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, objectives: Objectives = (),
+                  baselines: Mapping[str, float] | None = None, max_trials: int = 40) -> go.Figure:
+    """Per-trial curves of each objective, reference KL, entropy and training score (rows), health thresholds as
+    bands, the reference policy's value as a dotted line (:func:`klsweep.analysis.figures.curves_data`).
 
     Args:
         history: :func:`klsweep.analysis.load.load_history` (long format).
         df: :func:`klsweep.analysis.load.load` (for health verdicts, stop reasons and steps).
         ruleset: the sweep's :class:`klsweep.health.RuleSet`, or None for no bands. Stop rules are shaded red,
             warnings orange; the dashed line is the threshold (see :func:`thresholds`).
+        objectives: ``(metric, mode)`` of the sweep, each a panel unless a KL/entropy/score panel shows it.
+        baselines: metric → the reference policy's value, a dotted line on that metric's panel.
         max_trials: at most this many trials are drawn (stopped trials first, then by trial number).
 
     A stopped trial's last point is marked with an ✕ whose hover text is the stop reason.
     """
-    return _curves(curves_data(history, df, ruleset, max_trials=max_trials))
+    return _curves(curves_data(history, df, ruleset, objectives=objectives, baselines=baselines,
+                               max_trials=max_trials))
 
 
 def _curves(data: CurvesData) -> go.Figure:
@@ -130,6 +135,10 @@ def _curves(data: CurvesData) -> go.Figure:
                                              color="firebrick" if band["action"] == "stop" else "darkorange"),
                           annotation_text=f"{band['rule']} ({band['action']}, {'>' if 'above' in band else '<'} "
                                           f"{value:g})", annotation_position="top left", row=row_no, col=1)
+        if panel.baseline is not None:
+            fig.add_hline(y=panel.baseline, line=dict(dash="dot", width=1.5, color="grey"),
+                          annotation_text=f"reference policy ({panel.baseline:.4g})",
+                          annotation_position="bottom right", row=row_no, col=1)
     fig.update_layout(title=data.title, height=300 * len(data.panels), template="plotly_white", hovermode="closest")
     fig.update_xaxes(title_text="training step", row=len(data.panels), col=1)
     return fig

@@ -117,6 +117,10 @@ def _curves(data: CurvesData, width_in: float) -> Figure:
                 ax.annotate(f"{band['rule']} ({band['action']}, {'>' if 'above' in band else '<'} {value:g})",
                             (0.005, value), xycoords=("axes fraction", "data"), va="bottom", fontsize=7,
                             color="firebrick" if stop else "darkorange")
+        if panel.baseline is not None:
+            ax.axhline(panel.baseline, linestyle=":", linewidth=1.5, color="grey")
+            ax.annotate(f"reference policy ({panel.baseline:.4g})", (0.995, panel.baseline),
+                        xycoords=("axes fraction", "data"), ha="right", va="top", fontsize=7, color="dimgrey")
         ax.set_ylim(bottom, top)
         ax.set_title(panel.title, loc="left", fontsize=10)
         ax.grid(alpha=0.3)

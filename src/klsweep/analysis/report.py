@@ -1,9 +1,11 @@
 """``sweep report runs/<name>``: a self-contained ``report.html`` (plotly.js inlined, no network needed) and PNGs.
 
-Sections: summary, Pareto front (with the verl command of each front trial), curves with health bands, parameter
-importance, KL knobs, stop reasons, compute accounting. PNGs: ``summary``, ``front``, ``curves``, ``importance``,
-``knobs``, ``slice``, ``stop_reasons``, ``accounting``, drawn by matplotlib (no browser needed) from the same data
-as the interactive figures of the page (:mod:`klsweep.analysis.figures`).
+Sections: summary, Pareto front (with the verl command of each front trial), curves of the objectives (with the
+reference policy's score, :mod:`klsweep.analysis.baseline`) and of KL, entropy and score with health bands, parameter
+importance (with a caveat when it rests on few trials), KL knobs, stop reasons, compute accounting. PNGs:
+``summary``, ``front``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``, ``accounting``, drawn by
+matplotlib (no browser needed) from the same data as the interactive figures of the page
+(:mod:`klsweep.analysis.figures`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from klsweep.analysis.accounting import compute_accounting
+from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.figures import (
     SliceData,
     curves_data,
@@ -79,7 +82,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         "summary": table_data(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
                                       f"{int(feasible(df).sum())} feasible"),
         "front": front_data(df, axes, front),
-        "curves": curves_data(load_history(run_dir), df, ruleset),
+        "curves": curves_data(load_history(run_dir), df, ruleset, objectives=objectives,
+                              baselines=reference_scores(sweep.get("trainer", ""), [m for m, _ in objectives], df)),
         "importance": importance_data(study, info["objectives"]),
         "knobs": knobs_data(df, objectives),
         "slice": SliceData(study, 0, info["objectives"][0]["metric"]),

@@ -1,0 +1,42 @@
+"""The reference policy's score: where every trial of a sweep starts, and what the KL term pulls it back towards.
+
+A validation objective above it means training helped; below it, the policy learned to please the training reward
+at the expense of the task (the embedded task's proxy-up, gold-down signature, klsweep.trainers.embedded.task).
+
+For the embedded trainer the reference policy is the warmed-up model every trial starts from
+(klsweep.trainers.embedded.reference), so its validation score is that of any trial at step 0, as verl's
+``trainer.val_before_train`` logs it. A verl trial's step-0 validation reaches Tune merged into its step-1 result
+(klsweep.launchers.process), where it cannot be told from a step-1 validation, so verl sweeps get no baseline here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from klsweep.analysis.load import overrides_of
+from klsweep.errors import KlsweepError
+from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  # no torch: config only
+
+
+def reference_scores(trainer: str, metrics: Sequence[str], df: pd.DataFrame) -> dict[str, float]:
+    """``{metric: the reference policy's value}`` for the objectives ``metrics`` the reference policy can be
+    scored on: the embedded trainer's validation accuracy (``val-core/arith/acc/mean@1``), under the validation
+    settings of the sweep's first trial (its ``data.max_response_length``). Empty for other trainers and metrics,
+    for a sweep without trials, or when the first trial's overrides no longer build a trainer.
+
+    Args:
+        trainer: the sweep's ``trainer:``.
+        metrics: the sweep's objective metrics.
+        df: :func:`klsweep.analysis.load.load` of the sweep (its first row's ``config/`` overrides are used).
+    """
+    if trainer != "embedded" or EMBEDDED_VAL_METRIC not in metrics or df.empty:
+        return {}
+    from klsweep.trainers.embedded.trainer import EmbeddedTrainer
+
+    try:
+        reference = EmbeddedTrainer(overrides_of(df.iloc[0]), allow_negative_kl=True)
+    except KlsweepError:
+        return {}
+    return {EMBEDDED_VAL_METRIC: reference.validate()[EMBEDDED_VAL_METRIC]}
