@@ -4,9 +4,11 @@ klsweep's are never written into or deleted."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,3 +65,30 @@ def test_no_cluster_to_join_is_one_line_and_leaves_nothing_behind(tmp_path):
     assert f"no Ray cluster to join at --address ray://127.0.0.1:{port}" in run.stderr
     assert "Start the cluster first" in run.stderr
     assert not out.exists()  # the retry is not blocked by a half-made results directory
+
+
+def test_ctrl_c_while_joining_the_cluster_leaves_nothing_behind(tmp_path):
+    """Ctrl-C before any trial (here while Ray's client waits for a cluster nobody runs): exit 130, one line, and no
+    results directory left to block the next `sweep run`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", sweep_file(tmp_path), "--out", str(out),
+                               "--address", f"ray://127.0.0.1:{port}"], env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (out / "sweep.json").exists():  # written just before Ray's client starts its 30 s wait
+            assert driver.poll() is None, driver.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside ray.init
+        driver.send_signal(signal.SIGINT)
+        stdout, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    assert stderr.strip().splitlines()[-1] == "sweep run: interrupted (Ctrl-C)"
+    assert not out.exists()

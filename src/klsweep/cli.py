@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"sweep {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # `sweep run`/`resume` say more once their results directory holds a sweep
+        print(f"sweep {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 
 
