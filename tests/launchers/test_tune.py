@@ -127,6 +127,23 @@ def test_trials_on_a_two_node_cluster_never_share_a_gpu(tmp_path):
     assert all(ids == {"0", "1"} for ids in per_node.values())
 
 
+def test_a_node_without_the_results_directory_is_refused(tmp_path):
+    """A 2-node cluster whose worker node does not see the results directory (its own mount namespace with an empty
+    tmpfs over it, as a machine without the shared filesystem): the sweep is refused before it starts, naming the
+    node and the fix, and a trial placed on that node fails saying so instead of keeping its files there."""
+    env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE.parents[1])}
+    out = subprocess.run([sys.executable, str(HERE / "tune_trials.py"), "unshared", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 3, out.stderr[-3000:]
+    (node,) = lines[0]["nodes_without"]
+    assert lines[0]["nodes"] == 2
+    assert lines[1]["refused"].startswith(f"the results directory {tmp_path} is not visible on node(s) {node} ")
+    assert "put the results directory (--out) on a filesystem every node of the cluster mounts" in lines[1]["refused"]
+    assert f"ClusterError: the sweep's results directory {tmp_path} is not visible on node {node}, where this " \
+           "trial runs" in lines[2]["trial_error"]
+
+
 def _stop_the_slow_one(trial_id: str, result: dict) -> bool:
     """Stops the trial whose process ignores SIGTERM at its step 2 (as the health stopper or ASHA would)."""
     return bool(result["config"].get("ignore_term")) and result.get("step", 0) >= 2

@@ -117,6 +117,49 @@ def placement(out_dir: str) -> None:
         cluster.shutdown()
 
 
+def unshared(out_dir: str) -> None:
+    """A 2-node cluster whose worker node does not see ``out_dir`` (it runs in its own mount namespace, ``unshare -m``,
+    with an empty tmpfs over ``out_dir``, as a machine without the shared filesystem would): prints the nodes that do
+    not see it, the refusal of :func:`require_shared_results`, and the error of a trial placed on that node."""
+    import signal
+    import subprocess
+
+    import ray
+    from ray import tune
+    from ray.cluster_utils import Cluster
+
+    from klsweep.errors import ClusterError
+    from klsweep.launchers.storage import nodes_without, require_shared_results
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    worker = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$1" start --address="$2" --num-cpus=1 '
+         '--resources=\'{"isolated": 1}\' --block', out_dir, ray_cli, cluster.address],
+        start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        deadline = time.monotonic() + 60
+        while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print(json.dumps({"nodes": sum(n["Alive"] for n in ray.nodes()),
+                          "nodes_without": nodes_without(Path(out_dir))}), flush=True)
+        try:
+            require_shared_results(Path(out_dir))
+            print(json.dumps({"refused": None}), flush=True)
+        except ClusterError as e:
+            print(json.dumps({"refused": str(e)}), flush=True)
+        tuner = tune.Tuner(tune.with_resources(fake_trial, {"cpu": 1, "isolated": 1}), param_space={"steps": 1},
+                           run_config=tune.RunConfig(storage_path=out_dir, name="unshared", verbose=0))
+        (result,) = tuner.fit()
+        print(json.dumps({"trial_error": str(result.error)}), flush=True)
+    finally:
+        ray.shutdown()
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        cluster.shutdown()
+
+
 def driver(out_dir: str) -> None:
     """A sweep driver with one hanging trial, to be SIGKILLed by the test."""
     import ray
@@ -133,4 +176,4 @@ def driver(out_dir: str) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    {"placement": placement, "driver": driver}[sys.argv[1]](sys.argv[2])
+    {"placement": placement, "unshared": unshared, "driver": driver}[sys.argv[1]](sys.argv[2])

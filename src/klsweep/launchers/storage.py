@@ -39,10 +39,10 @@ def trial_directory() -> Path:
     if storage.storage_filesystem.type_name != "local":
         return Path(context.get_trial_dir())
     if not Path(storage.experiment_fs_path, _VALIDATE_STORAGE_MARKER_FILENAME).exists():
-        import socket
+        from ray.util import get_node_ip_address
 
         raise ClusterError(f"the sweep's results directory {storage.storage_fs_path} is not visible on node "
-                           f"{socket.gethostname()}, where this trial runs: {_FIX}")
+                           f"{get_node_ip_address()}, where this trial runs: {_FIX}")
     path = Path(storage.trial_fs_path)
     path.mkdir(parents=True, exist_ok=True)
     return path
