@@ -120,3 +120,31 @@ def test_dumped_config_validates_back_and_a_sweep_file_can_be_the_rules_file(tmp
     sweep.write_text("name: s\nbudget: {trials: 2}\nhealth:\n  preset: conservative\n  builtin: {no_signal_for: 4}\n")
     ruleset = load_ruleset(sweep)
     assert ruleset.builtin.no_signal_for == 4 and ruleset.builtin.kl_explosion == 5.0  # conservative's value
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"remedy": {"kl_coef": "*1.5"}, "action": "warn"}, "has a remedy but action 'warn'"),
+        ({"remedy": {"data.seed": "+1"}}, "remedy data.seed: the seed cannot be prescribed"),
+        ({"remedy": {"seed": "=3"}}, "remedy seed: the seed cannot be prescribed"),
+        ({"remedy": {"kl_coef": 1.5}}, "Input should be a valid string"),
+        ({"remedy": {"kl_coef": "x1.5"}}, "remedy kl_coef: 'x1.5' is not an operation on the knob's value"),
+        ({"remedy": {"kl_coef": "*1.5"}, "max_remedies": -1}, "greater than or equal to 0"),
+    ],
+)
+def test_invalid_remedies_are_rejected_with_the_fix(fields, message):
+    rule = {"name": "a", "metric": "ref_kl", "above": 1, "action": "stop", **fields}
+    with pytest.raises(ValidationError) as e:
+        HealthConfig.model_validate({"rules": [rule]})
+    assert message in str(e.value)
+
+
+def test_remedies_parse_with_a_default_cap_and_presets_prescribe_only_where_the_advice_is_clear():
+    rule = Rule.model_validate({"name": "a", "metric": "ref_kl", "above": 1, "action": "stop",
+                                "remedy": {"target_kl": "*0.7", "actor_rollout_ref.actor.optim.lr": "/2"}})
+    assert rule.remedy == {"target_kl": "*0.7", "actor_rollout_ref.actor.optim.lr": "/2"} and rule.max_remedies == 2
+    for name in ("default", "conservative", "aggressive"):
+        prescribed = {r.name: r.remedy for r in load_ruleset(name).rules if r.remedy}
+        assert prescribed == {"kl_runaway": {"kl_coef": "*1.5"}, "reward_hacking": {"kl_coef": "*1.5"}}, name
+    assert not any(r.remedy for r in load_ruleset("seed").rules)  # the seed thresholds stay literal

@@ -13,6 +13,8 @@ A rule (YAML, validated here; never evaluated as code)::
       kind: diverged
       advice: lower the learning rate or raise kl_coef
       source: our calibration (verl's PPO baseline peaks at 0.227)
+      remedy: {kl_coef: "*1.5"}   # optional, stop rules only: restart from the last checkpoint before the onset
+      max_remedies: 2             #   with kl_coef × 1.5, at most twice per trial; then stop
 
 Several conditions combine with ``all: [...]`` or ``any: [...]`` (each item: metric, stat, window, above/below).
 ``window``, ``for`` and ``after`` are training steps, not reports, so a log with one row every 25 steps is judged like
@@ -25,6 +27,8 @@ per step), ``drop_from_max`` ((max − value)/max, max over ``window`` steps or 
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -38,6 +42,34 @@ STATS = ("value", *WINDOW_STATS, "drop_from_max", "ratio_to_first")
 PRESETS = ("default", "seed", "conservative", "aggressive")
 
 _MODEL = ConfigDict(extra="forbid", frozen=True)
+#: Keys a remedy may not change: the seed (``data.seed``; ``seed`` in a sweep file) makes a trial what it is.
+UNPRESCRIBABLE = ("seed", "data.seed")
+#: A remedy's operations on a knob's value: ``*1.5`` multiplies, ``/2`` divides, ``+0.01`` adds, ``-0.01``
+#: subtracts, ``=0.005`` sets.
+OPERATORS = ("*", "/", "+", "-", "=")
+_OPERATION = re.compile(r"^\s*([*/+\-=])\s*([0-9.eE+\-]+)\s*$")
+
+
+def parse_operation(key: str, operation: Any) -> tuple[str, float]:
+    """``"*1.5"`` → ``("*", 1.5)``: one of :data:`OPERATORS` and a finite number (not 0 after ``/``).
+
+    Raises:
+        ValueError: the operation is not a string of that form (the message names ``key``, the value and the fix).
+    """
+    match = _OPERATION.match(operation) if isinstance(operation, str) else None
+    number = None
+    if match:
+        try:
+            number = float(match.group(2))
+        except ValueError:
+            number = None
+    if match is None or number is None or not math.isfinite(number) or (match.group(1) == "/" and number == 0):
+        raise ValueError(
+            f"remedy {key}: {operation!r} is not an operation on the knob's value: write an operator "
+            f"({', '.join(OPERATORS)}) and a finite number as a quoted string, e.g. '*1.5' (raise by 50 %), "
+            f"'*0.7', '/2' or '=0.005'"
+        )
+    return match.group(1), number
 
 
 class _Condition(BaseModel):
@@ -167,6 +199,33 @@ class Rule(BaseModel):
     kind: Kind = Field("unhealthy", description="what a stop means: diverged, no_signal, collapsed, ...")
     advice: str = Field("", description="the remedy shown with the verdict")
     source: str = Field("", description="where the threshold comes from (seed table, public log, calibration)")
+    remedy: dict[str, str] = Field(
+        default_factory=dict,
+        description="stop rules only: the knobs to change (verl key or alias → '*1.5', '/2', '+0.01', '-0.01', "
+        "'=0.005') when the trial restarts from its last checkpoint before the onset instead of stopping",
+    )
+    max_remedies: int = Field(2, ge=0, description="remedies of this rule per trial; the next firing stops the trial")
+
+    @field_validator("remedy")
+    @classmethod
+    def _prescriptions(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, operation in value.items():
+            if key in UNPRESCRIBABLE:
+                raise ValueError(
+                    f"remedy {key}: the seed cannot be prescribed (a trial restarted with another seed is another "
+                    f"trial, not a remedied one); prescribe a KL or learning-rate knob, e.g. kl_coef: '*1.5'"
+                )
+            parse_operation(key, operation)
+        return value
+
+    @model_validator(mode="after")
+    def _remedy_replaces_a_stop(self) -> Rule:
+        if self.remedy and self.action != "stop":
+            raise ValueError(
+                f"rule {self.name!r} has a remedy but action {self.action!r}: a remedy is tried instead of a stop. "
+                "Set action: stop, or remove remedy"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
