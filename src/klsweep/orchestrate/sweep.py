@@ -157,6 +157,12 @@ def _preflight(sweep) -> None:
     from klsweep.orchestrate.samplers import build_sampler
 
     build_sampler(sweep)  # a sampler refusal (grid over a range, cmaes on categories)
+    from klsweep.errors import SweepFileError
+    from klsweep.orchestrate.remedy import remedy_problems
+
+    problems = remedy_problems(sweep)
+    if problems:
+        raise SweepFileError(problems)
     for warning in [*sweep.warnings, *preflight_sweep(sweep)]:
         print(f"warning: {warning}", file=sys.stderr)
 
@@ -278,7 +284,15 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
             max_t=sweep.budget.max_steps, grace_period=sweep.scheduler.grace_period,
             reduction_factor=sweep.scheduler.reduction_factor,
         )
-    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(trial_overrides, sweep))
+    search = _searcher(sweep, record, out_dir, seed_trials=seed_trials)
+    ruleset = load_ruleset(sweep.health)
+    if scheduler is None and any(rule.remedy for rule in ruleset.rules):
+        from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
+
+        scheduler = remedies = RemedyScheduler(sweep, search)  # restarts remedied trials (issue 17)
+        stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
+    else:  # under ASHA a rule with a remedy stops as any other
+        stopper = HealthStopper(ruleset, run_config_of=functools.partial(trial_overrides, sweep))
     callbacks: list[Callback] = [
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], params=list(parameters(sweep)), quiet=quiet),
         TrialsCsv(),
@@ -290,7 +304,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
     return tune.Tuner(
         _trainable(sweep),
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(sweep, record, out_dir, seed_trials=seed_trials),
+            search_alg=search,
             scheduler=scheduler,
             num_samples=num_samples,
             max_concurrent_trials=sweep.budget.max_concurrent,

@@ -31,10 +31,12 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     from ray import tune
 
     from klsweep.launchers.resume import save_freq
+    from klsweep.orchestrate.remedy import reapply_after_load, split_config
     from klsweep.space import trial_overrides
     from klsweep.trainers import trainer_kind
 
-    overrides = trial_overrides(sweep, config)
+    params, remedies = split_config(config)  # a remedied trial's config also lists its remedies
+    overrides = trial_overrides(sweep, params)
     kind = trainer_kind(sweep.trainer)
     if kind.in_process is None:
         from klsweep.launchers.process import run_process_trial
@@ -47,6 +49,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             trainer.load(folder)
+        reapply_after_load(trainer, overrides, remedies)
     every = save_freq(overrides)
     while trainer.global_step < trainer.total_steps:
         metrics: dict[str, Any] = dict(trainer.train_step())

@@ -1,0 +1,287 @@
+"""Remedy instead of kill: a stop rule with a ``remedy`` restarts its trial from the last checkpoint before the onset
+it reports, with the prescribed knobs changed, as the same Ray Tune trial (issue 17).
+
+The restart is Ray Tune's own, the way ``PopulationBasedTraining._exploit`` (ray/tune/schedulers/pbt.py, Ray 2.60)
+continues a trial from a checkpoint with a new config: the scheduler pauses the trial without a checkpoint
+(``pause_trial(trial, should_checkpoint=False)`` stops its actor), gives it the new config (``Trial.set_config``) and
+makes the chosen checkpoint the one it restores from (its checkpoint manager's ``_latest_checkpoint_result``, as PBT
+does), then runs it again before any new trial (:meth:`RemedyScheduler.choose_trial_to_run`). The trainable restores
+that checkpoint (:func:`klsweep.orchestrate.trainable.run_trial`) and trains on to the budget.
+
+Who decides: the health stopper (:class:`klsweep.health.HealthStopper`) sees the stop first (Tune asks the stopper
+before the scheduler, ``TuneController._process_trial_result``) and asks :meth:`RemedyScheduler.plan`; a trial whose
+rule has no remedies left (``max_remedies``), whose prescription has no live knob, or that has no checkpoint before the
+onset is stopped as before, its stop reason saying why it was not remedied.
+
+The adaptive KL controller: verl builds it from ``algorithm.kl_ctrl.kl_coef`` at every start and does not checkpoint
+it (:mod:`klsweep.launchers.resume`), so a restart from the trial's initial coefficient would jump back to it; the
+prescription applies to the coefficient the trial last logged (``actor/reward_kl_penalty_coeff``) instead.
+
+Each remedy is recorded in the trial's Tune config (:data:`REMEDIES`, which survives ``sweep resume``: the cap counts
+from it) and in its Optuna trial's user attribute of the same name: a list of ``{"step", "rule", "from_step", "key",
+"old", "new"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from klsweep.health.rules import Rule, parse_operation
+from klsweep.health.verdict import StopReason
+from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
+from klsweep.results import STEP
+
+#: The trial config key (and Optuna user attribute) holding a trial's remedies so far, oldest first; the trainable
+#: drops it before building the trial's verl overrides.
+REMEDIES = "remedies"
+#: The steps a finding read, as :func:`klsweep.health.streak.steps_text` writes them in its message.
+#: The actor's learning rate (a remedy may lower it).
+ACTOR_LR_KEY = "actor_rollout_ref.actor.optim.lr"
+_STEPS = re.compile(r" over steps? (\d+)(?:-(\d+))? \(")
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A planned restart of one trial.
+
+    Attributes:
+        config: the trial's new Tune config (the prescribed knobs changed, :data:`REMEDIES` extended).
+        checkpoint: Ray's ``_TrainingResult`` (checkpoint and the metrics reported with it) to restore.
+        from_step: the training step of that checkpoint.
+        changes: ``{"step", "rule", "from_step", "key", "old", "new"}`` per changed knob.
+    """
+
+    config: dict[str, Any]
+    checkpoint: Any
+    from_step: int
+    changes: tuple[dict[str, Any], ...]
+
+    def text(self) -> str:
+        """``"kl_runaway at step 47: restarted from step 40 with algorithm.kl_ctrl.kl_coef 0.002 → 0.003"``."""
+        first = self.changes[0]
+        knobs = ", ".join(f"{c['key']} {c['old']:.4g} → {c['new']:.4g}" for c in self.changes)
+        return f"{first['rule']} at step {first['step']}: restarted from step {self.from_step} with {knobs}"
+
+
+def onset_step(reason: StopReason) -> int:
+    """The first step the finding read (the start of its streak or window), from its message; its own step when
+    the message names none."""
+    found = _STEPS.search(reason.message)
+    return int(found.group(1)) if found else reason.step
+
+
+def apply_operation(operation: str, value: float, key: str) -> float:
+    """``operation`` (``"*1.5"``, ``"/2"``, ``"+0.01"``, ``"-0.01"``, ``"=0.005"``) applied to ``value``."""
+    op, x = parse_operation(key, operation)
+    return {"*": value * x, "/": value / x, "+": value + x, "-": value - x, "=": x}[op]
+
+
+def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Mapping[str, Any]
+              ) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """The knobs ``rule.remedy`` changes in a trial, and why the others were left alone.
+
+    Aliases resolve as parameters do (:func:`klsweep.verl.presets.resolve_key` for ``placement``); a knob inert
+    under the trial's ``overrides`` (:func:`klsweep.verl.liveness.inert_reason`) or without a numeric value is skipped.
+    The in-reward KL coefficient of an adaptive controller starts from the coefficient the trial last logged
+    (``actor/reward_kl_penalty_coeff`` in ``last``), not from its initial value: verl resets its controller to
+    ``algorithm.kl_ctrl.kl_coef`` on every start.
+
+    Args:
+        rule: a rule with a ``remedy``.
+        placement: the sweep's ``kl_placement`` (``Sweep.placement``).
+        overrides: the trial's full flat verl overrides (:func:`klsweep.space.trial_overrides`).
+        last: the trial's last reported metrics.
+
+    Returns:
+        ``({verl key: (old, new)}, [why each skipped knob was skipped])``.
+    """
+    from klsweep.verl.liveness import inert_reason
+    from klsweep.verl.presets import resolve_key, verl_default
+
+    changes: dict[str, tuple[float, float]] = {}
+    skipped: list[str] = []
+    for name, operation in rule.remedy.items():
+        try:
+            key = resolve_key(name, placement)
+        except ValueError as e:
+            skipped.append(str(e))
+            continue
+        inert = inert_reason(key, overrides)
+        if inert:
+            skipped.append(f"{key} has no effect: {inert}")
+            continue
+        old = overrides.get(key)
+        if old is None:
+            try:
+                old = verl_default(key, overrides)
+            except KeyError:
+                old = None
+        carried = last.get(KL_COEFF_METRIC)
+        if key == KL_COEF_KEY and isinstance(carried, (int, float)) and math.isfinite(carried):
+            old = carried
+        if isinstance(old, bool) or not isinstance(old, (int, float)):
+            skipped.append(f"{key} has no numeric value to change (it is {old!r})")
+            continue
+        new = apply_operation(operation, float(old), name)
+        changes[key] = (float(old), int(round(new)) if isinstance(old, int) and key != KL_COEF_KEY else new)
+    return changes, skipped
+
+
+class RemedyScheduler(FIFOScheduler):
+    """Ray Tune's FIFO scheduler that also restarts remedied trials from a checkpoint with a new config.
+
+    Args:
+        sweep: the loaded :class:`klsweep.spec.Sweep` (its ``kl_placement`` resolves a prescription's aliases).
+        search: the sweep's :class:`~klsweep.orchestrate.searcher.KlsweepSearch` (its Optuna trials get the
+            :data:`REMEDIES` attribute), or None.
+    """
+
+    def __init__(self, sweep, search=None):
+        super().__init__()
+        self._sweep = sweep
+        self._search = search
+        self._trials: dict[str, Trial] = {}
+        self._pending: dict[str, Remedy] = {}
+        #: trial id → (checkpoints registered before its last restart, the step it restarted from)
+        self._lineage: dict[str, tuple[int, int]] = {}
+
+    def on_trial_add(self, tune_controller, trial: Trial) -> None:
+        """Remember the trial, so that :meth:`plan` (called with its id by the stopper) finds its checkpoints."""
+        self._trials[trial.trial_id] = trial
+
+    def plan(self, trial_id: str, rule: Rule, reason: StopReason, result: Mapping[str, Any]) -> Remedy | str:
+        """A restart of ``trial_id`` for ``rule``'s finding ``reason``, or why there is none (a sentence).
+
+        The checkpoint is the trial's last one at a step before :func:`onset_step` (among those of the current run
+        of the trial: a checkpoint of a run abandoned by an earlier remedy is never used).
+        """
+        from klsweep.space import trial_overrides
+
+        trial = self._trials.get(trial_id)
+        if trial is None:
+            return "the trial is not known to the sweep's scheduler"
+        done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
+        steps = len({r["step"] for r in done})
+        if steps >= rule.max_remedies:
+            return f"max_remedies {rule.max_remedies} of {rule.name} reached"
+        onset = onset_step(reason)
+        checkpoint = self._checkpoint_before(trial, onset)
+        if checkpoint is None:
+            return f"no checkpoint before the onset at step {onset} (checkpoints every trainer.save_freq steps)"
+        config = {k: v for k, v in trial.config.items() if k != REMEDIES}
+        overrides = trial_overrides(self._sweep, config)
+        changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
+        if not changes:
+            return "; ".join(skipped) or "the remedy changes nothing"
+        from klsweep.verl.presets import resolve_key
+
+        for key, (_, new) in changes.items():
+            config = {k: v for k, v in config.items() if resolve_key(k, self._sweep.placement) != key}
+            config[key] = new
+        from_step = int(checkpoint.metrics[STEP])
+        records = tuple({"step": reason.step, "rule": rule.name, "from_step": from_step, "key": key, "old": old,
+                         "new": new} for key, (old, new) in changes.items())
+        config[REMEDIES] = [*trial.config.get(REMEDIES, ()), *records]
+        remedy = Remedy(config, checkpoint, from_step, records)
+        self._pending[trial_id] = remedy
+        return remedy
+
+    def _checkpoint_before(self, trial: Trial, onset: int):
+        results = list(trial.run_metadata.checkpoint_manager.best_checkpoint_results)
+        registered, restarted_from = self._lineage.get(trial.trial_id, (0, 0))
+        usable = [r for i, r in enumerate(results)
+                  if isinstance(r.metrics.get(STEP), int) and (i >= registered or r.metrics[STEP] <= restarted_from)]
+        before = [r for r in usable if r.metrics[STEP] < onset]
+        return max(before, key=lambda r: r.metrics[STEP]) if before else None
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        """Restart a trial the stopper planned a remedy for (see the module docstring); otherwise CONTINUE."""
+        remedy = self._pending.pop(trial.trial_id, None)
+        if remedy is None:
+            return TrialScheduler.CONTINUE
+        manager = trial.run_metadata.checkpoint_manager
+        self._lineage[trial.trial_id] = (len(manager.best_checkpoint_results), remedy.from_step)
+        tune_controller.pause_trial(trial, should_checkpoint=False)
+        trial.set_config(remedy.config)
+        manager._latest_checkpoint_result = remedy.checkpoint  # as PopulationBasedTraining._exploit (Ray 2.60)
+        if self._search is not None and trial.trial_id in self._search._ot_trials:
+            self._search._ot_trials[trial.trial_id].set_user_attr(REMEDIES, json.dumps(remedy.config[REMEDIES]))
+        return TrialScheduler.NOOP
+
+    def choose_trial_to_run(self, tune_controller) -> Trial | None:
+        """A remedied (PAUSED) trial first, so that it continues before the sweep starts new trials; else FIFO."""
+        for trial in tune_controller.get_trials():
+            if trial.status == Trial.PAUSED:
+                return trial
+        return super().choose_trial_to_run(tune_controller)
+
+    def debug_string(self) -> str:
+        return "FIFO scheduling; trials a health rule remedies restart from a checkpoint (klsweep remedies)."
+
+
+def remedy_problems(sweep) -> list[str]:
+    """The problems of the prescriptions in a sweep's own health rules (``health.rules``), one line each with the
+    fix: an alias without a live key, a key that is not verl's (with the closest), a knob inert for the sweep's
+    algorithm and KL placement. A preset's prescription that is inert for the sweep is not a problem: the rule then
+    stops as before, saying so."""
+    from klsweep.space import fixed_overrides
+    from klsweep.verl.config import closest_key, default_keys
+    from klsweep.verl.liveness import inert_reason
+    from klsweep.verl.presets import ALIASES, resolve_key
+
+    problems: list[str] = []
+    fixed = fixed_overrides(sweep)
+    for i, rule in enumerate(sweep.health.rules):
+        for name in rule.remedy:
+            where = f"{sweep.where('health', 'rules', i) or 'health'}: health.rules.{i}.remedy.{name}"
+            try:
+                key = resolve_key(name, sweep.placement)
+            except ValueError as e:
+                problems.append(f"{where}: {e}")
+                continue
+            if key not in default_keys():
+                hint = closest_key(key)
+                fix = f"did you mean {hint!r}?" if hint else f"use a verl key or an alias ({', '.join(ALIASES)})"
+                problems.append(f"{where}: {key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}")
+                continue
+            inert = inert_reason(key, fixed)
+            if inert:
+                problems.append(f"{where}: the remedy changes {key}, which has no effect: {inert}")
+    return problems
+
+
+def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A trial's Tune config → (its parameters, as :func:`klsweep.space.trial_overrides` reads them; its remedies)."""
+    return {k: v for k, v in config.items() if k != REMEDIES}, list(config.get(REMEDIES, ()))
+
+
+def overrides_of(sweep, config: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`klsweep.space.trial_overrides` of a trial's Tune config, its :data:`REMEDIES` left out."""
+    from klsweep.space import trial_overrides
+
+    return trial_overrides(sweep, split_config(config)[0])
+
+
+def reapply_after_load(trainer, overrides: Mapping[str, Any], remedies: list[dict[str, Any]]) -> None:
+    """Put a remedied trial's prescribed values back after an in-process trainer restored its checkpoint.
+
+    The embedded trainer's ``load`` restores what its checkpoint holds, the adaptive KL coefficient and the AdamW
+    learning rate included (verl rebuilds its KL controller from the config instead, ``RayPPOTrainer.__init__``), so
+    without this a remedied ``kl_coef`` or ``actor_rollout_ref.actor.optim.lr`` would be undone by the restore.
+    """
+    keys = {r["key"] for r in remedies}
+    kl_ctrl = getattr(trainer, "kl_ctrl", None)
+    if KL_COEF_KEY in keys and kl_ctrl is not None:
+        kl_ctrl.value = float(overrides[KL_COEF_KEY])
+    optimizer = getattr(trainer, "actor_optimizer", None)
+    if ACTOR_LR_KEY in keys and optimizer is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = float(overrides[ACTOR_LR_KEY])

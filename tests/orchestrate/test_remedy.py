@@ -1,0 +1,156 @@
+"""Remedies (issue 17): a stop rule's prescription applied from the last checkpoint before the onset, through real
+Ray Tune and Optuna; the adaptive KL coefficient carried across the restart."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pandas as pd
+import pytest
+from verl.trainer.ppo import core_algos
+
+from klsweep.cli import main
+from klsweep.health import Rule
+from klsweep.health.verdict import StopReason
+from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
+from klsweep.orchestrate.remedy import onset_step, prescribe, reapply_after_load, remedy_problems
+from klsweep.spec import load_sweep
+from tests.orchestrate.conftest import VAL, sweep_file
+
+ADAPTIVE = {"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive", KL_COEF_KEY: 0.002,
+            "algorithm.kl_ctrl.target_kl": 0.03, "algorithm.kl_ctrl.horizon": 500}
+
+
+def _rule(**fields) -> Rule:
+    return Rule.model_validate({"name": "kl_runaway", "metric": "ref_kl", "above": 0.25, "action": "stop", **fields})
+
+
+def test_onset_is_the_first_step_the_finding_read():
+    reason = StopReason("kl_runaway", "diverged", 47, {}, "", "ref_kl = 0.3 over steps 38-47 (ref_kl > 0.25)")
+    assert onset_step(reason) == 38
+    assert onset_step(StopReason("r", "diverged", 12, {}, "", "ref_kl = 0.3 over step 12 (ref_kl > 0.25)")) == 12
+
+
+def test_the_adaptive_coefficient_is_carried_and_jumps_back_without_it():
+    # verl's own controller drifts away from its initial kl_coef while KL stays above target
+    controller = core_algos.AdaptiveKLController(init_kl_coef=0.002, target_kl=0.03, horizon=500)
+    for _ in range(20):
+        controller.update(current_kl=0.3, n_steps=64)
+    last = controller.value
+    assert last == pytest.approx(0.002 * (1 + 0.2 * 64 / 500) ** 20)  # error clipped at 0.2: ×1.0256 per step
+    rule = _rule(remedy={"kl_coef": "*1.5"})
+    changes, skipped = prescribe(rule, "reward", ADAPTIVE, {KL_COEFF_METRIC: last})
+    assert skipped == [] and changes == {KL_COEF_KEY: (last, pytest.approx(last * 1.5))}
+    # verl rebuilds the controller from algorithm.kl_ctrl.kl_coef on a resume: with the carried value it goes on
+    # from 1.5 × where it was; without it (nothing logged), from 1.5 × the initial value, a jump down by ×1.66
+    resumed = core_algos.get_kl_controller(_kl_ctrl_config(changes[KL_COEF_KEY][1]))
+    assert resumed.value == pytest.approx(last * 1.5)
+    without = prescribe(rule, "reward", ADAPTIVE, {})[0][KL_COEF_KEY][1]
+    assert without == pytest.approx(0.003) and last * 1.5 / without == pytest.approx(1.0256 ** 20, rel=1e-3)
+
+
+def _kl_ctrl_config(kl_coef: float):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"type": "adaptive", "kl_coef": kl_coef, "target_kl": 0.03, "horizon": 500})
+
+
+def test_aliases_resolve_inert_knobs_are_skipped_and_integers_stay_integers():
+    rule = _rule(remedy={"kl_coef": "*2", "target_kl": "*0.5", "actor_rollout_ref.actor.ppo_epochs": "+1"})
+    fixed = {**ADAPTIVE, "algorithm.kl_ctrl.type": "fixed", "actor_rollout_ref.actor.ppo_epochs": 1}
+    changes, skipped = prescribe(rule, "reward", fixed, {})
+    assert changes == {KL_COEF_KEY: (0.002, 0.004), "actor_rollout_ref.actor.ppo_epochs": (1.0, 2)}
+    assert isinstance(changes["actor_rollout_ref.actor.ppo_epochs"][1], int)
+    assert len(skipped) == 1 and "target_kl has no effect" in skipped[0] and "'fixed'" in skipped[0]
+
+
+@pytest.mark.parametrize("operation,message", [("1.5", "is not an operation"), ("^2", "is not an operation"),
+                                               ("/0", "is not an operation"), ("*inf", "is not an operation")])
+def test_bad_operations_are_refused_at_load(operation, message):
+    with pytest.raises(ValueError, match=message):
+        _rule(remedy={"kl_coef": operation})
+
+
+def test_embedded_trainer_restores_its_controller_from_the_checkpoint_unlike_verl(tmp_path):
+    """The embedded trainer's load() puts back the checkpoint's coefficient (verl's trainer does not checkpoint it):
+    a remedied coefficient would be undone without :func:`reapply_after_load`."""
+    from klsweep.trainers.embedded import EmbeddedTrainer
+
+    tiny = {"trainer.total_training_steps": 3, "trainer.test_freq": 0, "data.train_batch_size": 4,
+            "actor_rollout_ref.rollout.n": 2, "algorithm.adv_estimator": "grpo", **ADAPTIVE}
+    first = EmbeddedTrainer(tiny)
+    first.train_step()
+    at_checkpoint = first.kl_ctrl.value
+    first.save(tmp_path)
+    remedied = {**tiny, KL_COEF_KEY: 0.01}
+    second = EmbeddedTrainer(remedied)
+    second.load(tmp_path)
+    assert second.kl_ctrl.value == at_checkpoint != 0.01
+    reapply_after_load(second, remedied, [{"key": KL_COEF_KEY}])
+    assert second.kl_ctrl.value == 0.01
+
+
+def test_prescriptions_of_the_sweeps_own_rules_are_checked(tmp_path):
+    rules = [_rule(name="a", remedy={"target_kl": "*0.7"}).model_dump(by_alias=True),
+             _rule(name="b", remedy={"actor_rollout_ref.actor.optim.lrr": "*0.5"}).model_dump(by_alias=True)]
+    for r in rules:
+        r.pop("conditions"), r.update(metric="ref_kl", above=0.25)
+    sweep = load_sweep(sweep_file(tmp_path, health={"preset": "default", "rules": rules}))
+    problems = remedy_problems(sweep)
+    assert len(problems) == 2
+    assert "health.rules.0.remedy.target_kl: the remedy changes algorithm.kl_ctrl.target_kl, which has no effect" \
+        in problems[0] and "'fixed'" in problems[0]
+    assert "did you mean 'actor_rollout_ref.actor.optim.lr'?" in problems[1]
+    assert main(["run", sweep_file(tmp_path, health={"preset": "default", "rules": rules}), "--out",
+                 str(tmp_path / "out")]) == 2
+
+
+#: β = kl_coef under the fixed controller (logged as actor/reward_kl_penalty_coeff): above 0.01 from step 4 on
+BETA_REMEDY = {"name": "beta_high", "metric": "actor/reward_kl_penalty_coeff", "above": 0.01, "after": 3,
+               "action": "stop", "kind": "diverged", "advice": "lower kl_coef", "remedy": {"kl_coef": "*0.1"},
+               "max_remedies": 1}
+SEEDS = [{"kl_coef": 0.05, "trainer.save_freq": 1},  # remedied at step 4 from step 3 with β 0.005: runs to 6
+         {"kl_coef": 0.5, "trainer.save_freq": 1},  # remedied once (β 0.05, still too high): the cap stops it
+         {"kl_coef": 0.05, "trainer.save_freq": 10}]  # no checkpoint before step 4: stopped, saying why
+
+
+@pytest.mark.slow
+def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_local, tmp_path):
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "remedy", parameters={"kl_coef": {"values": [0.05, 0.5]},
+                                                      "trainer.save_freq": {"values": [1, 10]}},
+                      seed_trials=SEEDS, budget={"max_steps": 6, "trials": 3},
+                      health={"preset": "default", "rules": [BETA_REMEDY]})
+    assert main(["run", path, "--out", str(out), "--quiet"]) == 0
+    study = optuna.load_study(study_name="remedy", storage=f"sqlite:///{out / 'study.db'}")
+    by_params = {(t.params["algorithm.kl_ctrl.kl_coef"], t.params["trainer.save_freq"]): t for t in study.trials}
+    rescued, capped, bare = by_params[(0.05, 1)], by_params[(0.5, 1)], by_params[(0.05, 10)]
+
+    assert rescued.state == optuna.trial.TrialState.COMPLETE and rescued.user_attrs["steps"] == 6
+    assert rescued.user_attrs["health"] == "healthy"
+    [record] = json.loads(rescued.user_attrs["remedies"])
+    assert record == {"step": 4, "rule": "beta_high", "from_step": 3, "key": KL_COEF_KEY, "old": 0.05,
+                      "new": pytest.approx(0.005)}
+    rows = _results(out, rescued.user_attrs["ray_trial_id"])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, 5, 6]  # step 4 flagged, then 4-6 again from step 3
+    assert [r[KL_COEFF_METRIC] for r in rows] == [0.05] * 4 + [pytest.approx(0.005)] * 3
+    assert rows[3]["stop_reason"].startswith("remedied: beta_high at step 4: restarted from step 3 with")
+
+    assert capped.state == optuna.trial.TrialState.PRUNED
+    assert "(not remedied: max_remedies 1 of beta_high reached)" in capped.user_attrs["stop_reason"]
+    assert len(json.loads(capped.user_attrs["remedies"])) == 1
+    assert [r[KL_COEFF_METRIC] for r in _results(out, capped.user_attrs["ray_trial_id"])] == \
+        [0.5] * 4 + [pytest.approx(0.05)]
+
+    assert bare.state == optuna.trial.TrialState.PRUNED and "remedies" not in bare.user_attrs
+    assert "(not remedied: no checkpoint before the onset at step 4" in bare.user_attrs["stop_reason"]
+    trials = pd.read_csv(out / "trials.csv")
+    assert sorted(trials["steps"]) == [4, 4, 6] and VAL in " ".join(trials.columns)
+
+
+def _results(out, trial_id: str) -> list[dict]:
+    """The trial's reports from Tune's progress.csv (Ray 2.60's JsonLoggerCallback copies result.json onto itself
+    when a trial restarts from a checkpoint on local storage, ``_restore_from_remote``, which empties it)."""
+    [progress] = (out / "tune").glob(f"*{trial_id}*/progress.csv")
+    return pd.read_csv(progress).to_dict("records")
