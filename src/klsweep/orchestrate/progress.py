@@ -11,6 +11,7 @@ one.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -151,8 +152,12 @@ class TrialsCsv(Callback):
         self._written = 0.0
 
     def _write(self, trial) -> None:
-        write_trials_csv(Path(trial.storage.experiment_fs_path).parent)
         self._written = time.monotonic()
+        try:
+            write_trials_csv(Path(trial.storage.experiment_fs_path).parent)
+        except Exception as e:  # a table that could not be written now must not stop the sweep
+            print(f"warning: trials.csv not updated ({type(e).__name__}: {e}); it is written again when the next "
+                  f"trial starts or ends", file=sys.stderr)
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._write(trial)
