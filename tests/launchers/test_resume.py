@@ -50,6 +50,10 @@ def test_save_freq_of_a_verl_trial(tmp_path):
     assert save_freq({"trainer.total_training_steps": 3}) == 1
     argv, _ = trial_command({"trainer.total_training_steps": 100}, trainer="verl", trial_dir=tmp_path)
     assert "trainer.save_freq=20" in argv
+    # verl keeps every checkpoint by default (five full ones per trial at this cadence); a resume needs the latest
+    assert {"trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"} <= set(argv)
+    argv, _ = trial_command({"trainer.max_actor_ckpt_to_keep": 3}, trainer="verl", trial_dir=tmp_path)
+    assert "trainer.max_actor_ckpt_to_keep=3" in argv and "trainer.max_actor_ckpt_to_keep=1" not in argv
     argv, _ = trial_command({"trainer.total_training_steps": 100}, trainer="embedded", trial_dir=tmp_path)
     assert not any(a.startswith("trainer.save_freq") for a in argv)  # the embedded trainer checkpoints through Tune
 

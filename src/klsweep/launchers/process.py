@@ -38,7 +38,7 @@ from klsweep.health.readers import decode_json_line
 from klsweep.launchers import supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
-from klsweep.launchers.resume import SAVE_FREQ_KEY, logged_steps, resume_overrides, save_freq
+from klsweep.launchers.resume import CHECKPOINTS_KEPT, SAVE_FREQ_KEY, logged_steps, resume_overrides, save_freq
 from klsweep.launchers.storage import trial_directory
 from klsweep.trainers import TRAINERS, trainer_kind
 from klsweep.verl.config import format_overrides
@@ -86,7 +86,9 @@ def trial_command(
 
     Returns:
         ``(argv, env)``. For verl, argv has ``trainer.save_freq`` (the trial's own, else
-        :func:`klsweep.launchers.resume.save_freq`) and ends with the managed keys: ``trainer.experiment_name`` (the
+        :func:`klsweep.launchers.resume.save_freq`), ``trainer.max_actor_ckpt_to_keep`` and
+        ``trainer.max_critic_ckpt_to_keep`` (the trial's own, else 1: a resume needs only the latest) and ends with
+        the managed keys: ``trainer.experiment_name`` (the
         trial directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
         (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list plus ``file``, default ``[console,file]``) and
         ``+ray_kwargs.ray_init.address=local`` unless the sweep sets that key. ``env`` has
@@ -106,6 +108,7 @@ def trial_command(
     if trainer == "verl":
         values = {k: v for k, v in values.items() if k.lstrip("+") not in MANAGED_VERL_KEYS}
         values[SAVE_FREQ_KEY] = save_freq(values)
+        values = CHECKPOINTS_KEPT | values
         logger = values.pop("trainer.logger", ["console"])
         logger = [logger] if isinstance(logger, str) else list(logger)
         values["trainer.experiment_name"] = _experiment_name(trial_dir.name)

@@ -18,6 +18,9 @@ from typing import Any
 
 #: verl's checkpoint cadence key; a verl trial without one gets :func:`save_freq`.
 SAVE_FREQ_KEY = "trainer.save_freq"
+#: How many checkpoints verl keeps per trial unless the sweep says otherwise (verl's default null keeps all: with
+#: klsweep's cadence, five full actor and critic checkpoints per trial); a resume needs only the latest.
+CHECKPOINTS_KEPT = {"trainer.max_actor_ckpt_to_keep": 1, "trainer.max_critic_ckpt_to_keep": 1}
 #: The initial coefficient of verl's in-reward KL controller (``core_algos.get_kl_controller``).
 KL_COEF_KEY = "algorithm.kl_ctrl.kl_coef"
 #: The coefficient ``ray_trainer.apply_kl_penalty`` used at a step: the controller's value before that step's update.

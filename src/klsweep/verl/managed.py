@@ -16,6 +16,7 @@ key                              klsweep writes                              a v
 ``ray_kwargs.ray_init.address``  ``local`` (verl)                            kept if ``local``, else refused
 ``trainer.resume_mode``          nothing: verl's ``auto`` (verl)             kept if ``auto``, else refused
 ``trainer.save_freq``            validation cadence, else a fifth (verl)     kept (a warning when it is <= 0)
+``trainer.max_*_ckpt_to_keep``   1 (verl)                                    kept
 ``algorithm.kl_ctrl.kl_coef``    on a resumed attempt, the coefficient       kept as the first attempt's value
                                  the controller had at the checkpoint
 ===============================  ==========================================  =========================================
