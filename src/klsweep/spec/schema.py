@@ -13,6 +13,7 @@ is a parameter defined *earlier* in the file.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -270,6 +271,28 @@ class Replay(BaseModel):
     )
 
 
+class Tabular(BaseModel):
+    """``trainer: tabular``: the tabular benchmark table each trial is served from, the recorded embedded run of the
+    nearest grid point and the trial's ``data.seed`` (:class:`klsweep.trainers.tabular.TabularTrainer`)."""
+
+    model_config = _MODEL
+
+    table: str = Field(
+        min_length=1,
+        description="the table file written by benchmarks/tabular/generate.py (benchmarks/tabular/<sweep>.jsonl.gz; "
+        "relative paths: from the working directory)",
+    )
+
+    @field_validator("table")
+    @classmethod
+    def _existing(cls, value: str) -> str:
+        path = Path(value).expanduser().resolve()  # absolute: trials run in Ray workers with another directory
+        if not path.is_file():
+            raise ValueError(f"no file {value!r} (looked in {Path.cwd()}): give a table written by "
+                             "benchmarks/tabular/generate.py, e.g. benchmarks/tabular/grpo_kl.jsonl.gz")
+        return str(path)
+
+
 class Sweep(BaseModel):
     """A whole sweep file."""
 
@@ -284,9 +307,10 @@ class Sweep(BaseModel):
     )
     trainer: TrainerName = Field(
         "embedded", description="embedded (CPU trainer in klsweep) | verl (verl.trainer.main_ppo on GPU nodes) | "
-        "replay (plays back the log in `replay`)"
+        "replay (plays back the log in `replay`) | tabular (serves the table in `tabular`)"
     )
     replay: Replay | None = Field(None, description="trainer replay: {trace: PATH, speed: steps per second}")
+    tabular: Tabular | None = Field(None, description="trainer tabular: {table: PATH} (issue 16's benchmark table)")
     kl_placement: Literal["loss", "reward", "none", "both"] | None = Field(
         None,
         description="where the KL to the reference acts: loss (actor.use_kl_loss) | reward (algorithm."
@@ -379,6 +403,12 @@ class Sweep(BaseModel):
         if self.replay is not None and self.trainer != "replay":
             raise ValueError(f"replay is only read by trainer: replay, but trainer is {self.trainer}: set "
                              "trainer: replay or remove the replay section")
+        if self.trainer == "tabular" and self.tabular is None:
+            raise ValueError("trainer tabular needs the table to serve: add `tabular: {table: PATH}` (a file written "
+                             "by benchmarks/tabular/generate.py)")
+        if self.tabular is not None and self.trainer != "tabular":
+            raise ValueError(f"tabular is only read by trainer: tabular, but trainer is {self.trainer}: set "
+                             "trainer: tabular or remove the tabular section")
         if len(self.seed_trials) > self.budget.trials:
             raise ValueError(
                 f"seed_trials has {len(self.seed_trials)} entries but budget.trials is {self.budget.trials}: "

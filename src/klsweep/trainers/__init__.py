@@ -6,6 +6,7 @@ name        what a trial runs                                           how
 embedded    the CPU trainer of klsweep (verl's ``core_algos`` math)     in the Tune trial's process
 verl        ``python -m verl.trainer.main_ppo`` (GPU nodes)              one supervised process per trial
 replay      a recorded verl log played back step by step               in the Tune trial's process
+tabular     the recorded embedded run nearest the trial (issue 16)      in the Tune trial's process
 ==========  =========================================================  ==========================================
 
 An in-process trainer is a :class:`Trainer`; a process trainer is a module run with verl's command-line shape
@@ -26,7 +27,7 @@ from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  
 from klsweep.verl.config import verl_command
 
 #: The names ``trainer:`` accepts (the keys of :data:`TRAINERS`).
-TrainerName = Literal["embedded", "verl", "replay"]
+TrainerName = Literal["embedded", "verl", "replay", "tabular"]
 
 #: verl's entry point, the command every reproduce line ends up in.
 VERL_MODULE = "verl.trainer.main_ppo"
@@ -94,6 +95,12 @@ def _replay(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
     return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed)
 
 
+def _tabular(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
+    from klsweep.trainers.tabular import TabularTrainer
+
+    return TabularTrainer(overrides, table=sweep.tabular.table)
+
+
 def _embedded_defaults(user: Mapping[str, Any]) -> dict[str, Any]:
     """The sizes and learning rates of :data:`klsweep.trainers.embedded.config.EMBEDDED_DEFAULTS` that are knobs of a
     trial, and one mini-batch per step (the mini-batch follows the trial's ``data.train_batch_size`` when set)."""
@@ -130,6 +137,11 @@ TRAINERS: dict[str, TrainerKind] = {
     "replay": TrainerKind(
         "replay", "plays back a recorded verl log (replay: {trace: PATH}), to try health rules and the pipeline",
         module=None, in_process=_replay,
+    ),
+    "tabular": TrainerKind(
+        "tabular", "serves the recorded embedded run of the nearest grid point (tabular: {table: PATH}), for "
+        "benchmarks of thousands of sweeps", module=None, in_process=_tabular, validation_metric=EMBEDDED_VAL_METRIC,
+        defaults=_embedded_defaults,
     ),
 }
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
