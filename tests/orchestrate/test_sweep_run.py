@@ -15,10 +15,13 @@ from klsweep.cli import main
 pytestmark = pytest.mark.slow
 
 STEPS = 4
+LR = "actor_rollout_ref.actor.optim.lr"
 SEEDS = [  # the seed preset first, then one trial per outcome
-    {"kl_coef": 0.002, "actor_rollout_ref.actor.clip_ratio_c": 3.0},  # healthy: runs its 4 steps
-    {"kl_coef": 0.05, "actor_rollout_ref.actor.clip_ratio_c": 3.0},  # β above the rule's 0.01: stopped at step 1
-    {"kl_coef": 0.002, "actor_rollout_ref.actor.clip_ratio_c": 0.5},  # verl's dual-clip asserts c > 1: crashes
+    {"kl_coef": 0.002, LR: 0.0003},  # healthy: runs its 4 steps
+    {"kl_coef": 0.05, LR: 0.0003},  # β above the rule's 0.01: stopped at step 1
+    # the actor's weights overflow and sampling raises (torch.multinomial on NaN probabilities): crashes. (A value
+    # verl asserts on at its first update, clip_ratio_c 0.5, is refused by preflight before the sweep starts.)
+    {"kl_coef": 0.002, LR: 1e6},
 ]
 
 
@@ -35,7 +38,7 @@ def tiny_sweep(tmp_path, **extra) -> str:
         },
         "parameters": {
             "kl_coef": {"values": [0.002, 0.05]},
-            "actor_rollout_ref.actor.clip_ratio_c": {"values": [3.0, 0.5]},
+            LR: {"values": [0.0003, 1e6]},
         },
         "seed_trials": SEEDS,
         "objective": {"metric": "val-core/arith/acc/mean@1", "mode": "max"},
@@ -67,10 +70,7 @@ def test_study_records_each_outcome(tiny_run):
     info = json.loads((out / "sweep.json").read_text())
     study = optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}")
     trials = sorted(study.trials, key=lambda t: t.number)
-    assert [t.params for t in trials] == [
-        {"algorithm.kl_ctrl.kl_coef": s["kl_coef"], "actor_rollout_ref.actor.clip_ratio_c": s[
-            "actor_rollout_ref.actor.clip_ratio_c"]} for s in SEEDS
-    ]
+    assert [t.params for t in trials] == [{"algorithm.kl_ctrl.kl_coef": s["kl_coef"], LR: s[LR]} for s in SEEDS]
     healthy, stopped, crashed = trials
     assert healthy.state == optuna.trial.TrialState.COMPLETE and healthy.user_attrs["steps"] == STEPS
     assert 0.0 <= healthy.value <= 1.0
@@ -78,6 +78,7 @@ def test_study_records_each_outcome(tiny_run):
     assert stopped.user_attrs["health"] == "stopped" and stopped.user_attrs["steps"] == 1
     assert "beta_high" in stopped.user_attrs["stop_reason"]
     assert crashed.state == optuna.trial.TrialState.FAIL
+    assert crashed.user_attrs["stop_reason"].startswith("trial raised an error"), crashed.user_attrs
     assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
     overrides = json.loads(healthy.user_attrs["verl_overrides"])
     assert overrides["algorithm.use_kl_in_reward"] is True and overrides["algorithm.kl_ctrl.kl_coef"] == 0.002
