@@ -15,6 +15,7 @@ from klsweep.health import Rule
 from klsweep.health.verdict import StopReason
 from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
 from klsweep.orchestrate.remedy import onset_step, prescribe, reapply_after_load, remedy_problems
+from klsweep.results import STEP
 from klsweep.spec import load_sweep
 from tests.orchestrate.conftest import VAL, sweep_file
 
@@ -26,10 +27,10 @@ def _rule(**fields) -> Rule:
     return Rule.model_validate({"name": "kl_runaway", "metric": "ref_kl", "above": 0.25, "action": "stop", **fields})
 
 
-def test_onset_is_the_first_step_the_finding_read():
-    reason = StopReason("kl_runaway", "diverged", 47, {}, "", "ref_kl = 0.3 over steps 38-47 (ref_kl > 0.25)")
-    assert onset_step(reason) == 38
-    assert onset_step(StopReason("r", "diverged", 12, {}, "", "ref_kl = 0.3 over step 12 (ref_kl > 0.25)")) == 12
+def test_onset_is_the_first_step_the_conditions_held():
+    reason = StopReason("kl_runaway", "diverged", 13, {}, "", "... over steps 4-13 (... for 3 steps after step 10)")
+    assert onset_step(_rule(**{"for": 3}), reason) == 11  # held at 11, 12, 13; slope10's window reads from 4
+    assert onset_step(_rule(), reason) == 13
 
 
 def test_the_adaptive_coefficient_is_carried_and_jumps_back_without_it():
@@ -104,6 +105,43 @@ def test_prescriptions_of_the_sweeps_own_rules_are_checked(tmp_path):
     assert "did you mean 'actor_rollout_ref.actor.optim.lr'?" in problems[1]
     assert main(["run", sweep_file(tmp_path, health={"preset": "default", "rules": rules}), "--out",
                  str(tmp_path / "out")]) == 2
+
+
+def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials_current_line(tmp_path):
+    """A checkpoint of a run an earlier remedy abandoned (step 45, after the restart from 40) is never used."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+
+    from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler
+
+    first = {"step": 47, "rule": "kl_runaway", "from_step": 40, "key": KL_COEF_KEY, "old": 0.05, "new": 0.075}
+    trial = Trial("run_trial", config={KL_COEF_KEY: 0.075, REMEDIES: [first]}, stub=True)
+    for step, remedies in [(10, []), (20, []), (30, []), (40, []), (45, []), (50, [first])]:
+        folder = tmp_path / f"c{step}"
+        folder.mkdir()
+        metrics = {STEP: step, "config": {KL_COEF_KEY: 0.05, REMEDIES: remedies}}
+        trial.run_metadata.checkpoint_manager.register_checkpoint(
+            _TrainingResult(checkpoint=Checkpoint.from_directory(str(folder)), metrics=metrics))
+    scheduler = RemedyScheduler(load_sweep(sweep_file(tmp_path)))
+    scheduler.on_trial_add(None, trial)
+    rule = _rule(remedy={"kl_coef": "*1.5"})
+
+    def plan(onset: int):  # the rule has for: 1: the onset is the step that fired it
+        reason = StopReason("kl_runaway", "diverged", onset, {}, "", f"x = 1 over step {onset} (x > 0)")
+        return scheduler.plan(trial.trial_id, rule, reason, {KL_COEFF_METRIC: 0.08})
+
+    assert plan(48).from_step == 40  # not 45: that run was abandoned at the restart from 40
+    remedy = plan(55)
+    assert remedy.from_step == 50 and remedy.config[KL_COEF_KEY] == pytest.approx(0.12)  # 0.08 logged × 1.5
+    assert [r["from_step"] for r in remedy.config[REMEDIES]] == [40, 50]
+    assert plan(5) == "no checkpoint before the onset at step 5 (checkpoints every trainer.save_freq steps)"
+    trial.set_config(remedy.config)
+    assert plan(55) == "max_remedies 2 of kl_runaway reached"
+    verl = RemedyScheduler(load_sweep(sweep_file(tmp_path)).model_copy(update={"trainer": "verl"}))
+    verl.on_trial_add(None, trial)
+    assert "trainer verl trials checkpoint with verl, not Ray Tune" in verl.plan(trial.trial_id, rule,
+                                                                                  StopReason("r", "d", 9), {})
 
 
 #: β = kl_coef under the fixed controller (logged as actor/reward_kl_penalty_coeff): above 0.01 from step 4 on

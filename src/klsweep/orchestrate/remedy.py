@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,10 +41,8 @@ from klsweep.results import STEP
 #: The trial config key (and Optuna user attribute) holding a trial's remedies so far, oldest first; the trainable
 #: drops it before building the trial's verl overrides.
 REMEDIES = "remedies"
-#: The steps a finding read, as :func:`klsweep.health.streak.steps_text` writes them in its message.
 #: The actor's learning rate (a remedy may lower it).
 ACTOR_LR_KEY = "actor_rollout_ref.actor.optim.lr"
-_STEPS = re.compile(r" over steps? (\d+)(?:-(\d+))? \(")
 
 
 @dataclass(frozen=True)
@@ -71,11 +68,12 @@ class Remedy:
         return f"{first['rule']} at step {first['step']}: restarted from step {self.from_step} with {knobs}"
 
 
-def onset_step(reason: StopReason) -> int:
-    """The first step the finding read (the start of its streak or window), from its message; its own step when
-    the message names none."""
-    found = _STEPS.search(reason.message)
-    return int(found.group(1)) if found else reason.step
+def onset_step(rule: Rule, reason: StopReason) -> int:
+    """The first step at which ``rule``'s conditions held in the streak that fired it: ``step − for + 1`` for a
+    trial that reports every step (a Tune trial does). The report before it did not meet the conditions (or was in
+    the warm-up), so a checkpoint at an earlier step was taken while the rule saw the trial healthy. (A window
+    statistic may read further back: ``slope10`` at step 13 reads steps 4-13; those steps are not the onset.)"""
+    return reason.step - rule.for_ + 1
 
 
 def apply_operation(operation: str, value: float, key: str) -> float:
@@ -150,8 +148,6 @@ class RemedyScheduler(FIFOScheduler):
         self._search = search
         self._trials: dict[str, Trial] = {}
         self._pending: dict[str, Remedy] = {}
-        #: trial id → (checkpoints registered before its last restart, the step it restarted from)
-        self._lineage: dict[str, tuple[int, int]] = {}
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         """Remember the trial, so that :meth:`plan` (called with its id by the stopper) finds its checkpoints."""
@@ -164,15 +160,18 @@ class RemedyScheduler(FIFOScheduler):
         of the trial: a checkpoint of a run abandoned by an earlier remedy is never used).
         """
         from klsweep.space import trial_overrides
+        from klsweep.trainers import trainer_kind
 
+        if trainer_kind(self._sweep.trainer).in_process is None:
+            return (f"trainer {self._sweep.trainer} trials checkpoint with verl, not Ray Tune, and are not restarted "
+                    "by a remedy yet")
         trial = self._trials.get(trial_id)
         if trial is None:
             return "the trial is not known to the sweep's scheduler"
         done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
-        steps = len({r["step"] for r in done})
-        if steps >= rule.max_remedies:
+        if len(_restarts(done)) >= rule.max_remedies:
             return f"max_remedies {rule.max_remedies} of {rule.name} reached"
-        onset = onset_step(reason)
+        onset = onset_step(rule, reason)
         checkpoint = self._checkpoint_before(trial, onset)
         if checkpoint is None:
             return f"no checkpoint before the onset at step {onset} (checkpoints every trainer.save_freq steps)"
@@ -195,23 +194,30 @@ class RemedyScheduler(FIFOScheduler):
         return remedy
 
     def _checkpoint_before(self, trial: Trial, onset: int):
-        results = list(trial.run_metadata.checkpoint_manager.best_checkpoint_results)
-        registered, restarted_from = self._lineage.get(trial.trial_id, (0, 0))
-        usable = [r for i, r in enumerate(results)
-                  if isinstance(r.metrics.get(STEP), int) and (i >= registered or r.metrics[STEP] <= restarted_from)]
-        before = [r for r in usable if r.metrics[STEP] < onset]
-        return max(before, key=lambda r: r.metrics[STEP]) if before else None
+        """The trial's last checkpoint before step ``onset`` on its current line: each checkpoint's metrics carry
+        the config it was trained with (Ray's ``Trainable.get_auto_filled_metrics``), so a checkpoint of a run that
+        a later remedy abandoned (restarted from an earlier step) is told apart, after a ``sweep resume`` too."""
+        restarts = _restarts(trial.config.get(REMEDIES, ()))
+        usable = []
+        for result in trial.run_metadata.checkpoint_manager.best_checkpoint_results:
+            step = result.metrics.get(STEP)
+            if not isinstance(step, int) or step >= onset:
+                continue
+            config = result.metrics.get("config") or {}
+            done = len(_restarts(config.get(REMEDIES, ())))
+            if done == len(restarts) or (done < len(restarts) and step <= min(restarts[done:])):
+                usable.append(result)
+        return max(usable, key=lambda r: r.metrics[STEP]) if usable else None
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         """Restart a trial the stopper planned a remedy for (see the module docstring); otherwise CONTINUE."""
         remedy = self._pending.pop(trial.trial_id, None)
         if remedy is None:
             return TrialScheduler.CONTINUE
-        manager = trial.run_metadata.checkpoint_manager
-        self._lineage[trial.trial_id] = (len(manager.best_checkpoint_results), remedy.from_step)
         tune_controller.pause_trial(trial, should_checkpoint=False)
         trial.set_config(remedy.config)
-        manager._latest_checkpoint_result = remedy.checkpoint  # as PopulationBasedTraining._exploit (Ray 2.60)
+        # the checkpoint the trial restores from, set as PopulationBasedTraining._exploit sets it (Ray 2.60)
+        trial.run_metadata.checkpoint_manager._latest_checkpoint_result = remedy.checkpoint
         if self._search is not None and trial.trial_id in self._search._ot_trials:
             self._search._ot_trials[trial.trial_id].set_user_attr(REMEDIES, json.dumps(remedy.config[REMEDIES]))
         return TrialScheduler.NOOP
@@ -225,6 +231,12 @@ class RemedyScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         return "FIFO scheduling; trials a health rule remedies restart from a checkpoint (klsweep remedies)."
+
+
+def _restarts(remedies) -> list[int]:
+    """The step each restart of a trial continued from, in order (one restart may change several knobs)."""
+    events = dict.fromkeys((r["step"], r["rule"], r["from_step"]) for r in remedies)
+    return [from_step for _, _, from_step in events]
 
 
 def remedy_problems(sweep) -> list[str]:
