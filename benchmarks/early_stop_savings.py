@@ -63,9 +63,10 @@ def best_healthy(df) -> dict | None:
             "number": int(row["number"])}
 
 
-def table_sweep(table: Path, seed: int, health: str | None) -> list[dict]:
-    """One sweep of the table's file with ``seed=seed`` (see the module docstring); per trial: ``point``, ``total``
-    and ``used`` steps, ``stopped``, ``rule``, ``final`` (the objective's last value on the full recorded run)."""
+def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ...] = ()) -> list[dict]:
+    """One sweep of the table's file with ``seed=seed`` and the sweep-file overrides ``extra`` (see the module
+    docstring); per trial: ``point``, ``total`` and ``used`` steps, ``stopped``, ``rule``, ``final`` (the objective's
+    last value on the full recorded run)."""
     import optuna
 
     from klsweep.health import HealthEngine, load_ruleset
@@ -75,7 +76,7 @@ def table_sweep(table: Path, seed: int, health: str | None) -> list[dict]:
     from klsweep.trainers.tabular import TabularTrainer, load_table
 
     header = load_table(str(table)).header
-    sweep = load_sweep(REPO / header["source"], [f"seed={seed}"] + ([f"health={health}"] if health else []))
+    sweep = load_sweep(REPO / header["source"], [f"seed={seed}", *extra] + ([f"health={health}"] if health else []))
     objective = sweep.objectives[0]
     rules = load_ruleset(sweep.health)
     study = optuna.create_study(direction="maximize" if objective.mode == "max" else "minimize",
@@ -100,14 +101,19 @@ def table_sweep(table: Path, seed: int, health: str | None) -> list[dict]:
                 used, rule = trainer.global_step, verdict.reason.rule
                 break
         final = next((m[objective.metric] for _, m in reversed(trainer.reports) if objective.metric in m), math.nan)
-        if rule is not None:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        elif math.isfinite(final):
-            study.tell(trial, final)
-        else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
         out.append({"point": trainer.point, "total": trainer.total_steps, "used": used, "stopped": rule is not None,
                     "rule": rule, "final": final, "sign": 1.0 if objective.mode == "max" else -1.0})
+        try:
+            if rule is not None:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            elif math.isfinite(final):
+                study.tell(trial, final)
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except RuntimeError as e:  # GridSampler.after_trial calls study.stop() once every grid point ran: sweep over
+            if "Study.stop" not in str(e):
+                raise
+            break
     return out
 
 

@@ -26,19 +26,32 @@ Scaled down for 2 cores in 10 minutes: 30 steps per trial of 8 prompts × 8 samp
 kl_coef on 5 points, one training seed; the table takes most of the time (2 processes).
 
     python benchmarks/search_efficiency.py [--steps 30] [--batch 8] [--seeds 5]
+
+``--table`` (issue 16) uses the tabular benchmark (benchmarks/tabular/) instead of training: for each table file
+and sampler (the file's own, random, grid over the table's grid points), ``--seeds`` sweeps of ``--trials`` trials
+run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials and health rules, trials served
+from the table, stopped trials cost their steps up to the stop). Target: a trial served a grid point within noise of
+the true best, i.e. healthy in every seed with a mean objective ≥ best mean − best seed sd (``reference.py``).
+Cost: trial-steps until the first such trial that ends healthy (a sweep that never gets there counts all its steps,
+a lower bound). The last line gives the ratios random ÷ file's sampler and grid ÷ file's sampler of the mean cost,
+pooled over the files, with bootstrap 95 % intervals over sweeps.
+
+    python benchmarks/search_efficiency.py --table [--trials 16] [--seeds 20] [TABLE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from _bench import machine
+from _bench import REPO, machine
 
 SWEEP = str(Path(__file__).resolve().parents[1] / "sweeps" / "grpo_kl.yaml")
 KL_POINTS = (0.001, 0.01, 0.1, 1.0, 10.0)
@@ -113,6 +126,72 @@ def search(name: str, seed: int, results: dict, budget: float, target: float, st
     return None
 
 
+def table_costs(table: Path, sampler: str, trials: int, seeds: int) -> tuple[list[int], list[bool]]:
+    """Per sweep seed: trial-steps until the first healthy trial at a within-noise point, and whether it got there."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tabular"))
+    from early_stop_savings import table_sweep
+    from reference import reference
+
+    from klsweep.spec import load_sweep
+    from klsweep.trainers.tabular import load_table
+
+    ref, header = reference(table), load_table(str(table)).header
+    best = ref["best"]
+    floor = best["mean"] - (best["std"] if math.isfinite(best["std"]) else 0.0)
+    sign = 1.0 if ref["mode"] == "max" else -1.0
+    good = [p["params"] for p in ref["points"] if p["healthy"] and sign * p["mean"] >= sign * floor]
+    extra = [f"budget.trials={trials}"]
+    if sampler == "grid":  # ranges become the table's grid points: a grid sampler needs values
+        sweep = load_sweep(REPO / header["source"])
+        axes = header["parameters"]
+        for name, key in zip(sweep.parameters, axes):
+            if axes[key]["scale"] != "categorical":
+                extra.append(f"parameters.{name}={{values: [{', '.join(map(str, axes[key]['grid']))}]}}")
+    if sampler != "file":
+        extra.append(f"sampler={sampler}")
+    costs, reached = [], []
+    for seed in range(seeds):
+        used = 0
+        for t in table_sweep(table, seed, None, tuple(extra)):
+            used += t["used"]
+            if not t["stopped"] and t["point"] in good:
+                reached.append(True)
+                break
+        else:
+            reached.append(False)
+        costs.append(used)
+    return costs, reached
+
+
+def ratio_interval(num: list[int], den: list[int], draws: int = 2000) -> tuple[float, float]:
+    """Percentile bootstrap 95 % interval of mean(num) ÷ mean(den), resampling sweeps of each independently."""
+    rng = random.Random(0)
+    ratios = sorted(statistics.fmean(rng.choices(num, k=len(num))) / statistics.fmean(rng.choices(den, k=len(den)))
+                    for _ in range(draws))
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
+def table_main(tables: list[Path], trials: int, seeds: int) -> None:
+    """``--table``: cost to reach a within-noise config per file and sampler; pooled ratios last."""
+    pooled: dict[str, list[int]] = {name: [] for name in ("file", "random", "grid")}
+    for table in tables:
+        start = time.perf_counter()
+        line = []
+        for name in pooled:
+            costs, reached = table_costs(table, name, trials, seeds)
+            pooled[name] += costs
+            line.append(f"{name} {statistics.fmean(costs):.0f} ({sum(reached)}/{seeds} reached)")
+        print(f"{table.name}: mean trial-steps to a within-noise config, {trials} trials: {'; '.join(line)} "
+              f"[{time.perf_counter() - start:.0f} s]")
+    ratios = {}
+    for name in ("random", "grid"):
+        ratios[name] = statistics.fmean(pooled[name]) / statistics.fmean(pooled["file"])
+        lo, hi = ratio_interval(pooled[name], pooled["file"])
+        print(f"{name} ÷ file's sampler: {ratios[name]:.2f} [{lo:.2f}, {hi:.2f}] (bootstrap 95 %)")
+    print(f"trial-steps ratio random/file-sampler {ratios['random']:.2f} (goal ≥ 3), grid/file-sampler "
+          f"{ratios['grid']:.2f} (goal ≥ 4)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -120,11 +199,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--targets", type=float, nargs="+", default=[0.95],
                         help="fractions of the best accuracy within budget to reach; the first is the headline")
+    parser.add_argument("--table", action="store_true", help="sweeps on the tabular benchmark (issue 16)")
+    parser.add_argument("--trials", type=int, default=16, help="--table: trials per sweep")
+    parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     print(f"machine: {machine()}")
+    if args.table:
+        table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.trials,
+                   args.seeds)
+        return
     start = time.perf_counter()
     results = table(args.steps, args.batch)
     kls = sorted(kl for _, kl in results.values())
