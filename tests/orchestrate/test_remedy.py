@@ -192,3 +192,40 @@ def _results(out, trial_id: str) -> list[dict]:
     when a trial restarts from a checkpoint on local storage, ``_restore_from_remote``, which empties it)."""
     [progress] = (out / "tune").glob(f"*{trial_id}*/progress.csv")
     return pd.read_csv(progress).to_dict("records")
+
+
+def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_from_the_checkpoint(tmp_path):
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+
+    from klsweep.health import HealthStopper, load_ruleset
+    from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler, overrides_of
+    from klsweep.results import HEALTH, STOP_REASON, TOTAL_STEPS
+
+    sweep = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": [BETA_REMEDY]}))
+    scheduler = RemedyScheduler(sweep)
+    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=lambda c: overrides_of(sweep, c),
+                            remedies=scheduler)
+    trial = Trial("run_trial", config={KL_COEF_KEY: 0.05}, stub=True)
+    scheduler.on_trial_add(None, trial)
+    (tmp_path / "c").mkdir()
+    trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
+        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")), metrics={STEP: 2, "config": dict(trial.config)}))
+
+    def report(step: int, beta: float) -> tuple[bool, dict]:
+        result = {STEP: step, TOTAL_STEPS: 6, KL_COEFF_METRIC: beta, "config": dict(trial.config)}
+        return stopper(trial.trial_id, result), result
+
+    assert [report(step, 0.05)[0] for step in (1, 2, 3)] == [False] * 3  # after: 3
+    stopped, result = report(4, 0.05)  # β > 0.01 at step 4: remedied from the checkpoint at step 2
+    assert not stopped and result[HEALTH] == "warned"
+    assert result[STOP_REASON] == ("remedied: beta_high at step 4: restarted from step 2 with "
+                                   "algorithm.kl_ctrl.kl_coef 0.05 → 0.005")
+    assert [s for s, _ in stopper._history[trial.trial_id]] == [1, 2]
+    # what the scheduler does with the trial (RemedyScheduler.on_trial_result) needs a running Tune; the config:
+    trial.set_config(scheduler._pending.pop(trial.trial_id).config)
+    assert trial.config[KL_COEF_KEY] == pytest.approx(0.005) and len(trial.config[REMEDIES]) == 1
+    assert [report(step, 0.005)[0] for step in (3, 4, 5)] == [False] * 3  # the new engine judges β = 0.005
+    assert stopper.summary(trial.trial_id)["reports"] == 5  # steps 1-2 replayed, then 3-5
+    assert report(6, 0.005)[0] is False and trial.trial_id not in stopper._history  # ended: history dropped

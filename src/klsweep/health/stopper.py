@@ -15,7 +15,7 @@ from ray.tune import Stopper
 from klsweep.health.engine import HealthEngine
 from klsweep.health.rules import Rule, RuleSet
 from klsweep.health.verdict import StopReason
-from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_REASON
+from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_REASON, TOTAL_STEPS
 from klsweep.verl.metrics import flat_verl_config
 
 
@@ -53,7 +53,7 @@ class HealthStopper(Stopper):
     def __call__(self, trial_id: str, result: dict) -> bool:
         """Feed one result (verl metric names; step from ``step``, else ``training_iteration``); True to stop."""
         engine = self.engines.get(trial_id)
-        history = self._history.setdefault(trial_id, []) if self._rules else None
+        history = self._history.setdefault(trial_id, []) if self._rules and self.remedies is not None else None
         if engine is None:
             config = result.get("config") or {}
             run_config = self.run_config_of(config) if self.run_config_of else flat_verl_config(config)
@@ -77,6 +77,9 @@ class HealthStopper(Stopper):
         result[HEALTH] = verdict.health
         result[STOP_REASON] = stop_reason
         result[STOP_KIND] = reason.kind if reason else ""
+        total = result.get(TOTAL_STEPS)
+        if verdict.stop or isinstance(step, int) and isinstance(total, int) and step >= total:
+            self._history.pop(trial_id, None)  # the trial ends here: nothing left to restart
         return verdict.stop
 
     def stop_all(self) -> bool:
