@@ -116,10 +116,10 @@ def summary(ref: dict[str, Any]) -> str:
     short = {k.rsplit(".", 1)[-1]: v for k, v in best["params"].items()}
     lines = [
         f"{ref['sweep']}: {len(points)} grid points, {sum(p['healthy'] for p in points)} healthy in every seed",
-        f"  best {ref['objective']}: {best['mean']:.3f} ± {best['std']:.3f} (mean ± sd over "
-        f"{len(best['runs'])} seeds) at {short}",
-        f"  Pareto front ({ref['objective']} {ref['mode']}, {ref['kl_metric'] or 'no KL metric'} min): "
-        + "; ".join(f"{points[i]['mean']:.3f} / {points[i]['kl_mean']:.4g}" for i in ref["front"]),
+        f"  best {ref['objective']}{'' if best['healthy'] else ' (no point is healthy: best of all)'}: "
+        f"{best['mean']:.3f} ± {best['std']:.3f} (mean ± sd over {len(best['runs'])} seeds) at {short}",
+        f"  Pareto front of the healthy points ({ref['objective']} {ref['mode']}, {ref['kl_metric'] or 'no KL'} min): "
+        + ("; ".join(f"{points[i]['mean']:.3f} / {points[i]['kl_mean']:.4g}" for i in ref["front"]) or "empty"),
     ]
     return "\n".join(lines)
 

@@ -172,3 +172,34 @@ def test_sweep_run_with_the_tabular_trainer_records_the_served_runs(tmp_path):
         want = [m[VAL] for _, m in raw_steps(record)[:20] if VAL in m][-1]  # validation at step 20
         assert trial["state"] == "COMPLETE" and trial["steps"] == 20
         assert math.isclose(trial[f"value/{VAL}"], want, rel_tol=0, abs_tol=0)
+
+
+def test_reference_best_is_the_healthy_point_with_the_best_seed_mean_and_stopped_points_are_the_collapsed_ones():
+    import importlib.util
+    import statistics
+
+    from klsweep.health import HealthEngine, load_ruleset
+
+    spec = importlib.util.spec_from_file_location("tabular_reference", REPO / "benchmarks" / "tabular" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ref = module.reference(DRGRPO_TABLE)
+    _, records = raw_records(DRGRPO_TABLE)
+    sweep = load_sweep(DRGRPO_SWEEP)
+    rules = load_ruleset("default")  # the file's health: default
+    by_point: dict[str, list[tuple[float, bool]]] = {}
+    for r in records:
+        engine = HealthEngine(rules, {**trial_overrides(sweep, r["params"]), "data.seed": r["seed"]})
+        stopped = any(engine.update(step, m).stop for step, m in raw_steps(r))
+        final = [m[VAL] for _, m in raw_steps(r) if VAL in m][-1]
+        by_point.setdefault(json.dumps(r["params"], sort_keys=True), []).append((final, stopped))
+    means = {k: statistics.fmean(f for f, _ in v) for k, v in by_point.items()}
+    healthy = {k for k, v in by_point.items() if not any(s for _, s in v)}
+    want = max(healthy, key=means.__getitem__)
+    assert json.dumps(ref["best"]["params"], sort_keys=True) == want
+    assert ref["best"]["mean"] == means[want] and ref["best"]["healthy"]
+    assert ref["best"]["std"] == statistics.stdev(f for f, _ in by_point[want])
+    assert {json.dumps(p["params"], sort_keys=True) for p in ref["points"] if p["healthy"]} == healthy
+    assert 0 < len(healthy) < len(by_point)  # the rules stop some grid points (reward hacking) and not others
+    # no KL metric with KL off: a one-objective front, the best healthy mean
+    assert ref["kl_metric"] is None and [ref["points"][i]["params"] for i in ref["front"]] == [ref["best"]["params"]]
