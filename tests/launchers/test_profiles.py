@@ -122,7 +122,9 @@ def test_gpu_smoke_script_parses():
 
 @pytest.mark.slow
 def test_gpu_smoke_sweep_passes_preflight(tmp_path):
-    """The GPU smoke sweep loads, and both trials pass preflight against the installed verl 0.9.1."""
+    """The GPU smoke sweep loads, and both trials pass preflight against the installed verl 0.9.1, warned only that
+    they save no checkpoint (trainer.save_freq: -1; the acceptance check never resumes a trial); with the overrides
+    benchmarks/gpu_smoke.sh adds, two trials share the one GPU."""
     from klsweep.space import seed_params, trial_overrides
     from klsweep.spec.load import load_sweep
     from klsweep.verl.preflight import preflight
@@ -135,5 +137,10 @@ def test_gpu_smoke_sweep_passes_preflight(tmp_path):
     trials = [trial_overrides(sweep, p) for p in seed_params(sweep)]
     assert [t["actor_rollout_ref.actor.kl_loss_coef"] for t in trials] == [0.001, 0.01]
     for overrides in trials:
-        assert preflight(overrides, trainer="verl") == []
+        (warning,) = preflight(overrides, trainer="verl")
+        assert warning.startswith("trainer.save_freq (-1) saves no checkpoint")
         assert overrides["trainer.total_training_steps"] == 3
+    script = (REPO / "benchmarks" / "gpu_smoke.sh").read_text()
+    shared = load_sweep(path, ["budget.max_concurrent=2", "budget.resources.gpu=0.5", "budget.resources.cpu=4"])
+    assert all(f"{arg}" in script for arg in ("budget.max_concurrent=2", "budget.resources.gpu=0.5"))
+    assert shared.budget.max_concurrent * shared.budget.resources.gpu == 1
