@@ -21,8 +21,9 @@ It takes verl's Hydra overrides and does what verl 0.9.1's v1 trainer (``verl/tr
   ``latest_checkpointed_iteration.txt``.
 - ``trainer.resume_mode=auto`` (verl's default): resumes from ``latest_checkpointed_iteration.txt`` in
   ``trainer.default_local_dir``; ``disable`` starts from step 1.
-- ``+ray_kwargs.ray_init.address=local``: starts its own Ray (``ray.init(address="local")``, one CPU, no dashboard; its
-  GCS and raylet are session-detached children) and shuts it down at the end; the GCS address goes to env.json.
+- ``+ray_kwargs.ray_init.address=local``: starts its own Ray (``ray.init(address="local")``, one CPU, no dashboard:
+  a GCS, a raylet and workers under it, as verl's main_ppo does) and shuts it down at the end; the GCS address goes
+  to ``$PWD/ray.json``. (The session-detached child is ``grandchildren=1``'s.)
 
 Test knobs (plain ``key=value``), for misbehaviour:
 
