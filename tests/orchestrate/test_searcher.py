@@ -1,5 +1,6 @@
 """KlsweepSearch records each trial's real outcome in the Optuna study (stock OptunaSearch records a stopped trial as
-COMPLETE: ray#15283), through real Ray Tune + Optuna."""
+COMPLETE: ray#15283), through real Ray Tune + Optuna and the real HealthStopper: a rule's stop is PRUNED (single
+objective) or infeasible (multi-objective), a non-finite loss or no learning signal is FAIL (issue 19)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import optuna
 import pytest
 from ray import tune
 
+from klsweep.health import HealthStopper, load_ruleset
 from klsweep.orchestrate.searcher import KlsweepSearch
 
 pytestmark = pytest.mark.slow
@@ -16,11 +18,25 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 
 
+KINDS = ["ok", "sick", "raise", "nan", "broken", "flat"]
+#: the health rules: one stop rule on ``kl`` (only ``sick`` trials cross it, at step 3) and verl's built-in checks
+RULES = {"preset": "none", "rules": [{"name": "kl_high", "metric": "kl", "above": 0.025, "action": "stop",
+                                      "kind": "diverged", "advice": "raise kl_coef"}]}
+
+
 def scripted(config):
-    """A trainable whose metric stream is chosen by its ``kind`` param; validation ``val`` only on even steps."""
+    """A trainable whose metric stream is chosen by its ``kind`` param; validation ``val`` only on even steps.
+
+    ``sick``: ``kl`` 0.01 per step (the rule stops it at step 3); ``broken``: ``actor/pg_loss`` NaN from step 3
+    (built-in nonfinite_loss); ``flat``: every advantage 0 (built-in no_signal, 2 steps: stops at step 2);
+    ``nan``: the last validation value is NaN; ``raise``: raises at step 3; ``ok``: none of these.
+    """
     kind = config["kind"]
     for step in range(1, STEPS + 1):
-        metrics = {"kl": 0.01 * step}
+        flat = kind == "flat"
+        metrics = {"kl": (0.01 if kind == "sick" else 0.001) * step, "critic/advantages/max": 0.0 if flat else 1.0,
+                   "critic/advantages/min": 0.0 if flat else -1.0,
+                   "actor/pg_loss": float("nan") if kind == "broken" and step >= 3 else 0.01}
         if step % 2 == 0:
             metrics["val"] = float("nan") if (kind == "nan" and step == STEPS) else 0.1 * step
         if kind == "raise" and step == 3:
@@ -28,26 +44,12 @@ def scripted(config):
         tune.report(metrics)
 
 
-class StopSick(tune.Stopper):
-    """Stops ``sick`` trials at step 3 the way the health stopper does: verdict and reason written into the result."""
-
-    def __call__(self, trial_id, result):
-        if result["config"]["kind"] == "sick" and result["training_iteration"] == 3:
-            result["health"] = "stopped"
-            result["stop_reason"] = "kl_blowup at step 3"
-            return True
-        return False
-
-    def stop_all(self):
-        return False
-
-
 def _overrides(params):
     return {"x.kind": params["kind"]}
 
 
 def _space(trial):
-    trial.suggest_categorical("kind", ["ok", "sick", "raise", "nan"])
+    trial.suggest_categorical("kind", KINDS)
 
 
 def _run(tmp_path, *, metric, mode, kinds, constraints=False):
@@ -64,7 +66,8 @@ def _run(tmp_path, *, metric, mode, kinds, constraints=False):
     tuner = tune.Tuner(
         scripted,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=len(kinds), max_concurrent_trials=1),
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name="tune", stop=StopSick(), verbose=0,
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="tune", stop=HealthStopper(load_ruleset(RULES)),
+                                  verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     tuner.fit()
@@ -72,29 +75,36 @@ def _run(tmp_path, *, metric, mode, kinds, constraints=False):
 
 
 def test_single_objective_states(ray_local, tmp_path):
-    study = _run(tmp_path, metric="val", mode="max", kinds=["ok", "sick", "raise", "nan"])
+    study = _run(tmp_path, metric="val", mode="max", kinds=KINDS)
     by_kind = {t.params["kind"]: t for t in study.trials}
-    assert len(study.trials) == 4
-    ok, sick, crashed, nan = (by_kind[k] for k in ("ok", "sick", "raise", "nan"))
+    assert len(study.trials) == 6
+    ok, sick, crashed, nan, broken, flat = (by_kind[k] for k in KINDS)
     assert ok.state == optuna.trial.TrialState.COMPLETE
     assert ok.value == pytest.approx(0.1 * STEPS)  # the last reported value, not the best
     assert ok.intermediate_values == {2: pytest.approx(0.2), 4: pytest.approx(0.4), 6: pytest.approx(0.6)}
     assert sick.state == optuna.trial.TrialState.PRUNED
-    assert sick.user_attrs["stop_reason"] == "kl_blowup at step 3"
+    assert sick.user_attrs["stop_reason"].startswith("diverged at step 3 by kl_high: kl = 0.03")
     assert sick.user_attrs["health"] == "stopped" and sick.user_attrs["steps"] == 3
     assert sick.value == pytest.approx(0.2)  # Optuna keeps the last intermediate value of a pruned trial
     assert crashed.state == optuna.trial.TrialState.FAIL
     assert nan.state == optuna.trial.TrialState.FAIL  # stock OptunaSearch leaves this one RUNNING forever
     assert "not finite" in nan.user_attrs["stop_reason"]
+    # stopped by a health check whose verdict is "broken", not "worse": FAIL, so no sampler learns from the value
+    assert broken.state == flat.state == optuna.trial.TrialState.FAIL
+    assert broken.user_attrs["steps"] == 3 and "builtin.nonfinite_loss" in broken.user_attrs["stop_reason"]
+    assert flat.user_attrs["steps"] == 2 and "builtin.no_signal" in flat.user_attrs["stop_reason"]
+    assert broken.user_attrs["health"] == flat.user_attrs["health"] == "stopped"
     assert all(t.user_attrs["ray_trial_id"] for t in study.trials)
     assert ok.user_attrs["verl_overrides"] == '{"x.kind": "ok"}'
 
 
 def test_multi_objective_health_is_a_constraint(ray_local, tmp_path):
-    study = _run(tmp_path, metric=["val", "kl"], mode=["max", "min"], kinds=["ok", "sick", "ok", "nan"],
-                 constraints=True)
+    study = _run(tmp_path, metric=["val", "kl"], mode=["max", "min"],
+                 kinds=["ok", "sick", "ok", "nan", "broken", "flat"], constraints=True)
     states = sorted((t.params["kind"], t.state.name) for t in study.trials)
-    assert states == [("nan", "FAIL"), ("ok", "COMPLETE"), ("ok", "COMPLETE"), ("sick", "COMPLETE")]
+    assert states == [("broken", "FAIL"), ("flat", "FAIL"), ("nan", "FAIL"), ("ok", "COMPLETE"), ("ok", "COMPLETE"),
+                      ("sick", "COMPLETE")]
+    # broken and flat had both objectives when stopped (val 0.2 at step 2; kl): still FAIL, not infeasible COMPLETE
     # "sick" was stopped at step 3 with both objectives known (val 0.2 at step 2, kl 0.03 at step 3): it is kept
     # with those values, infeasible, so the sampler learns from it and the Pareto front excludes it.
     (sick,) = [t for t in study.trials if t.params["kind"] == "sick"]
@@ -104,5 +114,5 @@ def test_multi_objective_health_is_a_constraint(ray_local, tmp_path):
     assert front and all(t.params["kind"] == "ok" for t in front)
     assert all(t.constraints == {"health": -1.0} for t in front)
     for t in front:
-        assert t.values == [pytest.approx(0.6), pytest.approx(0.06)]
+        assert t.values == [pytest.approx(0.6), pytest.approx(0.006)]
     assert not any(math.isnan(v) for t in front for v in t.values)
