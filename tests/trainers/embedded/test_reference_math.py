@@ -204,9 +204,16 @@ def test_actor_loss_gradient_closed_form_token_mean(kl_loss_type, kl_grad):
 
 
 def _trainer(**extra) -> EmbeddedTrainer:
-    return EmbeddedTrainer({"trainer.total_training_steps": 4, "trainer.test_freq": -1,
-                            "trainer.val_before_train": False, "data.train_batch_size": 4,
-                            "actor_rollout_ref.rollout.n": 4, **extra})
+    """A small trainer (4 prompts × 4 samples) whose actor is moved off the reference (fixed Gaussian noise on its
+    weights): at step 1 the actor is the reference, every KL is 0 and a KL term could have any sign or scale."""
+    trainer = EmbeddedTrainer({"trainer.total_training_steps": 4, "trainer.test_freq": -1,
+                               "trainer.val_before_train": False, "data.train_batch_size": 4,
+                               "actor_rollout_ref.rollout.n": 4, **extra})
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.actor.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return trainer
 
 
 def _mask_and_scores(prompts: torch.Tensor, responses: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -259,6 +266,7 @@ def test_gae_with_kl_in_reward_equals_the_papers_recursion():
         raw.append(adv)
         torch.testing.assert_close(batch["returns"][i, :n], torch.tensor(adv) + values[i, :n], rtol=1e-5, atol=1e-6)
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(statistics.fmean(seq_kl), rel=1e-5)
+    assert all(abs(kl) > 1e-4 for kl in seq_kl)  # the actor is off the reference: the KL term is tested
     assert metrics["actor/reward_kl_penalty_coeff"] == beta
 
     flat = [a for adv in raw for a in adv]  # verl whitens over the batch's valid tokens (unbiased variance)
@@ -307,5 +315,6 @@ def test_update_normalises_each_mini_batch_by_its_own_tokens_and_sequences(loss_
     metrics = trainer.update(batch)
     assert metrics["actor/pg_loss"] == pytest.approx(statistics.fmean(pg_means), abs=1e-6)
     assert metrics["actor/kl_loss"] == pytest.approx(statistics.fmean(kl_means), rel=1e-5)
+    assert abs(metrics["actor/kl_loss"]) > 1e-4  # the actor is off the reference: the KL term is tested
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert not np.isclose(pg_means[0], pg_means[1])  # the two mini-batches differ: a mix-up would show
