@@ -281,5 +281,5 @@ def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
         load_ruleset(rules)
     typo = next(p for p in e.value.problems if "rules.0.acton" in p)
     assert typo == (f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: "
-                    "name, match, for, after, action, kind, advice, source, all, any, metric, above, below, stat, "
-                    "window, peak_above")
+                    "name, match, for, after, action, kind, advice, source, remedy, max_remedies, all, any, metric, "
+                    "above, below, stat, window, peak_above")

@@ -44,6 +44,7 @@ def sweep_file(tmp_path):
 
 def test_the_users_loggers_join_the_file_logger(sweep_file, tmp_path):
     """trainer.logger: merged, console and file first (the file logger is what the trial reads), then the user's."""
+    sweep_file.write_text(SWEEP.replace("  trainer.project_name: team-kl-study\n", ""))
     sweep = load_sweep(sweep_file)
     overrides = trial_overrides(sweep, {"kl_coef": 0.01})
     assert overrides["trainer.logger"] == ["console", "file", "tensorboard"]
@@ -55,15 +56,16 @@ def test_the_users_loggers_join_the_file_logger(sweep_file, tmp_path):
 def test_project_name_is_refused_with_the_field_that_sets_it(sweep_file):
     """trainer.project_name: klsweep writes wandb.project (else the sweep's name) over it, so the user's value is
     refused, naming wandb.project; with that field set, the trials get the user's project."""
-    sweep = load_sweep(sweep_file)
-    assert trial_overrides(sweep, {})["trainer.project_name"] == "k34_overrides"  # what klsweep would write instead
-    (problem,) = managed_key_problems(sweep.overrides, {}, trainer=sweep.trainer)
+    with pytest.raises(SweepFileError) as refused:
+        load_sweep(sweep_file)  # sweep validate and sweep run refuse it at its line
+    message = str(refused.value)
+    assert "k34.yaml:6: overrides.trainer.project_name: trainer.project_name ('team-kl-study') is set by" in message
+    assert "wandb: {project: VALUE}" in message
+    (problem,) = managed_key_problems({"trainer.project_name": "team-kl-study"}, {}, trainer="embedded")
     assert problem[0] == "trainer.project_name"
-    assert "trainer.project_name ('team-kl-study')" in problem[1] and "wandb: {project: VALUE}" in problem[1]
 
-    fixed = load_sweep(sweep_file, ["wandb.project=team-kl-study"])
-    fixed_overrides = {k: v for k, v in fixed.overrides.items() if k != "trainer.project_name"}
-    assert managed_key_problems(fixed_overrides, {}, trainer="embedded") == []
+    sweep_file.write_text(SWEEP.replace("  trainer.project_name: team-kl-study\n", ""))
+    fixed = load_sweep(sweep_file, ["wandb.project=team-kl-study"])  # the fix the message gives
     assert trial_overrides(fixed, {})["trainer.project_name"] == "team-kl-study"
 
 

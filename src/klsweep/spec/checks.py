@@ -50,6 +50,10 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     """
     warnings: list[Problem] = []
     errors, resolved = _check_keys(sweep)
+    from klsweep.verl.managed import managed_key_problems  # keys klsweep writes into every trial itself
+
+    errors += [(("overrides", where) if where in sweep.overrides else ("parameters", where), message)
+               for where, message in managed_key_problems(sweep.overrides, resolved, trainer=sweep.trainer)]
     if errors:
         return errors, warnings
 
