@@ -197,6 +197,9 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
                 f"no Ray cluster to join at {how}: {reason}. Start the cluster first (`ray start --head`, or the "
                 f"launch profile in launchers/README.md), or leave out --address/--launcher to run on a private "
                 f"local Ray") from None
+        from klsweep.launchers.storage import require_shared_results
+
+        require_shared_results(out_dir)  # a node that cannot see --out would keep its trials' files
         return
     cpus = max(os.cpu_count() or 1, int(sweep.budget.max_concurrent * sweep.budget.resources.cpu))
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
