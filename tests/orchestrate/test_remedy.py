@@ -115,7 +115,8 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
 
     from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler
 
-    first = {"step": 47, "rule": "kl_runaway", "from_step": 40, "key": KL_COEF_KEY, "old": 0.05, "new": 0.075}
+    first = {"restart": 1, "step": 47, "rule": "kl_runaway", "from_step": 40, "key": KL_COEF_KEY, "old": 0.05,
+             "new": 0.075}
     trial = Trial("run_trial", config={KL_COEF_KEY: 0.075, REMEDIES: [first]}, stub=True)
     for step, remedies in [(10, []), (20, []), (30, []), (40, []), (45, []), (50, [first])]:
         folder = tmp_path / f"c{step}"
@@ -134,10 +135,13 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     assert plan(48).from_step == 40  # not 45: that run was abandoned at the restart from 40
     remedy = plan(55)
     assert remedy.from_step == 50 and remedy.config[KL_COEF_KEY] == pytest.approx(0.12)  # 0.08 logged × 1.5
-    assert [r["from_step"] for r in remedy.config[REMEDIES]] == [40, 50]
+    assert [(r["restart"], r["from_step"]) for r in remedy.config[REMEDIES]] == [(1, 40), (2, 50)]
     assert plan(5) == "no checkpoint before the onset at step 5 (checkpoints every trainer.save_freq steps)"
     trial.set_config(remedy.config)
     assert plan(55) == "max_remedies 2 of kl_runaway reached"
+    # a restarted trial flagged again at the same step from the same checkpoint is a second restart, not the first
+    trial.set_config({**remedy.config, REMEDIES: [first, {**first, "restart": 2}]})
+    assert plan(47) == "max_remedies 2 of kl_runaway reached"
     verl = RemedyScheduler(load_sweep(sweep_file(tmp_path)).model_copy(update={"trainer": "verl"}))
     verl.on_trial_add(None, trial)
     assert "trainer verl trials checkpoint with verl, not Ray Tune" in verl.plan(trial.trial_id, rule,
@@ -168,7 +172,7 @@ def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_
     assert rescued.state == optuna.trial.TrialState.COMPLETE and rescued.user_attrs["steps"] == 6
     assert rescued.user_attrs["health"] == "healthy"
     [record] = json.loads(rescued.user_attrs["remedies"])
-    assert record == {"step": 4, "rule": "beta_high", "from_step": 3, "key": KL_COEF_KEY, "old": 0.05,
+    assert record == {"restart": 1, "step": 4, "rule": "beta_high", "from_step": 3, "key": KL_COEF_KEY, "old": 0.05,
                       "new": pytest.approx(0.005)}
     rows = _results(out, rescued.user_attrs["ray_trial_id"])
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, 5, 6]  # step 4 flagged, then 4-6 again from step 3

@@ -18,8 +18,8 @@ it (:mod:`klsweep.launchers.resume`), so a restart from the trial's initial coef
 prescription applies to the coefficient the trial last logged (``actor/reward_kl_penalty_coeff``) instead.
 
 Each remedy is recorded in the trial's Tune config (:data:`REMEDIES`, which survives ``sweep resume``: the cap counts
-from it) and in its Optuna trial's user attribute of the same name: a list of ``{"step", "rule", "from_step", "key",
-"old", "new"}``.
+from it) and in its Optuna trial's user attribute of the same name: a list of ``{"restart", "step", "rule",
+"from_step", "key", "old", "new"}`` (``restart`` numbers the trial's restarts from 1; one may change several knobs).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Remedy:
         config: the trial's new Tune config (the prescribed knobs changed, :data:`REMEDIES` extended).
         checkpoint: Ray's ``_TrainingResult`` (checkpoint and the metrics reported with it) to restore.
         from_step: the training step of that checkpoint.
-        changes: ``{"step", "rule", "from_step", "key", "old", "new"}`` per changed knob.
+        changes: ``{"restart", "step", "rule", "from_step", "key", "old", "new"}`` per changed knob.
     """
 
     config: dict[str, Any]
@@ -186,8 +186,9 @@ class RemedyScheduler(FIFOScheduler):
             config = {k: v for k, v in config.items() if resolve_key(k, self._sweep.placement) != key}
             config[key] = new
         from_step = int(checkpoint.metrics[STEP])
-        records = tuple({"step": reason.step, "rule": rule.name, "from_step": from_step, "key": key, "old": old,
-                         "new": new} for key, (old, new) in changes.items())
+        restart = len(_restarts(trial.config.get(REMEDIES, ()))) + 1
+        records = tuple({"restart": restart, "step": reason.step, "rule": rule.name, "from_step": from_step,
+                         "key": key, "old": old, "new": new} for key, (old, new) in changes.items())
         config[REMEDIES] = [*trial.config.get(REMEDIES, ()), *records]
         remedy = Remedy(config, checkpoint, from_step, records)
         self._pending[trial_id] = remedy
@@ -234,9 +235,9 @@ class RemedyScheduler(FIFOScheduler):
 
 
 def _restarts(remedies) -> list[int]:
-    """The step each restart of a trial continued from, in order (one restart may change several knobs)."""
-    events = dict.fromkeys((r["step"], r["rule"], r["from_step"]) for r in remedies)
-    return [from_step for _, _, from_step in events]
+    """The step each restart of a trial continued from, in order (one restart may change several knobs, and a
+    restarted trial may be flagged again at the same step: restarts are told apart by their number)."""
+    return list({r["restart"]: r["from_step"] for r in remedies}.values())
 
 
 def remedy_problems(sweep) -> list[str]:
