@@ -154,16 +154,24 @@ ROW_SUMS = {"pg": (0.8, 1.6), "k1": (LN2, LN2), "k2": (LN2**2 / 2, 5 * LN2**2 / 
             "entropy": (3.0, 4.0)}
 
 
-def _by_hand(loss_agg_mode: str, row_sums: tuple[float, float]) -> float:
-    """Aggregate per-sequence sums over the 2×3 batch (lengths 2 and 3, 5 tokens, width 3) as ``loss_agg_mode``."""
-    s0, s1 = row_sums
+def _aggregate(loss_agg_mode: str, sums: list[float], lengths: list[int], width: int) -> float:
+    """``loss_agg_mode`` by hand from each sequence's token sum and length (``width``: the response width).
+
+    On the 2×3 batch (lengths 2 and 3): token-mean (s0 + s1) / 5, token-sum s0 + s1, seq-mean-token-sum
+    (s0 + s1) / 2, seq-mean-token-mean (s0 / 2 + s1 / 3) / 2, seq-mean-token-sum-norm (s0 + s1) / 2 / 3.
+    """
     return {
-        "token-mean": (s0 + s1) / 5,
-        "token-sum": s0 + s1,
-        "seq-mean-token-sum": (s0 + s1) / 2,
-        "seq-mean-token-mean": (s0 / 2 + s1 / 3) / 2,
-        "seq-mean-token-sum-norm": (s0 + s1) / 2 / 3,  # loss_scale_factor None: the response width
+        "token-mean": sum(sums) / sum(lengths),
+        "token-sum": sum(sums),
+        "seq-mean-token-sum": sum(sums) / len(sums),
+        "seq-mean-token-mean": statistics.fmean(s / n for s, n in zip(sums, lengths)),
+        "seq-mean-token-sum-norm": sum(sums) / len(sums) / width,  # loss_scale_factor None: the response width
     }[loss_agg_mode]
+
+
+def _by_hand(loss_agg_mode: str, row_sums: tuple[float, float]) -> float:
+    """:func:`_aggregate` on the 2×3 batch."""
+    return _aggregate(loss_agg_mode, list(row_sums), [2, 3], 3)
 
 
 @pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
@@ -292,12 +300,12 @@ def test_grpo_and_drgrpo_advantages_equal_the_papers(norm_by_std):
             torch.testing.assert_close(batch["advantages"][i], torch.tensor([a] * n + [0.0] * (8 - n)))
 
 
-@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
 def test_update_normalises_each_mini_batch_by_its_own_tokens_and_sequences(loss_agg_mode):
     # lr 0: the actor never moves, so every mini-batch sees ratio 1 and the logged losses are closed forms of the
     # experience: pg_loss = agg(-A), kl_loss = agg(old - ref) (k1). 4 prompts × 4 samples, 2 prompts per
-    # mini-batch: 2 mini-batches of 8 sequences, each normalised by its own token count (token-mean) or its 8
-    # sequences (seq-mean-token-sum); the logged value is their mean.
+    # mini-batch: 2 mini-batches of 8 sequences, each normalised by its own tokens and its 8 sequences (verl's
+    # global batch is the mini-batch); the logged value is their mean.
     trainer = _trainer(**{"algorithm.adv_estimator": "grpo", f"{A}.optim.lr": 0.0, f"{A}.ppo_mini_batch_size": 2,
                           f"{A}.use_kl_loss": True, f"{A}.kl_loss_type": "k1", f"{A}.kl_loss_coef": 0.5,
                           f"{A}.loss_agg_mode": loss_agg_mode})
@@ -309,11 +317,10 @@ def test_update_normalises_each_mini_batch_by_its_own_tokens_and_sequences(loss_
     for rows in (range(0, 8), range(8, 16)):
         pg_sums = [-adv[i, : lengths[i]].sum().item() for i in rows]
         kl_sums = [kl[i, : lengths[i]].sum().item() for i in rows]
-        divisor = sum(lengths[i] for i in rows) if loss_agg_mode == "token-mean" else 8
-        pg_means.append(sum(pg_sums) / divisor)
-        kl_means.append(sum(kl_sums) / divisor)
+        pg_means.append(_aggregate(loss_agg_mode, pg_sums, [lengths[i] for i in rows], 8))
+        kl_means.append(_aggregate(loss_agg_mode, kl_sums, [lengths[i] for i in rows], 8))
     metrics = trainer.update(batch)
-    assert metrics["actor/pg_loss"] == pytest.approx(statistics.fmean(pg_means), abs=1e-6)
+    assert metrics["actor/pg_loss"] == pytest.approx(statistics.fmean(pg_means), abs=1e-5)
     assert metrics["actor/kl_loss"] == pytest.approx(statistics.fmean(kl_means), rel=1e-5)
     assert abs(metrics["actor/kl_loss"]) > 1e-4  # the actor is off the reference: the KL term is tested
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
