@@ -324,3 +324,99 @@ def test_trial_failed_survives_copy_and_pickle_as_ray_handles_it():
     error = TrialFailed("timeout", "timed out after 2 s")
     for clone in (copy.copy(error), pickle.loads(pickle.dumps(error))):
         assert (clone.kind, clone.message, str(clone)) == ("timeout", "timed out after 2 s", str(error))
+
+
+#: One row per pattern alternative of ``PATTERNS`` and ``FINAL_PATTERNS`` the real tails above do not reach, each a
+#: failure line as its library prints it (torch c10d/NCCL, Hydra 1.3's ``ConfigLoaderImpl`` and ``instantiate``,
+#: omegaconf, verl 0.9.1's ``core_algos.agg_loss`` and ``workers/config/actor.py``, Ray 2.60's ``ray.exceptions``),
+#: under the driver's traceback and Hydra's notice as a verl run prints it (issue 19).
+EACH_PATTERN = {
+    "cuda_oom: CUDA error: out of memory": (
+        "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other "
+        "API call, so the stacktrace below might be incorrect.", "cuda_oom", "RuntimeError: CUDA error: out of memory"),
+    "cuda_oom: torch.cuda.OutOfMemoryError": (
+        "torch.cuda.OutOfMemoryError: Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 23.64 GiB",
+        "cuda_oom", "torch.cuda.OutOfMemoryError: Tried to allocate 20.00 MiB"),
+    "cuda_oom: cuBLAS cannot allocate its workspace": (
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuda_oom", "CUBLAS_STATUS_ALLOC_FAILED"),
+    "nccl: watchdog stuck": (
+        "[rank0]:[E1023 11:10:02.120451873 ProcessGroupNCCL.cpp:1279] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring enqueued "
+        "collectives.", "nccl", "ProcessGroupNCCL's watchdog got stuck for 480 seconds"),
+    "nccl: heartbeat monitor": (
+        "[rank1]:[E1023 11:10:02.120451873 ProcessGroupNCCL.cpp:1401] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+        "Heartbeat monitor timed out! Process will be terminated after dumping debug info. workMetaList_.size()=1",
+        "nccl", "Heartbeat monitor timed out!"),
+    "nccl: ncclRemoteError": (
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+        "nccl", "ncclRemoteError: A call failed"),
+    "nccl: DistNetworkError": (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+        "port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use",
+        "nccl", "torch.distributed.DistNetworkError: The server socket"),
+    "nccl: DistStoreError": (
+        "torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. 1/2 clients joined.",
+        "nccl", "DistStoreError: Timed out after 1801 seconds"),
+    "missing_module: cannot import name": (
+        "ImportError: cannot import name 'AutoModelForVision2Seq' from 'transformers' "
+        "(/opt/venv/lib/python3.11/site-packages/transformers/__init__.py)",
+        "missing_module", "cannot import name 'AutoModelForVision2Seq'"),
+    "nan: anomaly detection": (
+        "RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.",
+        "nan", "Function 'MulBackward0' returned nan values"),
+    "nan: FloatingPointError": (
+        "FloatingPointError: invalid value encountered in divide", "nan", "FloatingPointError: invalid value"),
+    "config: Hydra's composition": (
+        "hydra.errors.ConfigCompositionException: Could not append to config. An item is already at "
+        "'actor_rollout_ref.actor.kl_loss_coef'.", "config", "ConfigCompositionException"),
+    "config: omegaconf": (
+        "omegaconf.errors.ConfigAttributeError: Missing key kl_ctrl\n    full_key: algorithm.kl_ctrl\n"
+        "    object_type=dict", "config", "omegaconf.errors.ConfigAttributeError: Missing key kl_ctrl"),
+    "config: verl's loss_agg_mode check": (
+        "ValueError: Invalid loss_agg_mode: token-means", "config", "Invalid loss_agg_mode: token-means"),
+    "config: klsweep's OverrideError": (
+        "klsweep.errors.OverrideError: value nan cannot be passed to verl: use a finite number",
+        "config", "OverrideError: value nan"),
+    "config: Hydra cannot merge an override": (
+        "Error merging override actor_rollout_ref.actor.ppo_epochs=two\nValue 'two' could not be converted to Integer",
+        "config", "Error merging override actor_rollout_ref.actor.ppo_epochs=two"),
+    "config: verl's config dataclass, with the cause on the next line": (
+        "hydra.errors.InstantiationException: Error in call to target 'verl.workers.config.actor.FSDPActorConfig':\n"
+        "AssertionError(\"[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
+        "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled.\")", "config",
+        "Error in call to target 'verl.workers.config.actor.FSDPActorConfig': AssertionError(\"[actor] Please set"),
+    "killed: WorkerCrashedError": (
+        "ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this task. Check "
+        "python-core-worker-*.log files for more information.", "killed", "WorkerCrashedError"),
+    "killed: NodeDiedError": (
+        "ray.exceptions.NodeDiedError: Task failed because the node (ip 10.0.0.6) it ran on is dead or unavailable.",
+        "killed", "NodeDiedError"),
+}
+
+
+@pytest.mark.parametrize(("failure_lines", "kind", "message"), EACH_PATTERN.values(), ids=EACH_PATTERN)
+def test_each_pattern_gives_its_kind(failure_lines, kind, message):
+    failure = classify(1, ROUTINE_NOISE + DRIVER_TRACEBACK + failure_lines + "\n" + HYDRA_NOTICE)
+    assert (failure.kind, failure.retryable) == (kind, kind in ("nccl", "killed")), failure.message
+    assert message in failure.message
+
+
+#: A generic traceback printed after the out-of-memory line: the driver's report and a worker's later error.
+LATER_GENERIC = {
+    "a driver RuntimeError": "RuntimeError: Engine core initialization failed. See root cause above.\n",
+    "a driver KeyError": "KeyError: 'actor/pg_loss'\n",
+    "an NCCL error on a peer after the OOM": (
+        "(WorkerDict pid=48213) torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/"
+        "c10d/NCCLUtils.cpp:77, remote process exited or there was a network error\n"),
+}
+
+
+@pytest.mark.parametrize("later", LATER_GENERIC.values(), ids=LATER_GENERIC)
+@pytest.mark.parametrize("returncode", [1, 128 + signal.SIGKILL, -signal.SIGABRT])
+def test_an_out_of_memory_line_wins_over_what_follows_it(later, returncode):
+    stderr = ("(WorkerDict pid=48214) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.17 GiB.\n"
+              + DRIVER_TRACEBACK + later + HYDRA_NOTICE)
+    failure = classify(returncode, stderr)
+    assert failure.kind == "cuda_oom", failure.message
+    assert failure.message == stderr.splitlines()[0]
