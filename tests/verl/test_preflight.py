@@ -198,3 +198,26 @@ def test_flash_attention_presence_defaults_to_this_python(monkeypatch):
         else:
             with pytest.raises(PreflightError, match="flash-attn is not installed"):
                 preflight(grpo, trainer="verl")
+
+
+#: Batch-arithmetic refusals of ``preflight`` no other test reaches (issue 19): id → (changes to a complete GRPO
+#: config, the line).
+#: The complete config: 16 prompts × rollout.n 5 = 80 sequences, mini-batch 8, micro-batch 2, 4 GPUs.
+PREFLIGHT_REFUSALS = {
+    # 8 × 5 = 40 sequences per mini-batch over 3 GPUs: 40 / 3 = 13.33
+    "a mini-batch that does not split over the GPUs": (
+        {"trainer.n_gpus_per_node": 3},
+        "actor mini-batch per GPU = ppo_mini_batch_size × rollout.n / GPUs = 8 × 5 / 3 is not a whole number "
+        "(trainer.nnodes × trainer.n_gpus_per_node = 1 × 3): make 40 a multiple of 3"),
+    # share 8 × 5 / 4 = 10; 10 % 4 = 2
+    "a micro-batch that does not divide the per-GPU share": (
+        {A + "actor.ppo_micro_batch_size_per_gpu": 4},
+        f"{A}actor.ppo_micro_batch_size_per_gpu (4) does not divide the actor mini-batch per GPU = "
+        "ppo_mini_batch_size × rollout.n / GPUs = 8 × 5 / 4 = 10: use a divisor"),
+}
+
+
+@pytest.mark.parametrize(("changes", "line"), PREFLIGHT_REFUSALS.values(), ids=PREFLIGHT_REFUSALS)
+def test_each_preflight_refusal_names_the_key_the_value_and_the_fix(changes, line):
+    grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL, **changes}
+    assert line in _problems(grpo)
