@@ -113,6 +113,15 @@ REFUSALS = {
         5, "parameters.actor_rollout_ref.actor.loss_scale_factor",
         ["only loss_agg_mode seq-mean-token-sum-norm divides by it, this config's is 'token-mean'",
          "Remove the key or set that loss_agg_mode"]),
+    "the KL-loss estimator searched with the KL in the reward": (
+        "grpo", "kl_placement: reward\nparameters:\n  actor_rollout_ref.actor.kl_loss_type: {values: [k1, k3]}\n",
+        6, "parameters.actor_rollout_ref.actor.kl_loss_type",
+        ["the KL loss is off (actor_rollout_ref.actor.use_kl_loss=False)", "Set kl_placement: loss (or both)",
+         "(the KL in the reward uses algorithm.kl_penalty)"]),
+    "the in-reward controller type fixed with the KL in the loss": (
+        "grpo", "overrides:\n  algorithm.kl_ctrl.type: adaptive\n", 5, "overrides.algorithm.kl_ctrl.type",
+        ["algorithm.kl_ctrl.type has no effect: the KL penalty in the reward is off "
+         "(algorithm.use_kl_in_reward=False)", "Set kl_placement: reward (or both), or remove the key"]),
     "a GPU count searched": (
         "grpo", "trainer: verl\nparameters:\n  trainer.n_gpus_per_node: {values: [1, 2]}\n",
         6, "parameters.trainer.n_gpus_per_node",
