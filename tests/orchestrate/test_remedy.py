@@ -142,6 +142,11 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     # a restarted trial flagged again at the same step from the same checkpoint is a second restart, not the first
     trial.set_config({**remedy.config, REMEDIES: [first, {**first, "restart": 2}]})
     assert plan(47) == "max_remedies 2 of kl_runaway reached"
+    # Tune pickles the scheduler with the experiment (the stopper points to it): without its live trials, whose
+    # unpickling needs the trainable registered (a resumed sweep reads that file before; test_resume.py)
+    import ray.cloudpickle as cloudpickle
+
+    assert cloudpickle.loads(cloudpickle.dumps(scheduler))._trials == {} and scheduler._trials
     verl = RemedyScheduler(load_sweep(sweep_file(tmp_path)).model_copy(update={"trainer": "verl"}))
     verl.on_trial_add(None, trial)
     assert "trainer verl trials checkpoint with verl, not Ray Tune" in verl.plan(trial.trial_id, rule,

@@ -149,6 +149,13 @@ class RemedyScheduler(FIFOScheduler):
         self._trials: dict[str, Trial] = {}
         self._pending: dict[str, Remedy] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the live trials: Tune pickles this scheduler with the experiment (``search_gen_state-*.json``
+        holds the run config, whose stopper points here), and unpickling a ``Trial`` needs its trainable registered
+        (``Trial.__setstate__``), which a resumed sweep's repair step reads before it is. A restored experiment adds
+        its trials again (:meth:`on_trial_add`)."""
+        return {**self.__dict__, "_trials": {}, "_pending": {}}
+
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         """Remember the trial, so that :meth:`plan` (called with its id by the stopper) finds its checkpoints."""
         self._trials[trial.trial_id] = trial
