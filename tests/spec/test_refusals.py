@@ -68,6 +68,14 @@ REFUSALS = {
     "seed trial differs from a constant": (
         "grpo", "parameters:\n  kl_coef: {value: 0.01}\nseed_trials:\n  - {kl_coef: 0.03}\n",
         7, "seed_trials.0.kl_coef", ["0.03 differs from the parameter's constant value 0.01"]),
+    "seed trial names an alias with no key under kl_placement none": (
+        "grpo", "kl_placement: none\nparameters:\n  entropy_coeff: {values: [0.0, 0.01]}\n"
+                "seed_trials:\n  - {kl_coef: 0.01}\n",
+        8, "seed_trials.0.kl_coef", ["alias 'kl_coef' has no effect with kl_placement none",
+                                     "set kl_placement: loss or reward, or remove 'kl_coef'"]),
+    "seed trial value that is a list": (
+        "grpo", "parameters:\n  entropy_coeff: {values: [0.0, 0.01]}\nseed_trials:\n  - {entropy_coeff: [1, 2]}\n",
+        7, "seed_trials.0.entropy_coeff", ["must be a number, a string, true/false or null, not a list"]),
     "more seed trials than trials": (
         "grpo", "budget: {trials: 1}\nparameters:\n  kl_coef: {values: [0.01, 0.02]}\n"
                 "seed_trials:\n  - {kl_coef: 0.01}\n  - {kl_coef: 0.02}\n",
