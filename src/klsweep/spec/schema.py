@@ -286,8 +286,12 @@ class Tabular(BaseModel):
     @field_validator("table")
     @classmethod
     def _existing(cls, value: str) -> str:
-        path = Path(value).expanduser().resolve()  # absolute: trials run in Ray workers with another directory
-        if not path.is_file():
+        path = Path.cwd() / value  # absolute: trials run in Ray workers with another working directory
+        try:
+            found = path.is_file()
+        except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+            found = False
+        if not found:
             raise ValueError(f"no file {value!r} (looked in {Path.cwd()}): give a table written by "
                              "benchmarks/tabular/generate.py, e.g. benchmarks/tabular/grpo_kl.jsonl.gz")
         return str(path)
