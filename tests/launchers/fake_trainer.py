@@ -110,8 +110,9 @@ if args.get("grandchildren") == 1:
     orphan_parent = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, text=True)
     orphan = int(orphan_parent.stdout.readline())
     orphan_parent.wait()
-    with open("tree.json", "w") as f:
+    with open("tree.json.tmp", "w") as f:  # written whole, then renamed: a reader never sees half of it
         json.dump({"trainer": os.getpid(), "plain": plain.pid, "session": session.pid, "orphan": orphan}, f)
+    os.replace("tree.json.tmp", "tree.json")
 if "ray_kwargs.ray_init.address" in args:  # verl's main_ppo: ray.init(**ray_kwargs.ray_init) unless initialized
     import ray
 

@@ -20,7 +20,9 @@ HERE = Path(__file__).resolve().parent
 def fake_trial(config):
     """Runs the fake trainer with ``config`` as overrides, then reports where it ran (node, GPUs, child's view).
 
-    ``config["stderr"]``, if given, is what a crashing fake trainer writes to stderr.
+    ``config["stderr"]``, if given, is what a crashing fake trainer writes to stderr. ``config["barrier"]``, if
+    given, is a directory where each of ``config["parties"]`` trials signs in before its process starts, waiting
+    for all the others (so that their runs overlap by construction, not by timing).
     """
     import ray
     from ray import tune
@@ -32,6 +34,12 @@ def fake_trial(config):
 
     config = dict(config)
     os.environ["FAKE_TRAINER_STDERR"] = config.pop("stderr", "")
+    barrier, parties = config.pop("barrier", None), config.pop("parties", 0)
+    if barrier:
+        Path(barrier, str(config["seed"])).touch()
+        deadline = time.monotonic() + 120
+        while len(list(Path(barrier).iterdir())) < parties and time.monotonic() < deadline:
+            time.sleep(0.05)
     TRAINERS["fake"] = FAKE
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     start = time.time()
@@ -102,11 +110,13 @@ def placement(out_dir: str) -> None:
 
         print(json.dumps({"nodes_without": nodes_without(Path(out_dir)), "gcs": cluster.address}), flush=True)
         trainable = tune.with_resources(fake_trial, {"cpu": 1, "gpu": 1})
+        barrier = Path(out_dir, "barrier")  # the 4 trials fit the 4 GPUs at once: each waits for the others
+        barrier.mkdir()
         own_ray = {"+ray_kwargs.ray_init.address": "local"}
         tuner = tune.Tuner(
             trainable,
-            param_space=tune.grid_search([{"steps": 4, "interval": 0.5, "seed": seed} | (own_ray if seed == 0 else {})
-                                          for seed in range(4)]),
+            param_space=tune.grid_search([{"steps": 4, "interval": 0.5, "seed": seed, "barrier": str(barrier),
+                                           "parties": 4} | (own_ray if seed == 0 else {}) for seed in range(4)]),
             tune_config=tune.TuneConfig(max_concurrent_trials=4),
             run_config=tune.RunConfig(storage_path=out_dir, name="placement", verbose=0),
         )
