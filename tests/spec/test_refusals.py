@@ -62,12 +62,18 @@ REFUSALS = {
         "grpo", "parameters:\n  kl_coef: {distribution: log_uniform_values, min: 0.001, max: 0.01}\n"
                 "seed_trials:\n  - {kl_coef: 0.5}\n",
         7, "seed_trials.0.kl_coef", ["0.5 is outside the parameter's range [0.001, 0.01]", "widen the range"]),
+    "seed trial gives a word for a range": (
+        "grpo", "parameters:\n  kl_coef: {distribution: log_uniform_values, min: 0.001, max: 0.01}\n"
+                "seed_trials:\n  - {kl_coef: high}\n",
+        7, "seed_trials.0.kl_coef", ["'high' is not a number but the parameter is a range [0.001, 0.01]",
+                                     "give a number in the range"]),
     "seed trial not among the values": (
         "grpo", "parameters:\n  kl_coef: {values: [0.01, 0.02]}\nseed_trials:\n  - {kl_coef: 0.03}\n",
         7, "seed_trials.0.kl_coef", ["0.03 is not one of the parameter's values [0.01, 0.02]", "add it to values"]),
     "seed trial differs from a constant": (
         "grpo", "parameters:\n  kl_coef: {value: 0.01}\nseed_trials:\n  - {kl_coef: 0.03}\n",
-        7, "seed_trials.0.kl_coef", ["0.03 differs from the parameter's constant value 0.01"]),
+        7, "seed_trials.0.kl_coef", ["0.03 differs from the parameter's constant value 0.01",
+                                  "set it to 0.01 or drop it"]),
     "seed trial names an alias with no key under kl_placement none": (
         "grpo", "kl_placement: none\nparameters:\n  entropy_coeff: {values: [0.0, 0.01]}\n"
                 "seed_trials:\n  - {kl_coef: 0.01}\n",

@@ -91,24 +91,24 @@ def test_ref_micro_batch_only_when_a_reference_is_needed():
     assert preflight(no_kl, trainer="verl", has_flash_attn=True) == []
 
 
-def test_k07_string_where_verl_has_a_bool():
+def test_a_string_where_verl_has_a_bool_is_refused():
     lines = _problems({A + "actor.use_dynamic_bsz": "off"}, trainer="embedded")
     assert any("use_dynamic_bsz='off' is not true/false" in p for p in lines)
 
 
-def test_k07_typo_with_line_and_closest_key():
+def test_a_typo_gets_its_line_and_the_closest_key():
     (line,) = _problems({A + "actor.kl_los_type": "kl"}, where={A + "actor.kl_los_type": "s.yaml:9"})
     assert line.startswith("s.yaml:9: ") and "did you mean 'actor_rollout_ref.actor.kl_loss_type'?" in line
 
 
-def test_k05_zero_coefficient_warns():
+def test_a_zero_coefficient_warns():
     overrides = {**preset_overrides("grpo", "loss", base={"data.train_batch_size": 10}), A + "actor.kl_loss_coef": 0}
     overrides[A + "actor.ppo_mini_batch_size"] = 10
     (warning,) = preflight(overrides, trainer="embedded")
     assert "kl_loss_coef=0" in warning
 
 
-def test_k04_negative_coefficient_needs_the_opt_in():
+def test_a_negative_coefficient_needs_the_opt_in():
     overrides = {**preset_overrides("grpo", "loss", base={"data.train_batch_size": 10}),
                  A + "actor.ppo_mini_batch_size": 10, A + "actor.kl_loss_coef": -0.01}
     assert any("is negative" in p for p in _problems(overrides, trainer="embedded"))
@@ -213,7 +213,8 @@ PREFLIGHT_REFUSALS = {
     "a micro-batch that does not divide the per-GPU share": (
         {A + "actor.ppo_micro_batch_size_per_gpu": 4},
         f"{A}actor.ppo_micro_batch_size_per_gpu (4) does not divide the actor mini-batch per GPU = "
-        "ppo_mini_batch_size × rollout.n / GPUs = 8 × 5 / 4 = 10: use a divisor"),
+        "ppo_mini_batch_size × rollout.n / GPUs = 8 × 5 / 4 = 10: a remainder would leave one micro-batch short; use a "
+        "divisor"),
 }
 
 

@@ -284,9 +284,13 @@ def _seed_problems(sweep: Sweep, seed: dict[str, Any], params: dict) -> Iterator
         elif isinstance(p, Choice) and repr(value) not in map(repr, p.values):
             yield (name,), f"{value!r} is not one of the parameter's values {p.values}: add it to values"
         elif isinstance(p, Constant) and value != p.value:
-            yield (name,), f"{value!r} differs from the parameter's constant value {p.value!r}"
+            yield (name,), (f"{value!r} differs from the parameter's constant value {p.value!r}: set it to "
+                            f"{p.value!r} or drop it from the seed trial")
         elif isinstance(p, Range):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not p.min <= value <= p.max:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                yield (name,), (f"{value!r} is not a number but the parameter is a range [{p.min}, {p.max}]: give a "
+                                "number in the range")
+            elif not p.min <= value <= p.max:
                 yield (name,), f"{value!r} is outside the parameter's range [{p.min}, {p.max}]: widen the range"
 
 

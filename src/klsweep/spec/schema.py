@@ -35,7 +35,7 @@ from klsweep.trainers import TrainerName
 def _scalar(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise ValueError(f"must be a number, a string, true/false or null, not a {type(value).__name__}")
+    raise ValueError(f"must be a number, a string, true/false or null, not a {type(value).__name__}: give one value")
 
 
 def _override_value(value: Any) -> Any:
@@ -132,7 +132,8 @@ class Range(_Param):
                 f"(W&B's log_uniform_values), e.g. min: 0.0001, max: 0.01"
             )
         if self.distribution == "int_uniform" and not (self.min.is_integer() and self.max.is_integer()):
-            raise ValueError(f"int_uniform needs integer bounds but got min={self.min}, max={self.max}")
+            raise ValueError(f"int_uniform needs integer bounds but got min={self.min}, max={self.max}: use whole "
+                             "numbers, or distribution: uniform")
         if self.q is not None and self.distribution != "q_uniform":
             raise ValueError(f"q is only used by distribution q_uniform, not {self.distribution}: remove q")
         return self

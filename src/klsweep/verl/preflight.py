@@ -157,7 +157,8 @@ def _batch_problems(value, trainer: str) -> list[tuple[str, str]]:
             out.append((micro_key, f"{micro_key} ({micro}) is larger than the {arithmetic} = {share}: "
                         f"verl would train on padded/empty micro-batches (NaN losses, verl#2505). Use at most {share}"))
         elif micro is not None and share % micro:
-            out.append((micro_key, f"{micro_key} ({micro}) does not divide the {arithmetic} = {share}: use a divisor"))
+            out.append((micro_key, f"{micro_key} ({micro}) does not divide the {arithmetic} = {share}: a remainder "
+                                         "would leave one micro-batch short; use a divisor"))
     return out
 
 
