@@ -11,10 +11,11 @@ import pytest
 from verl.trainer.ppo import core_algos
 
 from klsweep.cli import main
+from klsweep.errors import SweepFileError
 from klsweep.health import Rule
 from klsweep.health.verdict import StopReason
 from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
-from klsweep.orchestrate.remedy import onset_step, prescribe, reapply_after_load, remedy_problems
+from klsweep.orchestrate.remedy import onset_step, prescribe, reapply_after_load
 from klsweep.results import STEP
 from klsweep.spec import load_sweep
 from tests.orchestrate.conftest import VAL, sweep_file
@@ -97,8 +98,9 @@ def test_prescriptions_of_the_sweeps_own_rules_are_checked(tmp_path):
              _rule(name="b", remedy={"actor_rollout_ref.actor.optim.lrr": "*0.5"}).model_dump(by_alias=True)]
     for r in rules:
         r.pop("conditions"), r.update(metric="ref_kl", above=0.25)
-    sweep = load_sweep(sweep_file(tmp_path, health={"preset": "default", "rules": rules}))
-    problems = remedy_problems(sweep)
+    with pytest.raises(SweepFileError) as refused:  # sweep validate, run and resume load it so
+        load_sweep(sweep_file(tmp_path, health={"preset": "default", "rules": rules}))
+    problems = [p for p in refused.value.problems if ".remedy." in p]
     assert len(problems) == 2
     assert "health.rules.0.remedy.target_kl: the remedy changes algorithm.kl_ctrl.target_kl, which has no effect" \
         in problems[0] and "'fixed'" in problems[0]

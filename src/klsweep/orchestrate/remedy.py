@@ -247,37 +247,6 @@ def _restarts(remedies) -> list[int]:
     return list({r["restart"]: r["from_step"] for r in remedies}.values())
 
 
-def remedy_problems(sweep) -> list[str]:
-    """The problems of the prescriptions in a sweep's own health rules (``health.rules``), one line each with the
-    fix: an alias without a live key, a key that is not verl's (with the closest), a knob inert for the sweep's
-    algorithm and KL placement. A preset's prescription that is inert for the sweep is not a problem: the rule then
-    stops as before, saying so."""
-    from klsweep.space import fixed_overrides
-    from klsweep.verl.config import closest_key, default_keys
-    from klsweep.verl.liveness import inert_reason
-    from klsweep.verl.presets import ALIASES, resolve_key
-
-    problems: list[str] = []
-    fixed = fixed_overrides(sweep)
-    for i, rule in enumerate(sweep.health.rules):
-        for name in rule.remedy:
-            where = f"{sweep.where('health', 'rules', i) or 'health'}: health.rules.{i}.remedy.{name}"
-            try:
-                key = resolve_key(name, sweep.placement)
-            except ValueError as e:
-                problems.append(f"{where}: {e}")
-                continue
-            if key not in default_keys():
-                hint = closest_key(key)
-                fix = f"did you mean {hint!r}?" if hint else f"use a verl key or an alias ({', '.join(ALIASES)})"
-                problems.append(f"{where}: {key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}")
-                continue
-            inert = inert_reason(key, fixed)
-            if inert:
-                problems.append(f"{where}: the remedy changes {key}, which has no effect: {inert}")
-    return problems
-
-
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A trial's Tune config → (its parameters, as :func:`klsweep.space.trial_overrides` reads them; its remedies)."""
     return {k: v for k, v in config.items() if k != REMEDIES}, list(config.get(REMEDIES, ()))

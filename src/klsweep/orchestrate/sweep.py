@@ -157,12 +157,6 @@ def _preflight(sweep) -> None:
     from klsweep.orchestrate.samplers import build_sampler
 
     build_sampler(sweep)  # a sampler refusal (grid over a range, cmaes on categories)
-    from klsweep.errors import SweepFileError
-    from klsweep.orchestrate.remedy import remedy_problems
-
-    problems = remedy_problems(sweep)
-    if problems:
-        raise SweepFileError(problems)
     for warning in [*sweep.warnings, *preflight_sweep(sweep)]:
         print(f"warning: {warning}", file=sys.stderr)
 

@@ -80,6 +80,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
             warnings.append((("parameters", name), f"{_label(name, key)} has no effect in some trials: {first}. "
                              "Add a `when` condition so it is only sampled where it acts"))
     errors.extend(_negative_kl(sweep, params))
+    errors.extend(_remedy_problems(sweep, fixed))
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
     n = fixed.get("actor_rollout_ref.rollout.n")
@@ -363,3 +364,26 @@ def _zero_kl(fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Probl
             yield (("parameters", names[coef]) if p else ("overrides", coef)), (
                 f"{switch}=True with {coef}=0: the reference model's forward pass costs compute for no effect. "
                 f"Use a coefficient > 0, or turn the KL off with kl_placement")
+
+
+def _remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
+    """The prescriptions of the sweep's own health rules (``health.rules[i].remedy``): an alias without a live key,
+    a key that is not verl's (with the closest), a knob inert for the sweep's algorithm and KL placement. A preset's
+    prescription that is inert for the sweep is not a problem: the rule then stops as before, saying so."""
+    for i, rule in enumerate(sweep.health.rules):
+        for name in rule.remedy:
+            path = ("health", "rules", i, "remedy", name)
+            try:
+                key = presets.resolve_key(name, sweep.placement)
+            except ValueError as e:
+                yield path, str(e)
+                continue
+            if key not in default_keys():
+                hint = closest_key(key)
+                fix = (f"did you mean {hint!r}?" if hint
+                       else f"use a verl key or an alias ({', '.join(presets.ALIASES)})")
+                yield path, f"{key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}"
+                continue
+            inert = inert_reason(key, fixed)
+            if inert:
+                yield path, f"the remedy changes {key}, which has no effect: {inert}"
