@@ -172,3 +172,20 @@ def test_a_wandb_export_of_several_runs_plays_the_run_named(tmp_path):
     played = play(ReplayTrainer({}, trace=export, run="sweep-a-t07"))
     assert [step for step, _ in played] == [1, 2, 3]  # its step 4 cells are empty: not logged
     assert played[0][1] == {"actor/pg_loss": 0.02} and played[2][1] == {"actor/pg_loss": float("inf")}
+
+
+def test_a_replay_sweep_names_the_run_of_an_export_in_its_replay_section(tmp_path):
+    """`replay: {trace, run}` in a sweep file reaches the trainer each trial builds (the trainer table's factory)."""
+    from klsweep.space import trial_overrides
+    from klsweep.spec import load_sweep
+    from klsweep.trainers import trainer_kind
+    from tests.health.test_decoder import WANDB_TWO_RUNS
+
+    export = tmp_path / "wandb_export.csv"
+    export.write_text(WANDB_TWO_RUNS)
+    path = replay_sweep(tmp_path, "two_runs", export, "grpo", "actor/pg_loss", 3)
+    sweep = load_sweep(path, ["replay.run=sweep-a-t07"])
+    trainer = trainer_kind("replay").in_process(sweep, trial_overrides(sweep, {"kl_coef": 0.001}))
+    assert [step for step, _ in play(trainer)] == [1, 2, 3]
+    with pytest.raises(TraceReadError, match="sweep-a-t03, sweep-a-t07"):
+        trainer_kind("replay").in_process(load_sweep(path), {})

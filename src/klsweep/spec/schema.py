@@ -270,6 +270,11 @@ class Replay(BaseModel):
         description="training steps per second of playback (gaps between logged steps included); "
         "0 plays as fast as possible",
     )
+    run: str | None = Field(
+        None, min_length=1,
+        description="the run to play back when the log holds several (a W&B CSV export of a sweep): its name as in "
+        "the export's column headers",
+    )
 
 
 class Tabular(BaseModel):

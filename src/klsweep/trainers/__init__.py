@@ -92,7 +92,7 @@ def _embedded(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
 def _replay(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
     from klsweep.trainers.replay import ReplayTrainer
 
-    return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed)
+    return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed, run=sweep.replay.run)
 
 
 def _tabular(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
