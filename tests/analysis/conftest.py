@@ -23,6 +23,7 @@ DISTRIBUTIONS = {
     KL_COEF: optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
     KL_TYPE: optuna.distributions.CategoricalDistribution(["low_var_kl", "kl", "k2"]),
     AGG: optuna.distributions.CategoricalDistribution(["token-mean", "seq-mean-token-sum-norm"]),
+    "data.seed": optuna.distributions.IntDistribution(0, 9),
 }
 #: Fixed overrides of every trial, with the value kinds real sweeps store (lists, None).
 FIXED = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True,
@@ -97,6 +98,46 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
             "objectives": objectives, "sweep": sweep, "overrides": []}
     (root / "sweep.json").write_text(json.dumps(info, indent=2))
     return root
+
+
+#: A validation score of the Gao RL law (Gao et al. 2022, eq. 2) with alpha 1, beta 0.5 over a reference of 0.2:
+#: peak at d* = exp(alpha / beta - 1) = e, KL* = e**2 = 7.389 nats/sequence, peak score 0.2 + 0.5 e = 1.559.
+VAL = "val-core/gsm8k/acc/mean@1"
+GAO_ALPHA, GAO_BETA, GAO_REFERENCE, RESPONSE_TOKENS = 1.0, 0.5, 0.2, 100.0
+FRONTIER_OBJECTIVES = [{"metric": VAL, "mode": "max"}, {"metric": "actor/kl_loss", "mode": "min"}]
+
+
+def gao_metrics(final_kl_seq: float, max_steps: int, score=None):
+    """Metrics of a trial whose per-sequence KL grows linearly from 0 (step 1) to ``final_kl_seq`` (last step),
+    logged per token as verl does (``actor/kl_loss`` = KL_seq / ``response_length/mean``), its validation score on
+    the Gao RL law above (or ``score`` at the last step: a trial off the law)."""
+
+    def metrics(params: dict[str, Any], step: int) -> dict[str, float]:
+        kl_seq = final_kl_seq * (step - 1) / (max_steps - 1)
+        d = math.sqrt(kl_seq)
+        val = GAO_REFERENCE + (d * (GAO_ALPHA - GAO_BETA * math.log(d)) if d > 0 else 0.0)
+        if score is not None and step == max_steps:
+            val = score
+        return {"actor/kl_loss": kl_seq / RESPONSE_TOKENS, "response_length/mean": RESPONSE_TOKENS, VAL: val,
+                "actor/entropy": 1.0, "critic/score/mean": 0.5}
+
+    return metrics
+
+
+def frontier_specs(final_kls, max_steps: int = 5, *, stopped: dict[int, float] | None = None, seeds=None):
+    """Trial specs of a KL sweep with one estimator (low_var_kl, token-mean) whose trial ``i`` ends at per-sequence
+    KL ``final_kls[i]``; ``stopped``: trial index → its last score, stopped by a health rule (off the law);
+    ``seeds``: trial index → ``data.seed``."""
+    stopped, seeds = stopped or {}, seeds or {}
+    specs = []
+    for i, kl in enumerate(final_kls):
+        params = {KL_COEF: 10 ** (-3 + i % 3), KL_TYPE: "low_var_kl", AGG: "token-mean"}
+        if i in seeds:
+            params["data.seed"] = seeds[i]
+        specs.append({"params": params, "steps": max_steps, "health": "stopped" if i in stopped else "healthy",
+                      "stop_reason": "kl_runaway: actor/kl_loss > 0.5" if i in stopped else "",
+                      "metrics": gao_metrics(kl, max_steps, stopped.get(i))})
+    return specs
 
 
 @pytest.fixture

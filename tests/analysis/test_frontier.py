@@ -132,3 +132,83 @@ def test_attainment_surfaces_of_a_hand_built_two_seed_front():
     assert attainment_surface([a], 1.0).tolist() == a.tolist()  # one run: its own front
     with pytest.raises(ValueError, match="level"):
         attainment_surface([a], 0.0)
+
+
+def test_sweep_frontier_fits_feasible_trials_and_keeps_stopped_ones_apart(synthetic_sweep):
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, GAO_REFERENCE, VAL, frontier_specs
+
+    # five trials on the Gao RL law (alpha 1, beta 0.5): KL* = e**2 = 7.389 nats/sequence, peak 0.2 + 0.5 e = 1.559;
+    # trial 5 stopped at KL 9 with a score of 3.0 far off the law: fitted with the others, the peak would move
+    run_dir = synthetic_sweep(frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 9.0], stopped={5: 3.0}),
+                              objectives=FRONTIER_OBJECTIVES)
+    result = sweep_frontier(run_dir, n_boot=50)
+    assert result.score_metric == VAL and "validation objective" in result.score_source
+    assert result.reference_source == f"the median first logged {VAL} of the 5 fitted trials"
+    f = result.frontier
+    assert f is not None and f.best.form == "rl" and f.n == 5 and f.reference == pytest.approx(GAO_REFERENCE)
+    assert f.best.kl_star == pytest.approx(math.e ** 2, rel=1e-6)
+    assert f.best.peak_score == pytest.approx(0.2 + 0.5 * math.e, rel=1e-6)
+    assert sorted(result.points["kl_seq"]) == pytest.approx([1.0, 4.0, 9.0, 16.0, 25.0])
+    assert result.stopped["number"].tolist() == [5] and result.stopped["score"].tolist() == [3.0]
+    assert result.stopped["reason"].tolist() == ["kl_runaway: actor/kl_loss > 0.5"]
+    assert result.runs == []  # one seed per config
+    line = result.summary()
+    assert line.startswith("KL frontier (Gao RL form, 5 trials): KL* = 7.39 nats/sequence [7.39, 7.39] (80 %), "
+                           "peak score 1.56 [1.56, 1.56]") and "⚠" not in line
+
+
+def test_sweep_frontier_says_why_it_cannot_fit(synthetic_sweep):
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, VAL, frontier_specs
+
+    three = sweep_frontier(synthetic_sweep(frontier_specs([1.0, 4.0, 9.0, 16.0], stopped={3: 1.0}), name="three",
+                                           objectives=FRONTIER_OBJECTIVES), n_boot=10)
+    assert three.frontier is None and three.reason == (
+        f"the KL frontier needs at least 4 feasible trials with a reference KL, response_length/mean and {VAL} at one "
+        "step; 3 so far")
+    assert three.summary() == f"KL frontier: not fitted: {three.reason}"
+    # conftest.curve logs no response length (and no validation score: the training score is fitted, and said)
+    training = sweep_frontier(synthetic_sweep(8, name="training"), n_boot=10)
+    assert training.score_metric == "critic/score/mean" and "not a held-out score" in training.score_source
+    assert training.frontier is None and training.reason == (
+        "no trial logged a reference KL, response_length/mean and critic/score/mean at the same step")
+    minimised = sweep_frontier(synthetic_sweep(frontier_specs([1.0] * 4), name="min",
+                                               objectives=[{"metric": "actor/kl_loss", "mode": "min"}]))
+    assert minimised.frontier is None and minimised.reason == "the sweep maximises no objective: no score to fit"
+
+
+def test_sweep_frontier_refuses_mixed_kl_scales(synthetic_sweep):
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, KL_TYPE, frontier_specs
+
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0])
+    specs[0]["params"][KL_TYPE] = "k2"  # mse/k2: another estimator, another scale
+    result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=10)
+    assert result.frontier is None and result.reason.startswith("the trials measure KL on different scales (")
+
+
+def test_sweep_frontier_flags_a_wide_or_extrapolated_forecast(synthetic_sweep):
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, frontier_specs
+
+    # KL up to 4 nats/sequence (d <= 2) while the law peaks at d = e: the peak lies beyond the largest KL reached
+    result = sweep_frontier(synthetic_sweep(frontier_specs([0.25, 1.0, 2.25, 4.0]), objectives=FRONTIER_OBJECTIVES),
+                            n_boot=10)
+    assert result.frontier is not None and result.frontier.extrapolated
+    assert result.summary().endswith("; ⚠ extrapolated: the peak lies beyond the largest KL reached (4 nats/sequence)")
+
+
+def test_sweep_frontier_groups_seeds_of_one_config_into_attainment_runs(synthetic_sweep):
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, frontier_specs
+
+    # trials 0..2 (kl_coef 1e-3, 1e-2, 1e-1) with seed 0, trials 3..5 the same configs with seed 1
+    specs = frontier_specs([1.0, 4.0, 9.0, 2.0, 3.0, 16.0], seeds={i: i // 3 for i in range(6)})
+    result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=10)
+    assert [sorted(r[:, 0]) for r in result.runs] == [[1.0, 4.0, 9.0], [2.0, 3.0, 16.0]]

@@ -299,3 +299,164 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
                                + "): fit one estimator and aggregation at a time")
     out.attrs["reference"] = float(np.median(firsts))
     return out
+
+
+#: The training seed's column in :func:`klsweep.analysis.load.load` (verl's ``data.seed``); trials that differ only
+#: in it ran the same config.
+SEED_COLUMN = "config/data.seed"
+FORM_NAMES = {"rl": "Gao RL form", "bon": "Gao best-of-n form"}
+
+
+@dataclass(frozen=True)
+class SweepFrontier:
+    """The KL frontier of one sweep (:func:`sweep_frontier`), or the reason there is none.
+
+    Attributes:
+        score_metric: the fitted score (``None`` when the sweep maximises no objective); ``score_source`` says why.
+        reference_source: where the score at ``d = 0`` came from.
+        points: the feasible trials' points (:func:`frontier_points` columns plus ``number`` and ``hover``).
+        stopped: the infeasible trials' points (same columns plus ``reason``), never fitted.
+        frontier: the fit, or ``None``; ``reason`` then says why.
+        runs: one ``(m, 2)`` array of ``(kl_seq, score)`` per training seed when some config ran with several
+            seeds (:func:`attainment_surface` input), else empty.
+    """
+
+    score_metric: str | None
+    score_source: str
+    reference_source: str
+    points: pd.DataFrame
+    stopped: pd.DataFrame
+    frontier: Frontier | None
+    reason: str | None
+    runs: list[np.ndarray] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: ``KL frontier (Gao RL form, N trials): KL* = x nats/sequence [lo, hi] (80 %), peak score y
+        [lo, hi]``, then a warning when the KL* interval is too wide (relative width > 1) or the peak is
+        extrapolated (beyond the largest KL reached); or the reason there is no fit."""
+        f = self.frontier
+        if f is None:
+            return f"KL frontier: not fitted: {self.reason}"
+        b, pct = f.best, f"{f.level * 100:g} %"
+        (kl_lo, kl_hi), (p_lo, p_hi) = b.intervals["kl_star"], b.intervals["peak_score"]
+        line = (f"KL frontier ({FORM_NAMES[b.form]}, {f.n} trials): KL* = {b.kl_star:.3g} nats/sequence "
+                f"[{kl_lo:.3g}, {kl_hi:.3g}] ({pct}), peak score {b.peak_score:.3g} [{p_lo:.3g}, {p_hi:.3g}]")
+        warnings = []
+        width = f.interval_width()
+        if width > 1:
+            warnings.append(f"interval too wide to act on (relative width {width:.3g} > 1): run more trials")
+        if f.extrapolated:
+            warnings.append(f"extrapolated: the peak lies beyond the largest KL reached ({f.d_max ** 2:.3g} "
+                            "nats/sequence)")
+        return line + "".join(f"; ⚠ {w}" for w in warnings)
+
+
+def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
+    """The score a frontier is fitted to: the first maximised validation objective (``val-…``, the gold score of
+    Gao et al.), else the first maximised objective (a training score: the proxy reward, said), and why.
+
+    Args:
+        objectives: :class:`klsweep.results.Objective` items (``metric``, ``mode``).
+    """
+    maxed = [o.metric for o in objectives if o.mode == "max"]
+    validation = [m for m in maxed if m.startswith("val")]
+    if validation:
+        return validation[0], f"{validation[0]}: the sweep's maximised validation objective"
+    if maxed:
+        return maxed[0], (f"{maxed[0]}: the sweep's maximised objective (no validation objective: this measures the "
+                          "training reward, not a held-out score)")
+    return None, "the sweep maximises no objective: no score to fit"
+
+
+def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000, reference_policy: bool = True) -> SweepFrontier:
+    """Fit the KL frontier of a sweep on its feasible trials (COMPLETE, not stopped by a health rule).
+
+    Args:
+        source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.load.load`,
+            :func:`klsweep.analysis.load.load_history` and its :class:`klsweep.results.SweepRecord`.
+        level, n_boot: of :func:`fit_frontier`.
+        reference_policy: score ``d = 0`` with the reference policy where it can be
+            (:func:`klsweep.analysis.baseline.reference_scores`: the embedded trainer's validation); otherwise, or
+            when ``False``, the median first logged score of the fitted trials.
+
+    Returns:
+        A :class:`SweepFrontier`; its ``frontier`` is ``None`` (and ``reason`` says why) when the sweep maximises no
+        objective, fewer than :data:`MIN_POINTS` feasible trials logged a KL, ``response_length/mean`` and the score
+        at one step, no KL was logged, or the trials measure KL on different scales.
+
+    Raises:
+        ResultsError: ``source`` is not a sweep directory.
+    """
+    from klsweep.analysis.load import load, load_history, sweep_info
+    from klsweep.analysis.pareto import feasible
+
+    if isinstance(source, tuple):
+        df, history, record = source
+    else:
+        df, history, record = load(source), load_history(source), sweep_info(source)
+    metric, score_source = score_metric_of(record.objectives)
+    empty = pd.DataFrame()
+    if metric is None or df.empty or "trial_id" not in df:
+        reason = score_source if metric is None else "no trial yet"
+        return SweepFrontier(metric, score_source, "", empty, empty, None, reason)
+    ok = feasible(df)
+    points, stopped, reason = empty, empty, None
+    try:
+        points = _points(history, metric, df[ok])
+    except ResultsError as e:
+        reason = str(e)
+    try:
+        stopped = _points(history, metric, df[~ok], check_scale=False)
+        rows = df.set_index("trial_id").loc[stopped["trial_id"]]
+        why = rows["stop_reason"] if "stop_reason" in rows else pd.Series("", index=rows.index)
+        stopped["reason"] = [r if isinstance(r, str) and r else s for r, s in zip(why, rows["state"])]
+    except ResultsError:
+        pass
+    reference, reference_source = math.nan, ""
+    if len(points):
+        refs = {}
+        if reference_policy:
+            from klsweep.analysis.baseline import reference_scores
+
+            refs = reference_scores(record.sweep.get("trainer", ""), [metric], df)
+        if metric in refs:
+            reference, reference_source = refs[metric], "the reference policy's validation score"
+        else:
+            reference = points.attrs["reference"]
+            reference_source = f"the median first logged {metric} of the {len(points)} fitted trials"
+    if reason is None and len(points) < MIN_POINTS:
+        reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
+                  f"{RESPONSE_LENGTH} and {metric} at one step; {len(points)} so far")
+    frontier = None if reason else fit_frontier(points["kl_seq"], points["score"], reference, level=level,
+                                                n_boot=n_boot)
+    return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
+                         _seed_runs(points, df))
+
+
+def _points(history: pd.DataFrame, metric: str, trials: pd.DataFrame, *, check_scale: bool = True) -> pd.DataFrame:
+    """:func:`frontier_points` of ``trials`` with their ``number`` and a hover text (state, KL, score, knobs)."""
+    if trials.empty:
+        raise ResultsError("no trial")
+    out = frontier_points(history[history["trial_id"].isin(trials["trial_id"])], metric,
+                          trials if check_scale else None)
+    rows = trials.set_index("trial_id").loc[out["trial_id"]]
+    out["number"] = rows["number"].to_numpy()
+    knobs = [", ".join(f"{c[len('config/'):]}={v}" for c, v in row.items()
+                       if str(c).startswith("config/") and v is not None and v == v) for _, row in rows.iterrows()]
+    out["hover"] = [f"trial {n} ({s}): KL {k:.4g} nats/sequence, {metric} {y:.4g}<br>{p}" for n, s, k, y, p in
+                    zip(out["number"], rows["state"], out["kl_seq"], out["score"], knobs)]
+    return out
+
+
+def _seed_runs(points: pd.DataFrame, df: pd.DataFrame) -> list[np.ndarray]:
+    """Per training seed, the feasible points, when some config (all ``config/`` columns but the seed) ran with
+    several seeds; else ``[]``."""
+    if points.empty or SEED_COLUMN not in df:
+        return []
+    rows = df.set_index("trial_id").loc[points["trial_id"]]
+    configs = rows[[c for c in rows.columns if c.startswith("config/") and c != SEED_COLUMN]]
+    key = np.array(["|".join(map(str, row)) for row in configs.itertuples(index=False)])
+    seeds = rows[SEED_COLUMN].to_numpy()
+    if not (pd.DataFrame({"key": key, "seed": seeds}).groupby("key")["seed"].nunique() > 1).any():
+        return []
+    return [points.loc[seeds == s, ["kl_seq", "score"]].to_numpy(dtype=float) for s in sorted(set(seeds))]
