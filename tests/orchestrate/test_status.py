@@ -91,3 +91,25 @@ def test_status_to_a_pipe_shows_parameters_and_running_trials_on_unwrapped_lines
     # the stop table: the whole reason on the trial's one row
     assert any(line.split()[:5] == ["0", "│", "PRUNED", "│", "2"] and line.endswith(REASON) for line in lines)
     assert "no trial has completed healthy yet" in lines  # one trial still runs: not a failed sweep
+
+
+def test_status_forecasts_the_kl_frontier_once_four_trials_are_feasible(tmp_path, capsys):
+    from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
+
+    # trials on the Gao RL law alpha 1, beta 0.5 over 0.2 (tests/analysis/conftest.py): KL* = e**2 = 7.389
+    # nats/sequence, peak 0.2 + 0.5 e = 1.559; trial 2 is stopped by a health rule and not counted
+    three = make_sweep(tmp_path / "three", frontier_specs([1.0, 4.0, 9.0, 16.0], stopped={2: 3.0}),
+                       objectives=FRONTIER_OBJECTIVES)
+    assert main(["status", str(three)]) == 0
+    assert "KL frontier" not in capsys.readouterr().out
+    five = make_sweep(tmp_path / "five", frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 9.0], stopped={5: 3.0}),
+                      objectives=FRONTIER_OBJECTIVES)
+    assert main(["status", str(five)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("KL frontier (Gao RL form, 5 trials): KL* = 7.39 nats/sequence [7.39, 7.39] (80 %), peak score 1.56 "
+            "[1.56, 1.56]") in lines
+    # up to KL 4 nats/sequence only (d <= 2 < e): the forecast says its peak is extrapolated
+    short = make_sweep(tmp_path / "short", frontier_specs([0.25, 1.0, 2.25, 4.0]), objectives=FRONTIER_OBJECTIVES)
+    assert main(["status", str(short)]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("KL frontier")]
+    assert line.endswith("; ⚠ extrapolated: the peak lies beyond the largest KL reached (4 nats/sequence)")

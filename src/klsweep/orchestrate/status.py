@@ -1,6 +1,8 @@
 """``sweep status runs/<name>``: what ran, what is running, what is left and the best so far, from stored state.
 
-Reads the Optuna study and the Tune result files (:func:`klsweep.analysis.load`); needs no Ray.
+Reads the Optuna study and the Tune result files (:func:`klsweep.analysis.load`); needs no Ray. Once enough trials
+are feasible, a forecast of the KL frontier (:func:`klsweep.analysis.frontier.sweep_frontier`): where the score peaks
+and how sure that is.
 """
 
 from __future__ import annotations
@@ -33,12 +35,31 @@ def status(run_dir: str, console: Console | None = None) -> int:
     console.print(counts_line(sweep, df), highlight=False)
     if len(df):
         console.print(trials_table(sweep, df))
+        line = frontier_line(run_dir, df)
+        if line:
+            console.print(line, highlight=False, markup=False)
     running = bool(len(df) and (df["state"] == "RUNNING").any())
     if running:
         console.print(f"if its `sweep run` is no longer running, continue it with: sweep resume {run_dir}",
                       highlight=False)
     print_summary(sweep, df, Path(run_dir), console=console, ended=not running)
     return 0
+
+
+def frontier_line(run_dir: str, df: pd.DataFrame) -> str | None:
+    """The KL frontier forecast from the trials finished so far (:meth:`klsweep.analysis.frontier.SweepFrontier.
+    summary`), once :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible; ``None`` before.
+
+    Status stays fast: ``d = 0`` is the median first logged score of the fitted trials, not a reference policy built
+    and validated here (``sweep report`` does that where it can).
+    """
+    from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
+    from klsweep.analysis.load import load_history, sweep_info
+    from klsweep.analysis.pareto import feasible
+
+    if int(feasible(df).sum()) < MIN_POINTS:
+        return None
+    return sweep_frontier((df, load_history(run_dir), sweep_info(run_dir)), reference_policy=False).summary()
 
 
 def trials_table(sweep, df: pd.DataFrame) -> Table:
