@@ -47,4 +47,7 @@ def test_notebook_runs_on_a_sweep(synthetic_sweep):
     assert "reproduce on the embedded trainer:\npython3 -m klsweep.trainers.embedded " in text
     figures = [o for c in nb.cells for o in c.get("outputs", [])
                if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    assert len(figures) == 5  # front, curves, importance, knobs, slice
+    assert len(figures) == 6  # front, KL frontier, curves, importance, knobs, slice
+    # the frontier cell calls sweep_frontier: these generated trials log no response length, and it says so
+    assert ("KL frontier: not fitted: no trial logged a reference KL, response_length/mean and critic/score/mean at "
+            "the same step") in text

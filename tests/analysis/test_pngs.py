@@ -62,3 +62,58 @@ def test_long_tables_are_cut_to_a_readable_height_and_say_so(tmp_path):
 def test_unknown_data_is_refused_with_the_valid_kinds():
     with pytest.raises(TypeError, match="no PNG renderer for dict; valid: FrontData, CurvesData"):
         render({})
+
+
+def test_frontier_png_and_plotly_draw_the_same_fit_points_and_stops(synthetic_sweep, tmp_path):
+    import math
+
+    import numpy as np
+
+    from klsweep.analysis.figures import frontier_data
+    from klsweep.analysis.frontier import sweep_frontier
+    from klsweep.analysis.plots import frontier_figure
+
+    from .conftest import FRONTIER_OBJECTIVES, GAO_REFERENCE, frontier_specs
+
+    result = sweep_frontier(synthetic_sweep(frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 9.0], stopped={5: 3.0}),
+                                            objectives=FRONTIER_OBJECTIVES), n_boot=20, references={})
+    data = frontier_data(result)
+    assert data.x_max == pytest.approx(1.3 * 25.0) and data.peak == pytest.approx((math.e ** 2, 0.2 + 0.5 * math.e))
+    assert data.reference == pytest.approx(GAO_REFERENCE) and data.stopped.x == [9.0] and data.stopped.y == [3.0]
+    assert "stopped: kl_runaway: actor/kl_loss > 0.5" in data.stopped.hover[0]
+    assert "verl's per-token KL × response_length/mean" in data.x_label
+    [best, other] = data.curves
+    assert best[0].startswith("Gao RL form (best)") and not best[3] and other[3]  # best solid, the other dashed
+    # the RL law itself on the drawn grid: 0.2 + d (1 - 0.5 log d), d = sqrt(KL)
+    d = np.sqrt(np.array(best[1][1:]))
+    assert np.allclose(best[2][1:], 0.2 + d * (1 - 0.5 * np.log(d)), atol=1e-9)
+
+    ax = render(data).axes[0]
+    drawn = sorted((float(x), float(y)) for c in ax.collections for x, y in c.get_offsets())
+    shown = sorted((x, y) for t in frontier_figure(result).data if t.mode == "markers" for x, y in zip(t.x, t.y))
+    assert drawn == shown and len(drawn) == 8  # 5 feasible, 1 stopped, the reference at d = 0 and the peak
+    [path] = write_pngs({"frontier": data}, tmp_path, width=900)
+    pixels = imread(path)
+    assert pixels.shape[1] == 900 and 0.005 < (pixels[..., :3].mean(axis=2) < 0.9).mean() < 0.9  # decoded, drawn
+
+
+def test_frontier_draws_attainment_surfaces_over_seeds(synthetic_sweep):
+    import numpy as np
+
+    from klsweep.analysis.figures import frontier_data
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, frontier_specs
+
+    specs = frontier_specs([1.0, 4.0, 9.0, 2.0, 3.0, 16.0], seeds={i: i // 3 for i in range(6)})
+    data = frontier_data(sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=10,
+                                        references={}))
+    assert [p.name for p in data.surfaces] == [f"{level} attainment over 2 seeds" for level in ("25%", "50%", "75%")]
+    # score - 0.2 = d (1 - 0.5 ln d): KL 1 → 1.0, 2 → 1.169, 3 → 1.256, 4 → 1.307, 9 → 1.352, 16 → 1.227.
+    # Two seeds: the 25 % and 50 % surfaces are the better seed's best-so-far (k = 1): rises at 1, 2, 3, 4, 9 (16 is
+    # below 9); the 75 % one the worse (k = 2): at KL 2 min(1.0, 1.169) = 1.0, at 4 min(1.307, 1.256) = 1.256
+    assert data.surfaces[0].x == data.surfaces[1].x == [1.0, 2.0, 3.0, 4.0, 9.0]
+    assert data.surfaces[2].x == [2.0, 4.0]
+    assert data.surfaces[2].y == pytest.approx([1.2, 0.2 + 3 ** 0.5 * (1 - 0.25 * np.log(3))])
+    lines = [line for line in render(data).axes[0].lines if "attainment" in line.get_label()]
+    assert len(lines) == 3 and all(line.get_drawstyle() == "steps-post" for line in lines)

@@ -18,8 +18,8 @@ from klsweep.errors import ResultsError
 
 from .conftest import make_sweep, trial_spec
 
-PNGS = ("summary", "front", "curves", "importance", "knobs", "slice", "stop_reasons", "accounting")
-FIGURES = ("front", "curves", "importance", "knobs", "slice")
+PNGS = ("summary", "front", "frontier", "curves", "importance", "knobs", "slice", "stop_reasons", "accounting")
+FIGURES = ("front", "frontier", "curves", "importance", "knobs", "slice")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -97,7 +97,12 @@ def test_report_html_is_self_contained_and_draws_every_figure(report):
     for name in FIGURES:
         assert page.ids.get(f"fig-{name}") == "plotly-graph-div", name
         data, layout = plotted(code, f"fig-{name}")
-        assert data and layout, name
+        assert (data or name == "frontier") and layout, name
+    # the generated trials log no response_length/mean: the frontier figure and section say why there is no fit
+    _, layout = plotted(code, "fig-frontier")
+    reason = ("no trial logged a reference KL, response_length/mean and critic/score/mean at the same step")
+    assert layout["annotations"][0]["text"].replace("<br>", " ") == reason
+    assert f"KL frontier: not fitted: {reason}" in text
     front, _ = plotted(code, "fig-front")
     assert any(t["name"].startswith("Pareto front") for t in front)
     curves, layout = plotted(code, "fig-curves")

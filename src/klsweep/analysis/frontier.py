@@ -19,7 +19,7 @@ paper's KL is per sequence. :func:`frontier_points` converts with each trial's m
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -368,16 +368,18 @@ def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
     return None, "the sweep maximises no objective: no score to fit"
 
 
-def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000, reference_policy: bool = True) -> SweepFrontier:
+def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
+                   references: Mapping[str, float] | None = None) -> SweepFrontier:
     """Fit the KL frontier of a sweep on its feasible trials (COMPLETE, not stopped by a health rule).
 
     Args:
         source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.load.load`,
             :func:`klsweep.analysis.load.load_history` and its :class:`klsweep.results.SweepRecord`.
         level, n_boot: of :func:`fit_frontier`.
-        reference_policy: score ``d = 0`` with the reference policy where it can be
-            (:func:`klsweep.analysis.baseline.reference_scores`: the embedded trainer's validation); otherwise, or
-            when ``False``, the median first logged score of the fitted trials.
+        references: metric → the reference policy's score, the fit's ``d = 0``
+            (:func:`klsweep.analysis.baseline.reference_scores`: the embedded trainer's validation); ``None``
+            computes them (seconds: it builds and validates the reference policy), ``{}`` skips that. A metric
+            without one falls back to the median first logged score of the fitted trials.
 
     Returns:
         A :class:`SweepFrontier`; its ``frontier`` is ``None`` (and ``reason`` says why) when the sweep maximises no
@@ -414,13 +416,12 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000, reference_
         pass
     reference, reference_source = math.nan, ""
     if len(points):
-        refs = {}
-        if reference_policy:
+        if references is None:
             from klsweep.analysis.baseline import reference_scores
 
-            refs = reference_scores(record.sweep.get("trainer", ""), [metric], df)
-        if metric in refs:
-            reference, reference_source = refs[metric], "the reference policy's validation score"
+            references = reference_scores(record.sweep.get("trainer", ""), [metric], df)
+        if metric in references:
+            reference, reference_source = references[metric], "the reference policy's validation score"
         else:
             reference = points.attrs["reference"]
             reference_source = f"the median first logged {metric} of the {len(points)} fitted trials"

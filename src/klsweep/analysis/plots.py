@@ -19,12 +19,14 @@ from plotly.subplots import make_subplots
 from klsweep.analysis.figures import (
     CurvesData,
     FrontData,
+    FrontierData,
     ImportanceData,
     KnobsData,
     SliceData,
     curves_data,
     front_data,
     front_objectives,
+    frontier_data,
     importance_data,
     knobs_data,
     thresholds,
@@ -33,8 +35,8 @@ from klsweep.analysis.figures import (
 from klsweep.analysis.pareto import Objectives
 
 __all__ = [
-    "curves_figure", "front_figure", "front_objectives", "importance_figure", "knobs_figure", "plotly_figure",
-    "slice_figure", "thresholds", "varying_knobs",
+    "curves_figure", "front_figure", "front_objectives", "frontier_figure", "importance_figure", "knobs_figure",
+    "plotly_figure", "slice_figure", "thresholds", "varying_knobs",
 ]
 
 GREY = "rgba(150,150,150,0.6)"
@@ -144,6 +146,53 @@ def _curves(data: CurvesData) -> go.Figure:
     return fig
 
 
+def frontier_figure(result) -> go.Figure:
+    """The KL frontier of :func:`klsweep.analysis.frontier.sweep_frontier` (:func:`klsweep.analysis.figures.
+    frontier_data`): feasible trials, stopped ones apart (hover: trial, knobs, stop reason), both Gao forms (the best
+    solid), the reference score at ``d = 0``, KL* with its interval as a band, the peak, and the attainment surfaces
+    over training seeds when a config ran with several."""
+    return _frontier(frontier_data(result))
+
+
+def _frontier(data: FrontierData) -> go.Figure:
+    fig = go.Figure()
+    subtitle = "<br>".join(_wrap(n) for n in data.notes)
+    fig.update_layout(title=dict(text=data.title, subtitle=dict(text=subtitle)), template="plotly_white",
+                      xaxis_title=data.x_label, yaxis_title=data.y_label,
+                      margin=dict(t=90 + 18 * (subtitle.count("<br>") + 1)),
+                      height=520 + 18 * (subtitle.count("<br>") + 1))
+    if data.message is not None:
+        return _message(fig, data.message)
+    if data.kl_star is not None:
+        kl_star, low, high = data.kl_star
+        fig.add_vrect(x0=low, x1=high, fillcolor="rgba(31,119,180,0.12)", line_width=0)
+        if kl_star <= data.x_max:
+            fig.add_vline(x=kl_star, line=dict(dash="dot", color="#1f77b4"),
+                          annotation_text=f"KL* = {kl_star:.3g}", annotation_position="top")
+    for name, x, y, dashed in data.curves:
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
+                                 line=dict(color="#1f77b4", dash="dash" if dashed else "solid", width=2)))
+    for p in data.surfaces:
+        fig.add_trace(go.Scatter(x=[*p.x, data.x_max], y=[*p.y, p.y[-1]] if p.y else [], mode="lines", name=p.name,
+                                 line=dict(shape="hv", width=1)))
+    if data.reference is not None:
+        fig.add_trace(go.Scatter(x=[0.0], y=[data.reference], mode="markers", name="reference policy (d = 0)",
+                                 marker=dict(symbol="diamond", size=11, color="black")))
+    if data.peak is not None:
+        fig.add_trace(go.Scatter(x=[data.peak[0]], y=[data.peak[1]], mode="markers", name="fitted peak",
+                                 marker=dict(symbol="star", size=16, color="#1f77b4")))
+    if data.feasible is not None:
+        p = data.feasible
+        fig.add_trace(go.Scatter(x=p.x, y=p.y, mode="markers", name=p.name, marker=dict(size=9, color="#2ca02c"),
+                                 hovertext=p.hover, hoverinfo="text"))
+    if data.stopped is not None:
+        p = data.stopped
+        fig.add_trace(go.Scatter(x=p.x, y=p.y, mode="markers", name=p.name,
+                                 marker=dict(size=9, color=GREY, symbol="x"), hovertext=p.hover, hoverinfo="text"))
+    fig.update_xaxes(range=[0, data.x_max])
+    return fig
+
+
 def importance_figure(study, objectives: Sequence[Mapping[str, str]] | None = None) -> go.Figure:
     """Parameter importance for each objective: Optuna's default evaluator
     (``optuna.importance.get_param_importances``, PED-ANOVA in Optuna 5) on the study's COMPLETE trials.
@@ -215,7 +264,7 @@ def _slice(data: SliceData) -> go.Figure:
 
 
 _RENDERERS = {FrontData: _front, CurvesData: _curves, ImportanceData: _importance, KnobsData: _knobs,
-              SliceData: _slice}
+              SliceData: _slice, FrontierData: _frontier}
 
 
 def plotly_figure(data) -> go.Figure:

@@ -19,7 +19,15 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from klsweep.analysis.figures import CurvesData, FrontData, ImportanceData, KnobsData, SliceData, TableData
+from klsweep.analysis.figures import (
+    CurvesData,
+    FrontData,
+    FrontierData,
+    ImportanceData,
+    KnobsData,
+    SliceData,
+    TableData,
+)
 
 DPI = 100
 #: Table text size in points, the height of one line of it, and how many of its characters fill one inch of width
@@ -93,6 +101,42 @@ def _front(data: FrontData, width_in: float) -> Figure:
     ax.grid(alpha=0.3)
     ax.legend(title="KL: kl_loss_type / loss_agg_mode", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
               title_fontsize=8)
+    return fig
+
+
+def _frontier(data: FrontierData, width_in: float) -> Figure:
+    if data.message is not None:
+        return _message(data.title, data.message, width_in)
+    lines = [wrapped for note in data.notes for wrapped in textwrap.wrap(note, 150)]
+    fig = Figure(figsize=(width_in, 5.2 + 0.18 * len(lines)), layout="constrained")
+    ax = fig.subplots()
+    fig.suptitle(data.title, x=0.01, ha="left", fontweight="bold")
+    ax.set_title("\n".join(lines), loc="left", fontsize=8)
+    if data.kl_star is not None:
+        kl_star, low, high = data.kl_star
+        ax.axvspan(low, high, color="tab:blue", alpha=0.12, linewidth=0, label=f"KL* interval [{low:.3g}, {high:.3g}]")
+        if kl_star <= data.x_max:
+            ax.axvline(kl_star, linestyle=":", color="tab:blue", label=f"KL* = {kl_star:.3g}")
+    for name, x, y, dashed in data.curves:
+        ax.plot(x, y, color="tab:blue", linestyle="--" if dashed else "-", linewidth=2, label=name)
+    for p in data.surfaces:
+        ax.plot([*p.x, data.x_max], [*p.y, p.y[-1]] if p.y else [], drawstyle="steps-post", linewidth=1, label=p.name)
+    if data.reference is not None:
+        ax.scatter([0.0], [data.reference], marker="D", s=60, color="black", label="reference policy (d = 0)",
+                   zorder=3)
+    if data.peak is not None:
+        ax.scatter([data.peak[0]], [data.peak[1]], marker="*", s=260, color="tab:blue", label="fitted peak", zorder=3)
+    if data.feasible is not None:
+        p = data.feasible
+        ax.scatter(p.x, p.y, s=50, color="tab:green", label=p.name, zorder=4)
+    if data.stopped is not None:
+        p = data.stopped
+        ax.scatter(p.x, p.y, marker="x", s=50, color="grey", label=p.name, zorder=4)
+    ax.set_xlim(0, data.x_max)
+    ax.set_xlabel(data.x_label)
+    ax.set_ylabel(data.y_label)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return fig
 
 
@@ -277,4 +321,4 @@ def _close(fig: Figure) -> None:
 
 
 _RENDERERS = {FrontData: _front, CurvesData: _curves, ImportanceData: _importance, KnobsData: _knobs,
-              SliceData: _slice, TableData: _table}
+              SliceData: _slice, TableData: _table, FrontierData: _frontier}

@@ -1,10 +1,11 @@
 """``sweep report runs/<name>``: a self-contained ``report.html`` (plotly.js inlined, no network needed) and PNGs.
 
-Sections: summary, Pareto front (with the verl command of each front trial), curves of the objectives (with the
+Sections: summary, Pareto front (with the verl command of each front trial), the KL frontier (Gao et al. 2022 laws
+fitted to the feasible trials, :func:`klsweep.analysis.frontier.sweep_frontier`), curves of the objectives (with the
 reference policy's score, :mod:`klsweep.analysis.baseline`) and of KL, entropy and score with health bands, parameter
 importance (with a caveat when it rests on few trials), KL knobs, stop reasons, compute accounting. PNGs:
-``summary``, ``front``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``, ``accounting``, drawn by
-matplotlib (no browser needed) from the same data as the interactive figures of the page
+``summary``, ``front``, ``frontier``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``,
+``accounting``, drawn by matplotlib (no browser needed) from the same data as the interactive figures of the page
 (:mod:`klsweep.analysis.figures`).
 """
 
@@ -25,10 +26,12 @@ from klsweep.analysis.figures import (
     curves_data,
     front_data,
     front_objectives,
+    frontier_data,
     importance_data,
     knobs_data,
     table_data,
 )
+from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.load import load, load_history, overrides_of, study_of
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import plotly_figure
@@ -53,7 +56,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         ResultsError: ``run_dir`` is not a sweep directory, or its study holds no trial yet.
     """
     run_dir = Path(run_dir)
-    info = SweepRecord.read(run_dir).model_dump()
+    record = SweepRecord.read(run_dir)
+    info = record.model_dump()
     df = load(run_dir)
     if df.empty:
         raise ResultsError(f"{run_dir}: the study {info['study_name']!r} holds no trial yet; nothing to report")
@@ -76,14 +80,17 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     accounting = compute_accounting(df, max_steps, gpu)
     value_cols = [c for c, _ in axes]
     front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]
+    history = load_history(run_dir)
+    baselines = reference_scores(sweep.get("trainer", ""), [m for m, _ in objectives], df)
+    frontier = sweep_frontier((df, history, record), references=baselines)
 
     # what each figure shows, drawn twice: plotly for the page, matplotlib for the PNGs
     views = {
         "summary": table_data(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
                                       f"{int(feasible(df).sum())} feasible"),
         "front": front_data(df, axes, front),
-        "curves": curves_data(load_history(run_dir), df, ruleset, objectives=objectives,
-                              baselines=reference_scores(sweep.get("trainer", ""), [m for m, _ in objectives], df)),
+        "frontier": frontier_data(frontier),
+        "curves": curves_data(history, df, ruleset, objectives=objectives, baselines=baselines),
         "importance": importance_data(study, info["objectives"]),
         "knobs": knobs_data(df, objectives),
         "slice": SliceData(study, 0, info["objectives"][0]["metric"]),
@@ -91,10 +98,12 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
                                    "Stop reasons"),
         "accounting": table_data(accounting, _accounting_title(accounting, max_steps, gpu)),
     }
-    figures = {name: plotly_figure(views[name]) for name in ("front", "curves", "importance", "knobs", "slice")}
+    figures = {name: plotly_figure(views[name])
+               for name in ("front", "frontier", "curves", "importance", "knobs", "slice")}
     out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
-    page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset)
+    page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
+                 frontier.summary())
     _atomic_write(out_dir / REPORT, page)
     if not pngs:
         print(f"report: {out_dir / REPORT}")
@@ -134,7 +143,8 @@ def _table(df: pd.DataFrame) -> str:
                       classes="t")
 
 
-def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset) -> str:
+def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
+          frontier: str) -> str:
     from plotly.offline import get_plotlyjs
 
     def fig(name: str) -> str:
@@ -170,6 +180,7 @@ rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <h2 id="summary">Summary</h2>{_table(counts)}
 <h2 id="front">Pareto front</h2><p>KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
 <h3>Front trials and the command that reruns each</h3>{front_block}
+<h2 id="frontier">KL frontier</h2><p>{html.escape(frontier)}</p>{fig('frontier')}
 <h2 id="curves">Curves</h2>{fig('curves')}
 <h2 id="importance">Parameter importance</h2>{fig('importance')}
 <h2 id="knobs">KL knobs</h2>{fig('knobs')}{fig('slice')}

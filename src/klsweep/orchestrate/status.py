@@ -59,7 +59,7 @@ def frontier_line(run_dir: str, df: pd.DataFrame) -> str | None:
 
     if int(feasible(df).sum()) < MIN_POINTS:
         return None
-    return sweep_frontier((df, load_history(run_dir), sweep_info(run_dir)), reference_policy=False).summary()
+    return sweep_frontier((df, load_history(run_dir), sweep_info(run_dir)), references={}).summary()
 
 
 def trials_table(sweep, df: pd.DataFrame) -> Table:
