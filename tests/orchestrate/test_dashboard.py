@@ -132,3 +132,32 @@ def test_the_default_port_busy_serves_on_a_free_one_and_says_so(tmp_path):
             holder.close()
     assert server.returncode == 0 and "Traceback" not in stderr, stderr
     assert f"port {DEFAULT_PORT} on 127.0.0.1 is in use" in stderr and f"serving on the free port {port}" in stderr
+
+
+def test_dashboard_serves_the_kl_frontier_figure(tmp_path):
+    """The KL frontier is saved into the study before serving and read back through optuna-dashboard's HTTP API."""
+    from klsweep.analysis.frontier import sweep_frontier
+    from klsweep.orchestrate.dashboard import FRONTIER_GRAPH_ID
+    from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
+
+    # the Gao RL law alpha 1, beta 0.5 over 0.2 (tests/analysis/conftest.py): KL* = e**2 = 7.39 nats/sequence
+    out = make_sweep(tmp_path / "frontier", frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 9.0], stopped={5: 3.0}),
+                     objectives=FRONTIER_OBJECTIVES)
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "dashboard", str(out), "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        [summary] = _get(f"http://127.0.0.1:{port}/api/studies")["study_summaries"]
+        detail = _get(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}")
+    finally:
+        server.terminate()
+        stderr = server.communicate(timeout=30)[1]
+    [graph] = [g for g in detail["plotly_graph_objects"] if g["id"] == FRONTIER_GRAPH_ID]
+    figure = json.loads(graph["graph_object"])
+    markers = {t["name"]: (t["x"], t["y"]) for t in figure["data"] if t.get("mode") == "markers"}
+    assert markers["feasible trials (5)"][0] == [1.0, 4.0, 9.0, 16.0, 25.0]
+    assert markers["stopped or failed, not fitted (1)"] == ([9.0], [3.0])
+    assert markers["fitted peak"][0][0] == pytest.approx(2.718281828 ** 2, rel=1e-6)
+    line = sweep_frontier(out, n_boot=20).summary()
+    assert line.startswith("KL frontier (Gao RL form, 5 trials): KL* = 7.39 nats/sequence")
+    assert line in figure["layout"]["title"]["subtitle"]["text"] and line in stderr

@@ -384,7 +384,7 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     Returns:
         A :class:`SweepFrontier`; its ``frontier`` is ``None`` (and ``reason`` says why) when the sweep maximises no
         objective, fewer than :data:`MIN_POINTS` feasible trials logged a KL, ``response_length/mean`` and the score
-        at one step, no KL was logged, or the trials measure KL on different scales.
+        at one step, no KL was logged, the trials measure KL on different scales, or a KL is negative.
 
     Raises:
         ResultsError: ``source`` is not a sweep directory.
@@ -428,8 +428,12 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     if reason is None and len(points) < MIN_POINTS:
         reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
                   f"{RESPONSE_LENGTH} and {metric} at one step; {len(points)} so far")
-    frontier = None if reason else fit_frontier(points["kl_seq"], points["score"], reference, level=level,
-                                                n_boot=n_boot)
+    frontier = None
+    if reason is None:
+        try:
+            frontier = fit_frontier(points["kl_seq"], points["score"], reference, level=level, n_boot=n_boot)
+        except ResultsError as e:  # a negative KL (the kl/k1 estimator mid-run)
+            reason = str(e)
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
                          _seed_runs(points, df))
 

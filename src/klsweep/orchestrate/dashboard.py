@@ -1,7 +1,10 @@
 """``sweep dashboard runs/<name>``: optuna-dashboard on the sweep's study storage, on 127.0.0.1 by default.
 
 Trial user attributes (verl overrides, health verdict, stop reason, Ray trial id) show in the dashboard's trial view.
-SQLite (the default storage) lets the dashboard read while a sweep writes.
+SQLite (the default storage) lets the dashboard read while a sweep writes. Before serving, the KL frontier figure
+(:func:`klsweep.analysis.plots.frontier_figure`) is saved into the study with
+``optuna_dashboard.save_plotly_graph_object`` (id :data:`FRONTIER_GRAPH_ID`, replaced at each start), so the
+dashboard shows it next to its own plots.
 
 The server is optuna-dashboard's WSGI app (``optuna_dashboard.wsgi``) on the standard library's ``wsgiref`` server,
 which ``optuna_dashboard.run_server`` also uses through bottle; here the port is bound before the URL is printed, so a
@@ -18,6 +21,8 @@ from klsweep.errors import KlsweepError
 
 #: The port tried when none is given (optuna-dashboard's own default).
 DEFAULT_PORT = 8080
+#: The id of the KL frontier among the study's custom plotly figures (a valid HTML id, as optuna-dashboard asks).
+FRONTIER_GRAPH_ID = "klsweep-kl-frontier"
 
 
 class _Server(WSGIServer):
@@ -51,6 +56,9 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
     from klsweep.results import SweepRecord
 
     record = SweepRecord.read(run_dir)
+    summary = save_frontier(run_dir, record)
+    if summary is not None:
+        print(f"KL frontier saved into the study for the dashboard: {summary}", file=sys.stderr)
     app = wsgi(storage_from_url(record.storage_url(run_dir)))
     server_class = _Server.for_host(host)
     try:
@@ -74,6 +82,29 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def save_frontier(run_dir: str, record) -> str | None:
+    """Save the sweep's KL frontier figure into its study (optuna-dashboard's custom plotly figures, id
+    :data:`FRONTIER_GRAPH_ID`); a sweep that cannot be fitted yet gets the figure that says why.
+
+    Returns:
+        The frontier's one-line summary, or ``None`` when the study does not exist yet (no trial started).
+    """
+    from optuna_dashboard import save_plotly_graph_object
+
+    from klsweep.analysis.frontier import sweep_frontier
+    from klsweep.analysis.load import study_of
+    from klsweep.analysis.plots import frontier_figure
+    from klsweep.errors import ResultsError
+
+    try:
+        study = study_of(run_dir, record)
+    except ResultsError:
+        return None
+    result = sweep_frontier(run_dir)
+    save_plotly_graph_object(study, frontier_figure(result), graph_object_id=FRONTIER_GRAPH_ID)
+    return result.summary()
 
 
 def _free_port(host: str, server_class: type[WSGIServer]) -> int:
