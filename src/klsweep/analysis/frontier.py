@@ -208,7 +208,7 @@ def fit_frontier(
             boot.append((a, b, ds, ds * ds, reference + g))
         table = np.array(boot)
         intervals = {
-            key: tuple(float(v) for v in np.percentile(table[:, i], tails))
+            key: tuple(float(v) for v in np.percentile(table[:, i], tails, method="inverted_cdf"))
             for i, key in enumerate(("alpha", "beta", "d_star", "kl_star", "peak_score"))
         }
         fits[form] = FormFit(form, alpha, beta, loo_rmse(form, d, gain), d_star, d_star * d_star,
