@@ -212,3 +212,13 @@ def test_sweep_frontier_groups_seeds_of_one_config_into_attainment_runs(syntheti
     specs = frontier_specs([1.0, 4.0, 9.0, 2.0, 3.0, 16.0], seeds={i: i // 3 for i in range(6)})
     result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=10)
     assert [sorted(r[:, 0]) for r in result.runs] == [[1.0, 4.0, 9.0], [2.0, 3.0, 16.0]]
+
+
+def test_intervals_have_an_unbounded_end_when_resamples_have_no_peak():
+    """A gain still rising at the largest KL: many resamples fit beta <= 0 (no peak, KL* = inf). The interval is then
+    [finite, inf] (order statistics of the bootstrap), where interpolating between two infinite resamples gave NaN."""
+    f = fit_frontier([1, 4, 9, 16], [1.0, 2.1, 2.9, 4.2], 0.0, n_boot=200)
+    for fit in f.fits.values():
+        low, high = fit.intervals["kl_star"]
+        assert math.isfinite(low) and high == math.inf
+    assert f.interval_width() == math.inf
