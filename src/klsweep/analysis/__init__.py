@@ -7,6 +7,7 @@ Public API::
     pareto_front, hypervolume,               klsweep.analysis.pareto
     least_infeasible, kl_scale, feasible
     compute_accounting                       klsweep.analysis.accounting
+    klsweep.analysis.frontier                the KL frontier: Gao et al. 2022 fits, sweep_frontier (imported on use)
     klsweep.analysis.figures                 what each figure shows, as data (imported on use)
     klsweep.analysis.plots                   plotly figures of that data (imported on use)
     klsweep.analysis.pngs                    matplotlib PNGs of that data (imported on use)
