@@ -107,10 +107,10 @@ GAO_ALPHA, GAO_BETA, GAO_REFERENCE, RESPONSE_TOKENS = 1.0, 0.5, 0.2, 100.0
 FRONTIER_OBJECTIVES = [{"metric": VAL, "mode": "max"}, {"metric": "actor/kl_loss", "mode": "min"}]
 
 
-def gao_metrics(final_kl_seq: float, max_steps: int, score=None):
+def gao_metrics(final_kl_seq: float, max_steps: int, score=None, metric: str = VAL):
     """Metrics of a trial whose per-sequence KL grows linearly from 0 (step 1) to ``final_kl_seq`` (last step),
     logged per token as verl does (``actor/kl_loss`` = KL_seq / ``response_length/mean``), its validation score on
-    the Gao RL law above (or ``score`` at the last step: a trial off the law)."""
+    the Gao RL law above (or ``score`` at the last step: a trial off the law), logged as ``metric``."""
 
     def metrics(params: dict[str, Any], step: int) -> dict[str, float]:
         kl_seq = final_kl_seq * (step - 1) / (max_steps - 1)
@@ -118,16 +118,17 @@ def gao_metrics(final_kl_seq: float, max_steps: int, score=None):
         val = GAO_REFERENCE + (d * (GAO_ALPHA - GAO_BETA * math.log(d)) if d > 0 else 0.0)
         if score is not None and step == max_steps:
             val = score
-        return {"actor/kl_loss": kl_seq / RESPONSE_TOKENS, "response_length/mean": RESPONSE_TOKENS, VAL: val,
+        return {"actor/kl_loss": kl_seq / RESPONSE_TOKENS, "response_length/mean": RESPONSE_TOKENS, metric: val,
                 "actor/entropy": 1.0, "critic/score/mean": 0.5}
 
     return metrics
 
 
-def frontier_specs(final_kls, max_steps: int = 5, *, stopped: dict[int, float] | None = None, seeds=None):
+def frontier_specs(final_kls, max_steps: int = 5, *, stopped: dict[int, float] | None = None, seeds=None,
+                   metric: str = VAL):
     """Trial specs of a KL sweep with one estimator (low_var_kl, token-mean) whose trial ``i`` ends at per-sequence
     KL ``final_kls[i]``; ``stopped``: trial index → its last score, stopped by a health rule (off the law);
-    ``seeds``: trial index → ``data.seed``."""
+    ``seeds``: trial index → ``data.seed``; ``metric``: the validation score's name."""
     stopped, seeds = stopped or {}, seeds or {}
     specs = []
     for i, kl in enumerate(final_kls):
@@ -136,7 +137,7 @@ def frontier_specs(final_kls, max_steps: int = 5, *, stopped: dict[int, float] |
             params["data.seed"] = seeds[i]
         specs.append({"params": params, "steps": max_steps, "health": "stopped" if i in stopped else "healthy",
                       "stop_reason": "kl_runaway: actor/kl_loss > 0.5" if i in stopped else "",
-                      "metrics": gao_metrics(kl, max_steps, stopped.get(i))})
+                      "metrics": gao_metrics(kl, max_steps, stopped.get(i), metric)})
     return specs
 
 

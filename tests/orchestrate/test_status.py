@@ -5,6 +5,7 @@ keeps every command and table row on one line."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -113,3 +114,25 @@ def test_status_forecasts_the_kl_frontier_once_four_trials_are_feasible(tmp_path
     assert main(["status", str(short)]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("KL frontier")]
     assert line.endswith("; ⚠ extrapolated: the peak lies beyond the largest KL reached (4 nats/sequence)")
+
+
+def test_status_forecast_scores_d0_with_the_reference_policy_as_the_report_does(tmp_path, capsys):
+    """An embedded sweep whose objective is the embedded task's validation accuracy: d = 0 is the reference policy's
+    accuracy (the real embedded trainer, validated), not the median first logged score (0.2 here)."""
+    from klsweep.analysis.baseline import reference_scores
+    from klsweep.analysis.frontier import fit_frontier
+    from klsweep.analysis.load import load
+    from klsweep.trainers.embedded.config import VAL_METRIC
+    from tests.analysis.conftest import frontier_specs, make_sweep
+
+    kls = [1.0, 4.0, 9.0, 16.0, 25.0]
+    run_dir = make_sweep(tmp_path / "embedded", frontier_specs(kls, metric=VAL_METRIC),
+                         objectives=[{"metric": VAL_METRIC, "mode": "max"}])
+    [reference] = reference_scores("embedded", [VAL_METRIC], load(run_dir)).values()
+    assert 0.3 < reference < 1.0  # the warmed-up policy's accuracy, far from the trials' first score 0.2
+    scores = [0.2 + d * (1 - 0.5 * math.log(d)) for d in map(math.sqrt, kls)]
+    best = fit_frontier(kls, scores, reference, n_boot=10).best
+    assert main(["status", str(run_dir)]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("KL frontier")]
+    assert line.startswith(f"KL frontier (Gao {'RL' if best.form == 'rl' else 'best-of-n'} form, 5 trials): "
+                           f"KL* = {best.kl_star:.3g} nats/sequence")

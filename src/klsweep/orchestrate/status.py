@@ -50,8 +50,8 @@ def frontier_line(run_dir: str, df: pd.DataFrame) -> str | None:
     """The KL frontier forecast from the trials finished so far (:meth:`klsweep.analysis.frontier.SweepFrontier.
     summary`), once :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible; ``None`` before.
 
-    Status stays fast: ``d = 0`` is the median first logged score of the fitted trials, not a reference policy built
-    and validated here (``sweep report`` does that where it can).
+    ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
+    seconds), as ``sweep report`` does, so both print the same KL*; elsewhere the median first logged score.
     """
     from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
     from klsweep.analysis.load import load_history, sweep_info
@@ -59,7 +59,7 @@ def frontier_line(run_dir: str, df: pd.DataFrame) -> str | None:
 
     if int(feasible(df).sum()) < MIN_POINTS:
         return None
-    return sweep_frontier((df, load_history(run_dir), sweep_info(run_dir)), references={}).summary()
+    return sweep_frontier((df, load_history(run_dir), sweep_info(run_dir))).summary()
 
 
 def trials_table(sweep, df: pd.DataFrame) -> Table:
