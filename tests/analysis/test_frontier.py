@@ -99,13 +99,16 @@ def test_points_take_the_last_step_with_kl_length_and_score_and_convert_to_per_s
               (2, {val: 0.40, "actor/kl_loss": 0.10, "response_length/mean": 8}),
               (3, {"actor/kl_loss": 0.2})],  # no score at step 3: step 2 is its point
         "c": [(1, {val: 0.31, "response_length/mean": 10})],  # no KL logged: not a point, still a reference
+        # restarted from a step-40 checkpoint by a remedy: its first score is mid-training, not the reference's
+        "d": [(40, {val: 0.90, "actor/kl_loss": 0.3, "response_length/mean": 10})],
     })
     points = frontier_points(history, val)
     assert points.set_index("trial_id")[["step", "kl_seq", "score"]].to_dict("index") == {
         "a": {"step": 3, "kl_seq": pytest.approx(0.04 * 20), "score": 0.50},
         "b": {"step": 2, "kl_seq": pytest.approx(0.10 * 8), "score": 0.40},
+        "d": {"step": 40, "kl_seq": pytest.approx(0.3 * 10), "score": 0.90},
     }
-    assert points.attrs["reference"] == pytest.approx(0.31)  # median of 0.30, 0.32, 0.31
+    assert points.attrs["reference"] == pytest.approx(0.31)  # median of 0.30, 0.32, 0.31 (d's 0.90 at step 40 out)
 
 
 def test_points_refuse_mixed_kl_metrics():
@@ -145,7 +148,7 @@ def test_sweep_frontier_fits_feasible_trials_and_keeps_stopped_ones_apart(synthe
                               objectives=FRONTIER_OBJECTIVES)
     result = sweep_frontier(run_dir, n_boot=50)
     assert result.score_metric == VAL and "validation objective" in result.score_source
-    assert result.reference_source == f"the median first logged {VAL} of the 5 fitted trials"
+    assert result.reference_source == f"the feasible trials' median {VAL} at the earliest step they logged it"
     f = result.frontier
     assert f is not None and f.best.form == "rl" and f.n == 5 and f.reference == pytest.approx(GAO_REFERENCE)
     assert f.best.kl_star == pytest.approx(math.e ** 2, rel=1e-6)

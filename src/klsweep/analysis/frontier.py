@@ -264,7 +264,9 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
     Returns:
         Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric`` (one row per trial that
         logged a reference KL, the response length and the score at one step), and ``attrs["reference"]``: the
-        median over trials of the first logged score (verl validates the initial policy before training).
+        median over trials of the score logged at the earliest step any trial logged one (verl validates the
+        initial policy before training); a trial whose history starts later (restarted from a checkpoint by a
+        remedy) is left out of it.
 
     Raises:
         ResultsError: no trial logged all three, or the trials measure KL on different scales.
@@ -276,7 +278,7 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
             continue
         first = wide[score_metric].dropna()
         if len(first):
-            firsts.append(float(first.iloc[0]))
+            firsts.append((first.index[0], float(first.iloc[0])))
         kl_metric = resolve(dict.fromkeys(wide.columns), "ref_kl")
         if kl_metric is None or RESPONSE_LENGTH not in wide:
             continue
@@ -297,7 +299,8 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
         if len(scales) > 1:
             raise ResultsError("the trials measure KL on different scales (" + "; ".join(sorted(scales))
                                + "): fit one estimator and aggregation at a time")
-    out.attrs["reference"] = float(np.median(firsts))
+    earliest = min(step for step, _ in firsts)
+    out.attrs["reference"] = float(np.median([v for step, v in firsts if step == earliest]))
     return out
 
 
@@ -379,7 +382,8 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         references: metric → the reference policy's score, the fit's ``d = 0``
             (:func:`klsweep.analysis.baseline.reference_scores`: the embedded trainer's validation); ``None``
             computes them (seconds: it builds and validates the reference policy), ``{}`` skips that. A metric
-            without one falls back to the median first logged score of the fitted trials.
+            without one falls back to the feasible trials' median score at the earliest step they logged it
+            (:func:`frontier_points`).
 
     Returns:
         A :class:`SweepFrontier`; its ``frontier`` is ``None`` (and ``reason`` says why) when the sweep maximises no
@@ -424,7 +428,7 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
             reference, reference_source = references[metric], "the reference policy's validation score"
         else:
             reference = points.attrs["reference"]
-            reference_source = f"the median first logged {metric} of the {len(points)} fitted trials"
+            reference_source = f"the feasible trials' median {metric} at the earliest step they logged it"
     if reason is None and len(points) < MIN_POINTS:
         reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
                   f"{RESPONSE_LENGTH} and {metric} at one step; {len(points)} so far")
