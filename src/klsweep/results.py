@@ -28,6 +28,8 @@ STUDY_DB = "study.db"
 TUNE_DIR = "tune"
 TRIALS_CSV = "trials.csv"
 REPORT_DIR = "report"
+#: klsweep.analysis.baseline: the reference policy's scores, computed once per sweep (building it takes seconds)
+REFERENCE_FILE = "reference_scores.json"
 #: klsweep.orchestrate._ray_session: the session of the driver's private local Ray
 RAY_SESSION_FILE = "ray_session.json"
 

@@ -4,6 +4,8 @@ trainer.val_before_train)."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from matplotlib.image import imread
@@ -12,6 +14,7 @@ from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.figures import curves_data
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
+from klsweep.results import REFERENCE_FILE
 from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
 from klsweep.trainers.embedded.trainer import run
@@ -29,6 +32,16 @@ def test_the_embedded_reference_score_is_a_trials_step_0_validation(tmp_path):
     assert reference_scores("verl", [VAL], df) == {}  # verl's step 0 is merged into step 1: not told apart
     assert reference_scores("embedded", ["critic/score/mean"], df) == {}
     assert reference_scores("embedded", [VAL], df.iloc[0:0]) == {}
+
+    # kept in the sweep directory with the overrides it was computed under: built once per sweep
+    assert reference_scores("embedded", [VAL], df, cache_dir=tmp_path) == {VAL: step_0[VAL]}
+    cache = tmp_path / REFERENCE_FILE
+    saved = json.loads(cache.read_text())
+    assert saved["scores"] == {VAL: step_0[VAL]}
+    cache.write_text(json.dumps({**saved, "scores": {VAL: 0.125}}))  # a value only the cache holds
+    assert reference_scores("embedded", [VAL], df, cache_dir=tmp_path) == {VAL: 0.125}
+    other = df.assign(**{"config/data.max_response_length": 6})  # other overrides: computed again, not the cache's
+    assert reference_scores("embedded", [VAL], other, cache_dir=tmp_path)[VAL] != 0.125
 
 
 def test_an_objective_gets_a_panel_with_the_baseline(tmp_path):

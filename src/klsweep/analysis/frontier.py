@@ -423,7 +423,8 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         if references is None:
             from klsweep.analysis.baseline import reference_scores
 
-            references = reference_scores(record.sweep.get("trainer", ""), [metric], df)
+            references = reference_scores(record.sweep.get("trainer", ""), [metric], df,
+                                          cache_dir=None if isinstance(source, tuple) else source)
         if metric in references:
             reference, reference_source = references[metric], "the reference policy's validation score"
         else:

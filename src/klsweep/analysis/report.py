@@ -81,7 +81,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     value_cols = [c for c, _ in axes]
     front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]
     history = load_history(run_dir)
-    baselines = reference_scores(sweep.get("trainer", ""), [m for m, _ in objectives], df)
+    baselines = reference_scores(sweep.get("trainer", ""), [m for m, _ in objectives], df, cache_dir=run_dir)
     frontier = sweep_frontier((df, history, record), references=baselines)
 
     # what each figure shows, drawn twice: plotly for the page, matplotlib for the PNGs

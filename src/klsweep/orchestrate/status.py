@@ -53,13 +53,17 @@ def frontier_line(run_dir: str, df: pd.DataFrame) -> str | None:
     ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
     seconds), as ``sweep report`` does, so both print the same KL*; elsewhere the median first logged score.
     """
+    from klsweep.analysis.baseline import reference_scores
     from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
     from klsweep.analysis.load import load_history, sweep_info
     from klsweep.analysis.pareto import feasible
 
     if int(feasible(df).sum()) < MIN_POINTS:
         return None
-    return sweep_frontier((df, load_history(run_dir), sweep_info(run_dir))).summary()
+    record = sweep_info(run_dir)
+    references = reference_scores(record.sweep.get("trainer", ""), [o.metric for o in record.objectives], df,
+                                  cache_dir=run_dir)
+    return sweep_frontier((df, load_history(run_dir), record), references=references).summary()
 
 
 def trials_table(sweep, df: pd.DataFrame) -> Table:
