@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -68,26 +67,27 @@ def test_no_cluster_to_join_is_one_line_and_leaves_nothing_behind(tmp_path):
 
 
 def test_ctrl_c_while_joining_the_cluster_leaves_nothing_behind(tmp_path):
-    """Ctrl-C before any trial (here while Ray's client waits for a cluster nobody runs): exit 130, one line, and no
-    results directory left to block the next `sweep run`."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """Ctrl-C before any trial (here while Ray's client waits on a "cluster" that accepts its connection and never
+    answers): exit 130, one line, and no results directory left to block the next `sweep run`."""
     out = tmp_path / "out"
-    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", sweep_file(tmp_path), "--out", str(out),
-                               "--address", f"ray://127.0.0.1:{port}"], env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        while not (out / "sweep.json").exists():  # written just before Ray's client starts its 30 s wait
-            assert driver.poll() is None, driver.communicate()
-            time.sleep(0.05)
-        time.sleep(1.0)  # inside ray.init
-        driver.send_signal(signal.SIGINT)
-        stdout, stderr = driver.communicate(timeout=120)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(120)
+        port = listener.getsockname()[1]
+        driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", sweep_file(tmp_path), "--out", str(out),
+                                   "--address", f"ray://127.0.0.1:{port}"],
+                                  env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            connection, _ = listener.accept()  # Ray's client has connected: the driver is inside ray.init
+            with connection:
+                driver.send_signal(signal.SIGINT)
+                stdout, stderr = driver.communicate(timeout=120)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
     assert driver.returncode == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr
     assert stderr.strip().splitlines()[-1] == "sweep run: interrupted (Ctrl-C)"
