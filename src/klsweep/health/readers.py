@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from klsweep.errors import TraceReadError
+from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord
 from klsweep.verl.metrics import flat_verl_config
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -119,7 +120,35 @@ def read_trace(path: str | Path, run: str | None = None) -> Trace:
             "or a Ray Tune progress.csv/result.json"
         )
     trace.rounded = _looks_rounded(trace.reports)
+    trace.config = _run_config(path, trace.config)
     return trace
+
+
+def _run_config(path: Path, config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's verl overrides in full, or None where the log does not hold them.
+
+    A Ray Tune log's config is the trial's searched parameters only. For a klsweep trial
+    (``<run dir>/tune/<trial>/result.json`` or ``progress.csv``) the sweep's saved file completes it: the trial's
+    overrides as the sweep ran them (:func:`klsweep.space.trial_overrides`). Elsewhere a config that does not say
+    whether a KL mechanism is on is not used: verl's defaults for the missing keys would call the KL off and leave
+    the KL rules idle on a run that logs its KL.
+    """
+    if not config:
+        return None
+    run_dir = path.parent.parent.parent
+    if path.parent.parent.name == TUNE_DIR and (run_dir / SWEEP_FILE).is_file():
+        from klsweep.errors import KlsweepError
+        from klsweep.space import trial_overrides
+        from klsweep.spec.schema import Sweep
+
+        try:
+            sweep = Sweep.model_validate(SweepRecord.read(run_dir).sweep)
+            return trial_overrides(sweep, {k: v for k, v in config.items() if "." in k})  # verl keys, not remedies
+        except (KlsweepError, ValueError, KeyError):
+            pass  # a sweep file of another klsweep version: the log's own config, as for any Tune run
+    if not {"actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"} & config.keys():
+        return None
+    return config
 
 
 class JsonRecord(NamedTuple):
