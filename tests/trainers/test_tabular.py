@@ -61,11 +61,15 @@ def toy_table() -> Table:
 def test_nearest_point_uses_log_distance_and_category_positions():
     table = toy_table()
     # c=0.02: log10 position (log10 0.02 + 3) / 4 = 0.325, 0.175 from 0.1 (0.5) and 0.325 from 0.001 (0): 0.1 wins,
-    # though 0.02 is linearly nearer to 0.001 (0.019 against 0.08). t=d (3/3) is 1/3 from c (2/3), 1 from a.
-    assert table.points[table.nearest({"c": 0.02, "t": "d"})] == {"c": 0.1, "t": "c"}
-    # c=0.009: position 0.239, nearer 0 than 0.5; t=b (1/3) is 1/3 from a and from c: the first in grid order
-    assert table.points[table.nearest({"c": 0.009, "t": "b"})] == {"c": 0.001, "t": "a"}
+    # though 0.02 is linearly nearer to 0.001 (0.019 against 0.08).
+    assert table.points[table.nearest({"c": 0.02, "t": "c"})] == {"c": 0.1, "t": "c"}
+    # c=0.009: position 0.239, nearer 0 than 0.5
+    assert table.points[table.nearest({"c": 0.009, "t": "a"})] == {"c": 0.001, "t": "a"}
     assert table.points[table.nearest({"c": 5.0, "t": "c"})] == {"c": 10.0, "t": "c"}
+    # a category the sweep lists but the table did not record has no nearest run: another category's run would be
+    # judged and scored in its place (a loss_agg_mode served another mode's curve, on another scale)
+    with pytest.raises(OverrideError, match=r"t='d' was not recorded in toy.jsonl.gz \(its grid holds \['a', 'c'\]\)"):
+        table.nearest({"c": 0.1, "t": "d"})
     with pytest.raises(OverrideError, match=r"t='z' is not one of the table's values \['a', 'b', 'c', 'd'\]"):
         table.nearest({"c": 0.1, "t": "z"})
     with pytest.raises(OverrideError, match="the trial sets no value for t"):

@@ -7,8 +7,8 @@ trainer logged at every step, as HPOBench, LCBench and Syne Tune's simulator tab
 
 * the grid point nearest to the trial's parameters: the sum over the table's parameters of the distance in each
   parameter's own scale, as a fraction of its searched range (log10 for ``log_uniform_values``, linear for other
-  ranges, the position in the file's ``values`` list for categorical parameters); ties go to the first point in
-  grid order;
+  ranges, the position in the file's ``values`` list for categorical parameters, whose value must be one the table
+  recorded: another category's run is never served in its place); ties go to the first point in grid order;
 * the training seed ``data.seed`` when the table has it, else ``seeds[data.seed mod len(seeds)]``.
 
 Each recorded step becomes one Ray Tune report, so the health rules, stoppers, searcher and results table see what
@@ -135,6 +135,13 @@ class Table:
         if missing:
             raise OverrideError(f"the trial sets no value for {', '.join(missing)}, a parameter of {self.path}: "
                                 "run the table with the sweep file it was generated from")
+        for key, axis in self.header["parameters"].items():
+            grid = axis.get("grid", axis.get("values"))
+            if axis["scale"] == "categorical" and params[key] in axis["values"] and params[key] not in grid:
+                raise OverrideError(
+                    f"{key}={params[key]!r} was not recorded in {self.path} (its grid holds {grid}): serving another "
+                    f"value's run would judge and score the wrong run. Search only {grid} for {key} (a "
+                    "`values:` override of the parameter), or generate a table with it (benchmarks/tabular/README.md)")
         where = {k: self._position(k, params[k]) for k in self.header["parameters"]}
         distances = [sum(abs(self._position(k, p[k]) - x) for k, x in where.items()) for p in self.points]
         return distances.index(min(distances))
