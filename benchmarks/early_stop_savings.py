@@ -73,10 +73,12 @@ def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ..
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.space import define_space, seed_params, trial_overrides
     from klsweep.spec import load_sweep
-    from klsweep.trainers.tabular import TabularTrainer, load_table
+    from klsweep.trainers.tabular import TabularTrainer, load_table, recorded_values
 
     header = load_table(str(table)).header
-    sweep = load_sweep(REPO / header["source"], [f"seed={seed}", *extra] + ([f"health={health}"] if health else []))
+    args = [f"seed={seed}", *extra] + ([f"health={health}"] if health else [])
+    sweep = load_sweep(REPO / header["source"], args)
+    sweep = load_sweep(REPO / header["source"], [*args, *recorded_values(sweep, header)])  # categories recorded
     objective = sweep.objectives[0]
     rules = load_ruleset(sweep.health)
     study = optuna.create_study(direction="maximize" if objective.mode == "max" else "minimize",

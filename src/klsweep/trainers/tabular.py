@@ -241,3 +241,18 @@ class TabularTrainer:
         """Continue from a :meth:`save` of the same trial."""
         state = json.loads((Path(directory) / CHECKPOINT_FILE).read_text())
         self._next, self.global_step = state["next"], state["global_step"]
+
+
+def recorded_values(sweep, header: Mapping[str, Any]) -> list[str]:
+    """Sweep-file overrides (``parameters.NAME={values: [...]}``) that narrow each categorical parameter of ``sweep``
+    to the values its table recorded (the header's ``grid``), for sweeps run on a table that holds fewer categories
+    than the file searches (the trainer refuses the others)."""
+    from klsweep.verl.presets import resolve_key
+
+    out = []
+    for name in sweep.parameters:
+        axis = header["parameters"].get(resolve_key(name, sweep.placement), {})
+        grid = axis.get("grid")
+        if axis.get("scale") == "categorical" and grid is not None and grid != axis.get("values"):
+            out.append(f"parameters.{name}={{values: [{', '.join(map(str, grid))}]}}")
+    return out
