@@ -42,6 +42,14 @@ def test_live_view_shows_parameters_and_running_metrics():
     assert out.getvalue() == (f"[1/3] abc12345 TERMINATED kl_coef=0.002 {PARAMS[1]}=2 {PARAMS[2]}=1 step=4 "
                               f"{VAL}=0.5\n")
 
+    # ended by ASHA before its last step: PRUNED, as the study records it, with the step it stopped at
+    early = Trial("run_trial", config={PARAMS[0]: 0.01, PARAMS[1]: 1, PARAMS[2]: 1}, trial_id="def67890", stub=True)
+    early.run_metadata.last_result = {"training_iteration": 10, "step": 10, "total_steps": 30, VAL: 0.25,
+                                      "health": "healthy"}
+    progress.on_trial_complete(3, [trial, early], early)
+    assert out.getvalue().splitlines()[-1] == (f"[2/3] def67890 PRUNED kl_coef=0.01 {PARAMS[1]}=1 {PARAMS[2]}=1 "
+                                               f"step=10 {VAL}=0.25 (stopped by the scheduler at step 10)")
+
 
 def test_trials_csv_follows_the_trials_sweep_directory(tmp_path, capsys):
     out = tmp_path / "moved" / "out"  # wherever the sweep directory is now: Tune's restored storage says so

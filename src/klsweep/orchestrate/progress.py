@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from klsweep._format import param_labels, short
-from klsweep.results import HEALTH, STOP_REASON, TRIALS_CSV
+from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, TRIALS_CSV
 from klsweep.verl.metrics import resolve
 
 #: Aliases shown as the KL, entropy and score columns (klsweep.verl.metrics resolves them per verl version).
@@ -97,9 +97,14 @@ class SweepProgress(Callback):
         self._finish(trial, "ERROR")
 
     def _finish(self, trial, status: str) -> None:
-        row = self._row(trial, trial.last_result or {}, status)
+        last = trial.last_result or {}
+        row = self._row(trial, last, status)
+        steps, total = last.get(STEP, last.get("training_iteration")), last.get(TOTAL_STEPS)
         if row.get("health") == "stopped":
             row["status"] = "STOPPED"
+        elif status == "TERMINATED" and isinstance(steps, int) and isinstance(total, int) and steps < total:
+            row["status"] = "PRUNED"  # ended early by the scheduler (ASHA), as the study records it
+            row.setdefault("stop_reason", f"stopped by the scheduler at step {steps}")
         self._done += 1
         self._progress.update(self._task, completed=self._done)
         if self._interactive:
