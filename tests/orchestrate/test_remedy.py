@@ -109,6 +109,17 @@ def test_prescriptions_of_the_sweeps_own_rules_are_checked(tmp_path):
                  str(tmp_path / "out")]) == 2
 
 
+def test_a_remedy_under_asha_is_said_to_stop_instead(tmp_path):
+    rule = _rule(name="a", remedy={"kl_coef": "*1.5"}).model_dump(by_alias=True)
+    rule.pop("conditions"), rule.update(metric="ref_kl", above=0.25)
+    health = {"preset": "default", "rules": [rule]}
+    asha = load_sweep(sweep_file(tmp_path, health=health, scheduler={"type": "asha", "grace_period": 5}))
+    (warning,) = [w for w in asha.warnings if "remedy" in w]
+    assert "health.rules.0.remedy: rule 'a' has a remedy but scheduler is asha" in warning
+    assert "Use scheduler: none for remedies" in warning
+    assert not [w for w in load_sweep(sweep_file(tmp_path, health=health)).warnings if "remedy" in w]
+
+
 def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials_current_line(tmp_path):
     """A checkpoint of a run an earlier remedy abandoned (step 45, after the restart from 40) is never used."""
     from ray.train._internal.checkpoint_manager import _TrainingResult

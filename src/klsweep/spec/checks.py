@@ -81,6 +81,11 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                              "Add a `when` condition so it is only sampled where it acts"))
     errors.extend(_negative_kl(sweep, params))
     errors.extend(_remedy_problems(sweep, fixed))
+    if sweep.scheduler.type == "asha":
+        warnings.extend((("health", "rules", i, "remedy"), f"rule {rule.name!r} has a remedy but scheduler is asha: "
+                         "ASHA's scheduler takes the place of the one that restarts trials, so the rule stops the "
+                         "trial instead. Use scheduler: none for remedies")
+                        for i, rule in enumerate(sweep.health.rules) if rule.remedy)
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
     n = fixed.get("actor_rollout_ref.rollout.n")
