@@ -6,6 +6,7 @@ import pytest
 
 from klsweep.errors import SweepFileError
 from klsweep.spec import Choice, Range, load_sweep
+from tests.conftest import REPO
 
 
 def _problems(path, overrides=()) -> list[str]:
@@ -283,3 +284,18 @@ def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
     assert typo == (f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: "
                     "name, match, for, after, action, kind, advice, source, remedy, max_remedies, all, any, metric, "
                     "above, below, stat, window, peak_above")
+
+
+def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_space(tmp_path):
+    copied = tmp_path / "copied.yaml"
+    copied.write_text((REPO / "sweeps" / "grpo_kl.yaml").read_text())
+    sweep = load_sweep(copied)
+    assert sweep.parameters == load_sweep(REPO / "sweeps" / "grpo_kl.yaml").parameters
+
+    copied.write_text(copied.read_text().replace("search_space: grpo_kl_loss", "search_space: no_such_space"))
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(copied)
+    text = "\n".join(e.value.problems)
+    assert "search_space: no file 'no_such_space' (looked in " in text and str(tmp_path) in text
+    assert "copy the search space next to the sweep file" in text
+    assert "this sweep has no parameters" in text  # the seed trial's knock-on, not 'Parameters: ' and nothing

@@ -286,7 +286,8 @@ def _seed_problems(sweep: Sweep, seed: dict[str, Any], params: dict) -> Iterator
         if p is None:
             hint = difflib.get_close_matches(name, list(sweep.parameters), n=1, cutoff=0.6)
             fix = f"did you mean {hint[0]!r}? " if hint else ""
-            yield (name,), f"{name} is not a parameter of this sweep: {fix}Parameters: {', '.join(sweep.parameters)}"
+            known = f"Parameters: {', '.join(sweep.parameters)}" if sweep.parameters else "this sweep has no parameters"
+            yield (name,), f"{name} is not a parameter of this sweep: {fix}{known}"
         elif isinstance(p, Choice) and repr(value) not in map(repr, p.values):
             yield (name,), f"{value!r} is not one of the parameter's values {p.values}: add it to values"
         elif isinstance(p, Constant) and value != p.value:

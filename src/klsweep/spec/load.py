@@ -335,13 +335,16 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[st
     name = data["search_space"]
     where = lines.get(("search_space",), str(sweep_path))
     candidates = [Path(name), sweep_path.parent / name]
-    for folder in (sweep_path.parent.parent / "search_spaces", Path("search_spaces")):
+    # next to the sweep file's folder (sweeps/ beside search_spaces/), the working directory, and klsweep's own
+    # checkout (a shipped sweep file copied elsewhere still finds the shipped spaces)
+    shipped = Path(__file__).resolve().parents[3] / "search_spaces"
+    for folder in (sweep_path.parent.parent / "search_spaces", Path("search_spaces"), shipped):
         candidates += [folder / name, folder / f"{name}.yaml"]
     found = next((c for c in candidates if _is_file(c)), None)
     if found is None:
-        looked = ", ".join(sorted({str(c.parent) for c in candidates}))
+        looked = ", ".join(sorted({str(c.parent.resolve()) for c in candidates}))
         return [f"{where}: search_space: no file {name!r} (looked in {looked})"
-                " — give a name from search_spaces/ or a path"]
+                " — give a name from search_spaces/ or a path, or copy the search space next to the sweep file"]
     try:
         space_data, space_lines = _read(found)
     except SweepFileError as e:
