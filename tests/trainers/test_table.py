@@ -68,3 +68,15 @@ def test_process_mode_is_the_tables_module_and_replay_has_none(tmp_path):
     assert not any(a.startswith("trainer.default_local_dir=") for a in embedded)
     with pytest.raises(ValueError, match="trainer 'replay' has no process mode; use one of: embedded, verl"):
         trial_command({}, trainer="replay", trial_dir=tmp_path)
+
+
+def test_the_verl_reproduce_line_names_a_batch_size_the_trial_did_not_take_from_the_embedded_defaults():
+    from klsweep.trainers import reproduce_lines
+    from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS
+
+    default = {"data.train_batch_size": EMBEDDED_DEFAULTS["data.train_batch_size"], "algorithm.kl_ctrl.horizon": 1000}
+    label, command = reproduce_lines("embedded", default)[2:]
+    assert label == "the same KL and algorithm settings on verl (add your model, data and batch sizes):"
+    assert "data.train_batch_size" not in command and "algorithm.kl_ctrl.horizon=1000" in command
+    label, _ = reproduce_lines("embedded", {**default, "data.train_batch_size": 32})[2:]
+    assert label.endswith("batch sizes; this trial ran with data.train_batch_size=32):")

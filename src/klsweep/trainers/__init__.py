@@ -114,12 +114,17 @@ def _embedded_defaults(user: Mapping[str, Any]) -> dict[str, Any]:
 
 def _embedded_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The embedded trainer's own command, then verl's with the KL and algorithm settings only (the embedded sizes
-    dropped: the user adds a model, data and batch sizes)."""
-    from klsweep.trainers.embedded.config import EMBEDDED_SIZES
+    dropped: the user adds a model, data and batch sizes). The label names the trial's batch size and responses per
+    prompt where they are not the embedded defaults (a searched batch size): the KL settings were found at those
+    (verl's adaptive controller advances by train_batch_size × rollout.n responses per step against its horizon)."""
+    from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS, EMBEDDED_SIZES
 
     transferable = {k: v for k, v in overrides.items() if k not in EMBEDDED_SIZES}
+    own = [f"{k}={overrides[k]}" for k in ("data.train_batch_size", "actor_rollout_ref.rollout.n")
+           if k in overrides and overrides[k] != EMBEDDED_DEFAULTS.get(k)]
+    found_at = f"; this trial ran with {', '.join(own)}" if own else ""
     return [("reproduce on the embedded trainer:", verl_command(overrides, module="klsweep.trainers.embedded")),
-            ("the same KL and algorithm settings on verl (add your model, data and batch sizes):",
+            (f"the same KL and algorithm settings on verl (add your model, data and batch sizes{found_at}):",
              verl_command(transferable))]
 
 
