@@ -106,6 +106,11 @@ def test_a_busy_port_given_is_refused_with_a_free_one_named(tmp_path):
     free = int(run.stderr.rsplit("--port ", 1)[1].split()[0])
     with _listening("127.0.0.1", free):  # the port it names was free
         pass
+    from optuna_dashboard._custom_plot_data import list_graph_object_ids
+
+    study = optuna.load_study(study_name="busy", storage=f"sqlite:///{out / 'study.db'}")
+    attrs = study._storage.get_study_system_attrs(study._study_id)  # where optuna-dashboard keeps its figures
+    assert list_graph_object_ids(attrs) == []  # a refused start writes nothing into the study
 
 
 def test_the_default_port_busy_serves_on_a_free_one_and_says_so(tmp_path):

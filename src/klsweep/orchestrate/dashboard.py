@@ -56,9 +56,6 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
     from klsweep.results import SweepRecord
 
     record = SweepRecord.read(run_dir)
-    summary = save_frontier(run_dir, record)
-    if summary is not None:
-        print(f"KL frontier saved into the study for the dashboard: {summary}", file=sys.stderr)
     app = wsgi(storage_from_url(record.storage_url(run_dir)))
     server_class = _Server.for_host(host)
     try:
@@ -71,6 +68,9 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
         server = make_server(host, 0, app, server_class=server_class, handler_class=_QuietHandler)
         print(f"port {DEFAULT_PORT} on {host} is in use ({e.strerror}): serving on the free port "
               f"{server.server_port} instead", file=sys.stderr)
+    summary = save_frontier(run_dir, record)  # once the port is ours: a refused start writes nothing
+    if summary is not None:
+        print(f"{summary} (the figure is in the dashboard's study page)", file=sys.stderr)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {host}: anyone who can reach this address can read the study", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
