@@ -116,10 +116,10 @@ class NonfiniteGradNorm(BuiltinCheck):
         self.judged = True
         bad = {k: v for k, v in norms.items() if not math.isfinite(v)}
         losses = [v for k in LOSS_METRICS if (v := number(metrics.get(k))) is not None]
-        if not bad or not all(math.isfinite(v) for v in losses):
-            self.streak.reset(step)  # a non-finite loss is builtin.nonfinite_loss's finding
+        # a non-finite loss is builtin.nonfinite_loss's finding
+        held = self.streak.update(step, bool(bad) and all(math.isfinite(v) for v in losses))
+        if not held:
             return None
-        held = self.streak.hold(step)
         self.count += 1
         stop = 0 < self.steps_to_stop <= held
         what = ", ".join(f"{k} = {v}" for k, v in bad.items())
@@ -151,10 +151,7 @@ class NoSignal(BuiltinCheck):
         self.judged = True
         adv_zero = bool(adv) and all(abs(v) < ZERO for v in adv.values())
         score_zero = "critic/score/max" in score and all(abs(v) < ZERO for v in score.values())
-        if not (adv_zero or score_zero):
-            self.streak.reset(step)
-            return None
-        held = self.streak.hold(step)
+        held = self.streak.update(step, adv_zero or score_zero)
         if held < self.steps:
             return None
         seen = {**adv, **score}
@@ -224,10 +221,7 @@ class NoUpdate(BuiltinCheck):
             self.streak.reset(step)
             return None
         self.judged = True
-        if not flat[0]:
-            self.streak.reset(step)
-            return None
-        held = self.streak.hold(step)
+        held = self.streak.update(step, flat[0])
         if held < self.steps:
             return None
         return Event(
@@ -275,10 +269,7 @@ class KlDead(BuiltinCheck):
             self.frozen = True  # a frozen policy has KL 0 as a symptom: builtin.no_update's finding
             return None
         self.judged = True
-        if kl[1] != 0.0:
-            self.streak.reset(step)
-            return None
-        held = self.streak.hold(step)
+        held = self.streak.update(step, kl[1] == 0.0)
         if held < self.steps:
             return None
         return Event(

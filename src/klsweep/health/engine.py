@@ -260,10 +260,7 @@ class HealthEngine:
                 state.streak.reset(step)
             return None
         state.judged = True
-        if not (true == judged if need_all else true > 0):
-            state.streak.reset(step)
-            return None
-        if state.streak.hold(step) < rule.for_:
+        if state.streak.update(step, true == judged if need_all else true > 0) < rule.for_:
             return None
         seen: dict[str, float] = {}
         first = state.streak.start if rule.for_ > 1 and state.streak.start is not None else step

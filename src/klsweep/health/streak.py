@@ -31,6 +31,14 @@ class Streak:
             self.start = min(start, step)
         return step - self.start + 1
 
+    def update(self, step: int, holds: bool) -> int:
+        """One report: the steps the condition has held for at ``step`` (:meth:`hold`), or 0 when it does not hold
+        there (:meth:`reset`)."""
+        if not holds:
+            self.reset(step)
+            return 0
+        return self.hold(step)
+
     def reset(self, step: int) -> None:
         """The condition does not hold at ``step`` (or cannot be judged there, e.g. in the warm-up)."""
         self.start = None
