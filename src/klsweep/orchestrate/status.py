@@ -30,12 +30,13 @@ def status(run_dir: str, console: Console | None = None) -> int:
     from klsweep.spec.schema import Sweep
 
     console = console or plain_console()
-    sweep = Sweep.model_validate(SweepRecord.read(run_dir).sweep)
+    record = SweepRecord.read(run_dir)
+    sweep = Sweep.model_validate(record.sweep)
     df = load(run_dir)
     console.print(counts_line(sweep, df), highlight=False)
     if len(df):
         console.print(trials_table(sweep, df))
-        line = frontier_line(run_dir, df)
+        line = frontier_line(run_dir, df, record)
         if line:
             console.print(line, highlight=False, markup=False)
     running = bool(len(df) and (df["state"] == "RUNNING").any())
@@ -46,21 +47,21 @@ def status(run_dir: str, console: Console | None = None) -> int:
     return 0
 
 
-def frontier_line(run_dir: str, df: pd.DataFrame) -> str | None:
+def frontier_line(run_dir: str, df: pd.DataFrame, record) -> str | None:
     """The KL frontier forecast from the trials finished so far (:meth:`klsweep.analysis.frontier.SweepFrontier.
     summary`), once :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible; ``None`` before.
 
     ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
-    seconds), as ``sweep report`` does, so both print the same KL*; elsewhere the median first logged score.
+    seconds, once per sweep), as ``sweep report`` does, so both print the same KL*; elsewhere the median first
+    logged score. ``record`` is the sweep's :class:`klsweep.results.SweepRecord`, as :func:`status` read it.
     """
     from klsweep.analysis.baseline import reference_scores
     from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
-    from klsweep.analysis.load import load_history, sweep_info
+    from klsweep.analysis.load import load_history
     from klsweep.analysis.pareto import feasible
 
     if int(feasible(df).sum()) < MIN_POINTS:
         return None
-    record = sweep_info(run_dir)
     references = reference_scores(record.sweep.get("trainer", ""), [o.metric for o in record.objectives], df,
                                   cache_dir=run_dir)
     return sweep_frontier((df, load_history(run_dir), record), references=references).summary()
