@@ -21,6 +21,7 @@ import pandas as pd
 from klsweep.analysis.load import overrides_of
 from klsweep.errors import KlsweepError
 from klsweep.results import REFERENCE_FILE
+from klsweep.trainers import trainer_kind
 from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  # no torch: config only
 
 
@@ -39,7 +40,7 @@ def reference_scores(trainer: str, metrics: Sequence[str], df: pd.DataFrame,
             computed under, so ``sweep status`` and ``sweep report`` build the reference policy once per sweep
             (seconds), not once per call.
     """
-    if trainer != "embedded" or EMBEDDED_VAL_METRIC not in metrics or df.empty:
+    if not trainer_kind(trainer).scores_reference or EMBEDDED_VAL_METRIC not in metrics or df.empty:
         return {}
     overrides = overrides_of(df.iloc[0])
     key = json.dumps(overrides, sort_keys=True, default=str)

@@ -40,7 +40,7 @@ from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
 from klsweep.launchers.resume import CHECKPOINTS_KEPT, SAVE_FREQ_KEY, logged_steps, resume_overrides, save_freq
 from klsweep.launchers.storage import trial_directory
-from klsweep.trainers import TRAINERS, trainer_kind
+from klsweep.trainers import TRAINERS, runs_verl, trainer_kind
 from klsweep.verl.config import format_overrides
 
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
@@ -105,7 +105,7 @@ def trial_command(
     trial_dir = Path(trial_dir).resolve()
     run_dir = attempt_dir(trial_dir, attempt)
     values = dict(overrides)
-    if trainer == "verl":
+    if runs_verl(trainer):
         values = {k: v for k, v in values.items() if k.lstrip("+") not in MANAGED_VERL_KEYS}
         values[SAVE_FREQ_KEY] = save_freq(values)
         values = CHECKPOINTS_KEPT | values
@@ -202,7 +202,7 @@ def run_process_trial(
     steps = _StepReports(report, last_step=max(logged_steps(trial_dir), default=0))
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
-        resumed = {**overrides, **resume_overrides(trial_dir, overrides)} if trainer == "verl" else overrides
+        resumed = {**overrides, **resume_overrides(trial_dir, overrides)} if runs_verl(trainer) else overrides
         argv, env = trial_command(resumed, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
         failure = _run_attempt(argv, env, attempt_dir(trial_dir, attempt), steps, timeout_s=timeout_s, grace_s=grace_s)
         if failure is None:

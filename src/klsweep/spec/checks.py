@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from klsweep.spec.schema import Choice, Constant, Range, Sweep
+from klsweep.trainers import runs_verl
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS, closest_key, default_keys
 from klsweep.verl.liveness import inert_reason
@@ -94,7 +95,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         errors.append((("overrides", "actor_rollout_ref.rollout.n"),
                        f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
-    if sweep.trainer == "verl":
+    if runs_verl(sweep.trainer):
         errors.extend(_verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
 

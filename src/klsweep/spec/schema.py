@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from klsweep.health import HealthConfig
-from klsweep.trainers import TrainerName
+from klsweep.trainers import TrainerName, trainer_kind
 
 
 def _scalar(value: Any) -> Any:
@@ -54,6 +54,13 @@ OverrideValue = Annotated[Any, AfterValidator(_override_value)]
 """A fixed override's value: a scalar or a list of scalars."""
 
 _MODEL = ConfigDict(extra="forbid", frozen=True)
+
+#: What each trainer's own section (``TrainerKind.section``) holds, for the error that names it missing.
+_SECTION_HINT = {
+    "replay": "the log to play back: add `replay: {trace: PATH}` (a verl jsonl, console log, W&B CSV or Tune "
+              "progress.csv)",
+    "tabular": "the table to serve: add `tabular: {table: PATH}` (a file written by benchmarks/tabular/generate.py)",
+}
 
 Condition = dict[str, OverrideValue]
 
@@ -407,18 +414,13 @@ class Sweep(BaseModel):
                 f"{len(self.objectives)} (multi-objective studies cannot prune: optuna#5260). "
                 "Use scheduler: none; health rules still stop sick trials"
             )
-        if self.trainer == "replay" and self.replay is None:
-            raise ValueError("trainer replay needs the log to play back: add `replay: {trace: PATH}` (a verl jsonl, "
-                             "console log, W&B CSV or Tune progress.csv)")
-        if self.replay is not None and self.trainer != "replay":
-            raise ValueError(f"replay is only read by trainer: replay, but trainer is {self.trainer}: set "
-                             "trainer: replay or remove the replay section")
-        if self.trainer == "tabular" and self.tabular is None:
-            raise ValueError("trainer tabular needs the table to serve: add `tabular: {table: PATH}` (a file written "
-                             "by benchmarks/tabular/generate.py)")
-        if self.tabular is not None and self.trainer != "tabular":
-            raise ValueError(f"tabular is only read by trainer: tabular, but trainer is {self.trainer}: set "
-                             "trainer: tabular or remove the tabular section")
+        needed = trainer_kind(self.trainer).section
+        if needed is not None and getattr(self, needed) is None:
+            raise ValueError(f"trainer {self.trainer} needs {_SECTION_HINT[needed]}")
+        for section in _SECTION_HINT:
+            if section != needed and getattr(self, section) is not None:
+                raise ValueError(f"{section} is only read by trainer: {section}, but trainer is {self.trainer}: set "
+                                 f"trainer: {section} or remove the {section} section")
         if len(self.seed_trials) > self.budget.trials:
             raise ValueError(
                 f"seed_trials has {len(self.seed_trials)} entries but budget.trials is {self.budget.trials}: "

@@ -71,6 +71,12 @@ class TrainerKind:
         validation_metric: the only validation metric the trainer logs, when it is known before a trial runs.
         defaults: knob values the trainer brings where verl's defaults do not fit, given the trial's user overrides.
         reproduce: ``[(label, command)]`` that rerun a trial from its verl overrides.
+        runs_verl: every trial is verl's own ``main_ppo`` on GPUs: the launcher owns its checkpoint and logger keys,
+            the preflight checks GPUs, resources and the keys verl requires, and retries resume from checkpoints.
+        section: the sweep-file section the trainer reads (``replay:``, ``tabular:``), required with it and refused
+            without it; None when it reads none.
+        scores_reference: the reference policy (the trial's starting weights) can be scored in klsweep's process,
+            as the KL frontier's d = 0 point (:mod:`klsweep.analysis.baseline`).
     """
 
     name: str
@@ -80,6 +86,9 @@ class TrainerKind:
     validation_metric: str | None = None
     defaults: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda user: {})
     reproduce: Callable[[Mapping[str, Any]], list[tuple[str, str]]] = field(default=lambda overrides: [])
+    runs_verl: bool = False
+    section: str | None = None
+    scores_reference: bool = False
 
 
 def _embedded(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
@@ -133,20 +142,21 @@ TRAINERS: dict[str, TrainerKind] = {
     "embedded": TrainerKind(
         "embedded", "the CPU trainer in klsweep (verl's core_algos on a small arithmetic task)",
         module="klsweep.trainers.embedded", in_process=_embedded, validation_metric=EMBEDDED_VAL_METRIC,
-        defaults=_embedded_defaults, reproduce=_embedded_reproduce,
+        defaults=_embedded_defaults, reproduce=_embedded_reproduce, scores_reference=True,
     ),
     "verl": TrainerKind(
         "verl", "python -m verl.trainer.main_ppo, one process per trial (GPU nodes)",
         module=VERL_MODULE, in_process=None, reproduce=lambda overrides: [("", verl_command(overrides))],
+        runs_verl=True,
     ),
     "replay": TrainerKind(
         "replay", "plays back a recorded verl log (replay: {trace: PATH}), to try health rules and the pipeline",
-        module=None, in_process=_replay,
+        module=None, in_process=_replay, section="replay",
     ),
     "tabular": TrainerKind(
         "tabular", "serves the recorded embedded run of the nearest grid point (tabular: {table: PATH}), for "
         "benchmarks of thousands of sweeps", module=None, in_process=_tabular, validation_metric=EMBEDDED_VAL_METRIC,
-        defaults=_embedded_defaults,
+        defaults=_embedded_defaults, section="tabular",
     ),
 }
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
@@ -165,6 +175,15 @@ def reproduce_lines(trainer: str, overrides: Mapping[str, Any]) -> list[str]:
         ValueError: ``trainer`` is not a trainer (the message lists the valid names).
     """
     return [line for label, command in trainer_kind(trainer).reproduce(overrides) for line in (label, command) if line]
+
+
+def runs_verl(name: str) -> bool:
+    """Whether the trials of trainer ``name`` are verl's own ``main_ppo`` (:attr:`TrainerKind.runs_verl`).
+
+    Raises:
+        ValueError: ``name`` is not a trainer; the message lists the valid names.
+    """
+    return trainer_kind(name).runs_verl
 
 
 def trainer_kind(name: str) -> TrainerKind:

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from klsweep.trainers import runs_verl
+
 #: Keys klsweep sets for every trial of the sweep, whatever the sweep's overrides say: key → (why, the fix).
 REFUSED: dict[str, tuple[str, str]] = {
     "trainer.project_name": (
@@ -89,8 +91,9 @@ def managed_key_problems(overrides: Mapping[str, Any], searched: Mapping[str, st
         ``[(key or parameter name, message)]``; each message names the key, the value, why klsweep sets it and the
         fix.
     """
-    refused = (REFUSED if launcher_keys else {}) | (REFUSED_VERL if trainer == "verl" else {})
-    only = ONLY_VERL if trainer == "verl" else {}
+    on_verl = runs_verl(trainer)
+    refused = (REFUSED if launcher_keys else {}) | (REFUSED_VERL if on_verl else {})
+    only = ONLY_VERL if on_verl else {}
     entries = [(k, k, repr(v), v) for k, v in overrides.items()]
     entries += [(name, key, "searched", None) for key, name in (searched or {}).items()]
     problems: list[tuple[str, str]] = []
@@ -115,7 +118,7 @@ def checkpoint_cadence_warnings(overrides: Mapping[str, Any], *, trainer: str) -
         ``[("trainer.save_freq", message)]`` or ``[]``.
     """
     value = overrides.get("trainer.save_freq")
-    if trainer != "verl" or value is None or not isinstance(value, (int, float)) or value > 0:
+    if not runs_verl(trainer) or value is None or not isinstance(value, (int, float)) or value > 0:
         return []
     return [("trainer.save_freq",
              f"trainer.save_freq ({value!r}) saves no checkpoint: a trial retried after an NCCL error or a kill, or "

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from klsweep.errors import OverrideError, PreflightError
+from klsweep.trainers import runs_verl
 from klsweep.verl.config import check_values, compose, default_keys
 from klsweep.verl.numerics import numeric_problems
 
@@ -77,7 +78,7 @@ def preflight(
     problems += [at(k, m) for k, m in _types(overrides)]
     problems += [at(k, m) for k, m in _batch_problems(value, trainer)]
     problems += [at(k, m) for k, m in numeric_problems(value)]
-    if trainer == "verl":
+    if runs_verl(trainer):
         problems += [at(k, m) for k, m in _required(overrides, value)]
         if has_flash_attn is None:
             has_flash_attn = importlib.util.find_spec("flash_attn") is not None
@@ -128,8 +129,9 @@ def _batch_problems(value, trainer: str) -> list[tuple[str, str]]:
     if value(A + "actor.use_dynamic_bsz"):
         return []
     nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
-    n_gpus = nnodes * per_node if trainer == "verl" else 1
-    gpus = f"(trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})" if trainer == "verl" else "(1 device)"
+    on_gpus = runs_verl(trainer)
+    n_gpus = nnodes * per_node if on_gpus else 1
+    gpus = f"(trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})" if on_gpus else "(1 device)"
     batch, n = value("data.train_batch_size"), value(A + "rollout.n")
     out: list[tuple[str, str]] = []
     if (batch * n) % n_gpus:
