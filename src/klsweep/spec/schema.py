@@ -233,6 +233,20 @@ class Resources(BaseModel):
     gpu: float = Field(0.0, ge=0, description="GPUs per trial (should equal trainer.nnodes × n_gpus_per_node)")
 
 
+class Confirm(BaseModel):
+    """``budget.confirm``: after the search, re-run its leaders with new training seeds (``data.seed``) and rank
+    them by the mean over seeds (:mod:`klsweep.orchestrate.confirm`). Off unless given."""
+
+    model_config = _MODEL
+
+    top: int = Field(3, ge=1, description="leaders to re-run: the best healthy trials by the (first) objective; "
+                     "in a Pareto sweep the front's trials first")
+    seeds: int = Field(2, ge=1, description="new training seeds per leader (data.seed = the sweep's seed + 1, + 2, "
+                       "...); with the search run each leader has seeds + 1 runs")
+    preset: bool = Field(True, description="also re-run the seed trial (the preset, trial 0), when it ended healthy, "
+                         "so the winner is compared with it over the same seeds")
+
+
 class Budget(BaseModel):
     """How much the sweep may run."""
 
@@ -248,6 +262,10 @@ class Budget(BaseModel):
         "whose start-up can hang and hold the trial's GPUs for good. A trial past it ends with its whole process tree "
         "and is recorded FAIL, its error saying 'timed out after N s'. Size it for the whole run, start-up included: "
         "verl's checkpoint steps take ~10x a normal step (~2,500 s against ~170 s in verl's GRPO reference log)",
+    )
+    confirm: Confirm | None = Field(
+        None, description="re-run the leaders with new training seeds after the search, e.g. {top: 3, seeds: 2} "
+        "(None: off); the runs are trials of the same study, marked confirm_of",
     )
 
 
