@@ -14,6 +14,9 @@ from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
 from klsweep.trainers import trainer_kind
 from klsweep.verl.presets import preset_overrides, resolve_key
 
+#: The override that carries a trial's training seed (verl's ``data.seed``; the embedded trainer's too).
+SEED_KEY = "data.seed"
+
 
 def parameters(sweep: Sweep) -> dict[str, Parameter]:
     """The sweep's parameters keyed by resolved verl key, in file order (aliases resolved for its kl_placement).
@@ -73,7 +76,7 @@ def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
         "trainer.logger": logger,
         "trainer.total_training_steps": sweep.budget.max_steps,
         "trainer.project_name": sweep.wandb.project or sweep.name,
-        "data.seed": sweep.seed,
+        SEED_KEY: sweep.seed,
     }
 
 
@@ -133,12 +136,15 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
     Every knob of :data:`klsweep.verl.presets.KNOBS` is present: the trial's value, else the sweep's fixed
     override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's; interpolated
     verl defaults follow the trial's values (``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``).
+    A ``data.seed`` in ``params`` (a confirmation run's new training seed, :mod:`klsweep.orchestrate.confirm`) wins
+    over the sweep's ``seed``.
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}
     defaults = trainer_kind(sweep.trainer).defaults(user)
     preset = preset_overrides(sweep.algorithm, sweep.placement, base={**defaults, **user})
-    return {**preset, **user, **launcher_overrides(sweep)}
+    seed = {SEED_KEY: resolved[SEED_KEY]} if SEED_KEY in resolved else {}
+    return {**preset, **user, **launcher_overrides(sweep), **seed}
 
 
 def seed_params(sweep: Sweep) -> list[dict[str, Any]]:
