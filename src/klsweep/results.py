@@ -56,6 +56,11 @@ ATTR_HEALTH = HEALTH
 ATTR_STOP_REASON = STOP_REASON
 #: training steps the trial ran
 ATTR_STEPS = "steps"
+#: a confirmation run (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): the number of the search trial it
+#: re-runs with a new training seed; absent on search trials
+ATTR_CONFIRM_OF = "confirm_of"
+#: a confirmation run's training seed (``data.seed``), set when it is enqueued, before it has params
+ATTR_CONFIRM_SEED = "confirm_seed"
 #: the Optuna constraint a health stop violates in a multi-objective study (``FrozenTrial.constraints``)
 HEALTH_CONSTRAINT = "health"
 

@@ -16,7 +16,10 @@ Columns of :func:`load` (the same as ``trials.csv``):
 - ``last/ref_kl``, ``max/ref_kl``, ``kl_metric``: the reference KL (``actor/kl_loss`` with KL in the loss,
   ``actor/reward_kl_penalty`` with KL in the reward; ``kl_metric`` names which), last and peak;
 - ``last/entropy``, ``min/entropy``, ``last/score``, ``max/score``: policy entropy and training score
-  (``critic/score/mean``).
+  (``critic/score/mean``);
+- ``stop_kind``: the kind of a stop (a health rule's ``diverged``, ``collapsed``, ..., or ``objective``; empty when
+  none); ``confirm_of``: on a confirmation run (``budget.confirm``), the number of the search trial it re-runs with a
+  new training seed (``config/data.seed``), empty on search trials.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import pandas as pd
 
 from klsweep.errors import ResultsError
 from klsweep.results import (
+    ATTR_CONFIRM_OF,
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
     ATTR_STEPS,
@@ -38,6 +42,7 @@ from klsweep.results import (
     ATTR_VERL_OVERRIDES,
     HEALTH,
     STEP,
+    STOP_KIND,
     STOP_REASON,
     TOTAL_STEPS,
     TUNE_DIR,
@@ -122,6 +127,7 @@ def _summarise(rows: list[dict[str, Any]], objectives: list[Objective]) -> dict[
         "wall_s": float(last.get("time_total_s", float("nan"))),
         "health": last.get(HEALTH),
         "stop_reason": last.get(STOP_REASON),
+        "stop_kind": last.get(STOP_KIND),
     }
     for objective in objectives:
         metric, values = objective.metric, _numbers(rows, objective.metric)
@@ -167,6 +173,8 @@ def load(path: str | Path) -> pd.DataFrame:
         for column, attr in (("health", ATTR_HEALTH), ("stop_reason", ATTR_STOP_REASON), ("steps", ATTR_STEPS)):
             if attrs.get(attr) is not None:
                 row[column] = attrs[attr]
+        if attrs.get(ATTR_CONFIRM_OF) is not None:
+            row["confirm_of"] = attrs[ATTR_CONFIRM_OF]
         values = trial.values or []
         for objective, value in zip(objectives, values):
             row[f"value/{objective.metric}"] = value
