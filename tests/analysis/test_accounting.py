@@ -29,3 +29,55 @@ def test_accounting_by_hand():
     assert table.loc["total", "steps_saved"] == 45
     assert table.loc["total", "gpu_h_saved"] == pytest.approx((150 + 300) * 2 / 3600)
 
+
+
+def test_accounting_by_stop_reason_by_hand():
+    """Each stopped trial's remaining budget is its saving, grouped by what stopped it; shares are of the whole
+    sweep's steps (used + saved), so the groups add up to the total."""
+    df = pd.DataFrame({
+        "state": ["COMPLETE", "PRUNED", "PRUNED", "PRUNED", "PRUNED", "FAIL", "RUNNING", "FAIL"],
+        "health": ["healthy", "stopped", "stopped", "stopped", "healthy", "healthy", "healthy", "stopped"],
+        "steps": [40, 10, 20, 30, 25, 0, 12, 5],
+        "wall_s": [400.0, 50.0, 400.0, 60.0, 100.0, 0.0, 24.0, 5.0],
+        "stop_reason": ["", "diverged at step 10 by kl_runaway: KL 2.1 > 1", "collapsed at step 20 by "
+                        "entropy_collapse: entropy 0.01 < 0.05", "diverged at step 30 by kl_runaway: KL 3 > 1",
+                        "stopped at step 25: 2 peers beat it by more than the noise", "trial raised an error", "",
+                        "nonfinite at step 5 by nonfinite_loss: actor/pg_loss is nan"],
+        "stop_kind": ["", "diverged", "collapsed", "diverged", "objective", "", "", "nonfinite"],
+    })
+    table = compute_accounting(df, max_steps=40, gpu=0.5, by="reason").set_index("reason")
+    assert list(table.index) == ["health: entropy_collapse", "health: kl_runaway", "health: nonfinite_loss",
+                                 "objective stopper", "failed", "full budget", "running", "total"]
+    # kl_runaway: trials 1 (10 steps, 5 s/step, 30 left -> 150 s) and 3 (30 steps, 2 s/step, 10 left -> 20 s)
+    assert table.loc["health: kl_runaway", "trials"] == 2
+    assert table.loc["health: kl_runaway", "steps_used"] == 40
+    assert table.loc["health: kl_runaway", "steps_saved"] == 40
+    assert table.loc["health: kl_runaway", "gpu_h_saved"] == pytest.approx(170 * 0.5 / 3600)
+    # entropy_collapse: 20 steps at 20 s/step, 20 left -> 400 s; nonfinite_loss: 5 at 1 s/step, 35 left -> 35 s
+    assert table.loc["health: entropy_collapse", "wall_h_saved"] == pytest.approx(400 / 3600)
+    assert table.loc["health: nonfinite_loss", "steps_saved"] == 35
+    # the objective stopper: 25 steps at 4 s/step, 15 left -> 60 s
+    assert table.loc["objective stopper", "steps_saved"] == 15
+    assert table.loc["objective stopper", "gpu_h_saved"] == pytest.approx(60 * 0.5 / 3600)
+    # failed at step 0: 40 steps not run; running: nothing saved yet
+    assert table.loc["failed", "steps_saved"] == 40 and table.loc["failed", "wall_h_saved"] == 0
+    assert table.loc["running", "steps_saved"] == 0 and table.loc["running", "steps_used"] == 12
+    # the whole sweep: used 40+10+20+30+25+0+12+5 = 142, saved 30+20+10+15+40+35 = 150
+    assert table.loc["total", "steps_used"] == 142 and table.loc["total", "steps_saved"] == 150
+    assert table.loc["health: kl_runaway", "saved_share"] == pytest.approx(40 / 292)
+    assert table.loc["total", "saved_share"] == pytest.approx(150 / 292)
+    # GPU-hours: used 1039 s, saved 150 + 400 + 20 + 60 + 35 = 665 s (the failed trial has no s/step)
+    assert table.loc["total", "gpu_h_saved_share"] == pytest.approx(665 / (1039 + 665))
+    assert table.loc["health: entropy_collapse", "gpu_h_saved_share"] == pytest.approx(400 / (1039 + 665))
+
+
+def test_accounting_by_outcome_counts_objective_stops_apart_from_the_scheduler():
+    df = pd.DataFrame({"state": ["PRUNED", "PRUNED"], "health": ["healthy", "healthy"], "steps": [10, 30],
+                       "wall_s": [10.0, 30.0], "stop_kind": ["objective", ""],
+                       "stop_reason": ["peers beat it", "stopped by the scheduler at step 30"]})
+    table = compute_accounting(df, max_steps=40, gpu=0.0).set_index("outcome")
+    assert table.loc["objective stop", "steps_saved"] == 30 and table.loc["scheduler stop", "steps_saved"] == 10
+    assert table.loc["total", "saved_share"] == pytest.approx(40 / 80)
+    assert table.loc["total", "gpu_h_saved_share"] == 0  # a CPU sweep reserves no GPU-hours
+    with pytest.raises(ValueError, match="use 'outcome' or 'reason'"):
+        compute_accounting(df, 40, 0.0, by="rule")

@@ -1,50 +1,107 @@
 """Compute accounting of a sweep: trial-steps and GPU-hours used, and saved by stopping trials early.
 
 "Saved" compares with running every trial to ``budget.max_steps``: a trial stopped after ``s`` steps saved
-``max_steps − s`` steps, costed at that trial's own seconds per step (``wall_s / steps``) × ``budget.resources.gpu``.
+``max_steps − s`` steps (its remaining budget), costed at that trial's own seconds per step (``wall_s / steps``) ×
+``budget.resources.gpu``. Grouped by how trials ended (``by="outcome"``, the report's table) or by what stopped them
+(``by="reason"``: each health rule by name, the objective stopper, the scheduler; ``sweep status`` and the end of
+``sweep run``).
 """
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 import pandas as pd
 
+from klsweep.results import STOP_KIND_OBJECTIVE
 
-def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float) -> pd.DataFrame:
-    """Trial-steps, wall hours and GPU-hours used and saved, by how trials ended.
+#: The rule named in a health stop's reason (``klsweep.health.verdict.StopReason.text``: "KIND at step N by RULE: ...").
+_RULE = re.compile(r"\bat step \S+ by ([^\s:]+):")
+
+_OUTCOMES = ["health stop", "objective stop", "scheduler stop", "failed", "full budget", "running"]
+_LAST = ["objective stopper", "scheduler", "failed", "full budget", "running"]
+
+
+def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
+                       by: Literal["outcome", "reason"] = "outcome") -> pd.DataFrame:
+    """Trial-steps, wall hours and GPU-hours used and saved, by how trials ended or by what stopped them.
 
     Args:
-        df: the trials table (:func:`klsweep.analysis.load.load`: ``state``, ``health``, ``steps``, ``wall_s``).
+        df: the trials table (:func:`klsweep.analysis.load.load`: ``state``, ``health``, ``steps``, ``wall_s``, and
+            for ``by="reason"`` or an objective stop ``stop_reason`` and ``stop_kind``).
         max_steps: steps per trial in the budget (``budget.max_steps``).
         gpu: GPUs reserved per trial (``budget.resources.gpu``; 0 for CPU sweeps).
+        by: ``"outcome"``: one row per outcome, ``health stop`` (health verdict stopped), ``objective stop``
+            (``stop_kind`` objective: :mod:`klsweep.orchestrate.objective_stop`), ``scheduler stop`` (PRUNED or
+            COMPLETE short of the budget otherwise), ``failed`` (FAIL), ``full budget`` (ran ``max_steps``),
+            ``running``. ``"reason"``: the health stops split by rule (``health: kl_runaway``, the rule named in the
+            stop reason, else ``health: <stop kind>``), then ``objective stopper``, ``scheduler``, ``failed``,
+            ``full budget``, ``running``.
 
     Returns:
-        One row per outcome, ``health stop`` (health verdict stopped), ``scheduler stop`` (PRUNED or COMPLETE short
-        of the budget without a health stop), ``failed`` (FAIL), ``full budget`` (ran ``max_steps``), ``running``,
-        then ``total``. Columns: ``trials``, ``steps_used``, ``steps_saved``, ``wall_h_used``, ``wall_h_saved``,
-        ``gpu_h_used``, ``gpu_h_saved`` (hours; saved = missing steps × the trial's seconds per step × gpu / 3600;
-        a trial with no step or no wall time saves steps but no measurable hours).
+        One row per group present, then ``total``; first column ``outcome`` or ``reason`` (as ``by``), then
+        ``trials``, ``steps_used``, ``steps_saved``, ``saved_share`` (the group's steps saved ÷ (steps used +
+        steps saved) of the whole sweep, so the groups' shares add up to the total's), ``wall_h_used``,
+        ``wall_h_saved``, ``gpu_h_used``, ``gpu_h_saved``, ``gpu_h_saved_share`` (as ``saved_share``, in GPU-hours;
+        0 when nothing was used), hours: saved = missing steps × the trial's seconds per step × gpu / 3600; a trial
+        with no step or no wall time saves steps but no measurable hours. A running trial saves nothing yet.
+
+    Raises:
+        ValueError: ``by`` is neither ``"outcome"`` nor ``"reason"``.
     """
-    steps = pd.to_numeric(df.get("steps"), errors="coerce").fillna(0) if len(df) else pd.Series(dtype=float)
-    wall = pd.to_numeric(df.get("wall_s"), errors="coerce").fillna(0) if len(df) else pd.Series(dtype=float)
+    if by not in ("outcome", "reason"):
+        raise ValueError(f"compute_accounting(by={by!r}): use 'outcome' or 'reason'")
+    steps = _column(df, "steps", 0)
+    wall = _column(df, "wall_s", 0)
     per_step = (wall / steps.where(steps > 0)).fillna(0)
     missing = (max_steps - steps).clip(lower=0)
-    health = df["health"].fillna("") if "health" in df else pd.Series("", index=df.index)
+    health = _text(df, "health")
+    kind = _text(df, "stop_kind")
+    stopped = health == "stopped"
+    objective = (kind == STOP_KIND_OBJECTIVE) & ~stopped
     outcome = pd.Series("full budget", index=df.index, dtype=object)
     outcome[missing > 0] = "scheduler stop"
+    outcome[objective] = "objective stop"
     outcome[df["state"] == "FAIL"] = "failed"
     outcome[df["state"] == "RUNNING"] = "running"
-    outcome[health == "stopped"] = "health stop"
+    outcome[stopped] = "health stop"
     missing[outcome == "running"] = 0  # not stopped yet: nothing saved
+    if by == "outcome":
+        group, order = outcome, _OUTCOMES
+    else:
+        rules = _text(df, "stop_reason").str.extract(_RULE, expand=False).fillna("")
+        health_group = "health: " + rules.where(rules != "", kind.where(kind != "", "stopped"))
+        group = outcome.map({"objective stop": "objective stopper", "scheduler stop": "scheduler"}).fillna(outcome)
+        group[stopped] = health_group[stopped]
+        order = sorted(g for g in set(group) if g.startswith("health: ")) + _LAST
     table = pd.DataFrame({
-        "outcome": outcome, "trials": 1, "steps_used": steps, "steps_saved": missing,
+        by: group, "trials": 1, "steps_used": steps, "steps_saved": missing,
         "wall_h_used": wall / 3600, "wall_h_saved": missing * per_step / 3600,
     })
     table["gpu_h_used"] = table["wall_h_used"] * gpu
     table["gpu_h_saved"] = table["wall_h_saved"] * gpu
-    order = ["health stop", "scheduler stop", "failed", "full budget", "running"]
-    grouped = table.groupby("outcome").sum(numeric_only=True).reindex([o for o in order if o in set(outcome)])
+    grouped = table.groupby(by).sum(numeric_only=True).reindex([g for g in order if g in set(group)])
     grouped.loc["total"] = grouped.sum()
-    grouped["trials"] = grouped["trials"].astype(int)
-    grouped["steps_used"] = grouped["steps_used"].astype(int)
-    grouped["steps_saved"] = grouped["steps_saved"].astype(int)
-    return grouped.reset_index().rename(columns={"index": "outcome"})
+    total = grouped.loc["total"]
+    grouped.insert(3, "saved_share", _share(grouped["steps_saved"], total["steps_used"] + total["steps_saved"]))
+    grouped["gpu_h_saved_share"] = _share(grouped["gpu_h_saved"], total["gpu_h_used"] + total["gpu_h_saved"])
+    for column in ("trials", "steps_used", "steps_saved"):
+        grouped[column] = grouped[column].astype(int)
+    return grouped.reset_index().rename(columns={"index": by})
+
+
+def _column(df: pd.DataFrame, name: str, fill: float) -> pd.Series:
+    if name not in df:
+        return pd.Series(fill, index=df.index, dtype=float)
+    return pd.to_numeric(df[name], errors="coerce").fillna(fill).astype(float)
+
+
+def _text(df: pd.DataFrame, name: str) -> pd.Series:
+    if name not in df:
+        return pd.Series("", index=df.index, dtype=object)
+    return df[name].where(df[name].notna(), "").astype(str)
+
+
+def _share(part: pd.Series, whole: float) -> pd.Series:
+    return part / whole if whole > 0 else part * 0.0
