@@ -46,6 +46,9 @@ from pathlib import Path
 
 from _bench import REPO, machine, sweep_run, trials
 
+from klsweep.results import STOP_KIND_OBJECTIVE
+from klsweep.spec.schema import ObjectiveStop
+
 SWEEP = "sweeps/aggressive.yaml"
 VAL = "val-core/arith/acc/mean@1"
 NO_HEALTH = ("health={preset: none, builtin: {nonfinite_loss: false, nonfinite_grad_norm_streak: 0, "
@@ -63,13 +66,18 @@ def best_healthy(df) -> dict | None:
             "number": int(row["number"])}
 
 
-def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ...] = ()) -> list[dict]:
+def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ...] = (),
+                objective_stop: bool | ObjectiveStop = True) -> list[dict]:
     """One sweep of the table's file with ``seed=seed`` and the sweep-file overrides ``extra`` (see the module
-    docstring); per trial: ``point``, ``total`` and ``used`` steps, ``stopped``, ``rule``, ``final`` (the objective's
-    last value on the full recorded run)."""
+    docstring); per trial: ``point``, ``total`` and ``used`` steps, ``stopped``, ``rule`` (the health rule, or
+    ``objective``), ``final`` (the objective's last value on the full recorded run).
+
+    ``objective_stop``: True stops on the objective as the file's ``stopping.objective`` says (off when the file
+    has none), False never, an :class:`~klsweep.spec.schema.ObjectiveStop` with those knobs."""
     import optuna
 
     from klsweep.health import HealthEngine, load_ruleset
+    from klsweep.orchestrate.objective_stop import ObjectiveRule
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.space import define_space, seed_params, trial_overrides
     from klsweep.spec import load_sweep
@@ -86,6 +94,9 @@ def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ..
     for params in seed_params(sweep):
         study.enqueue_trial(params)
     space = define_space(sweep)
+    settings = sweep.stopping.objective if objective_stop is True else (objective_stop or None)
+    judge = ObjectiveRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
+                          settings) if settings else None
     out = []
     for _ in range(sweep.budget.trials):
         trial = study.ask()
@@ -101,6 +112,9 @@ def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ..
             verdict = engine.update(trainer.global_step, metrics)
             if verdict.stop:
                 used, rule = trainer.global_step, verdict.reason.rule
+                break
+            if judge is not None and judge.update(str(trial.number), trainer.global_step, metrics):
+                used, rule = trainer.global_step, STOP_KIND_OBJECTIVE
                 break
         final = next((m[objective.metric] for _, m in reversed(trainer.reports) if objective.metric in m), math.nan)
         out.append({"point": trainer.point, "total": trainer.total_steps, "used": used, "stopped": rule is not None,

@@ -44,6 +44,9 @@ HEALTH = "health"
 STOP_REASON = "stop_reason"
 #: written by the health stopper: the kind of stop (``diverged``, ``no_signal``, ``nonfinite``, ...; "" when none)
 STOP_KIND = "stop_kind"
+#: the stop kind of :class:`klsweep.orchestrate.objective_stop.ObjectiveStopper` (issue 16): peers beat the trial by
+#: more than the noise; recorded PRUNED with its reason, not as a health stop
+STOP_KIND_OBJECTIVE = "objective"
 
 # -- Optuna user attributes of every trial klsweep told
 #: the Ray Tune trial id of the study trial

@@ -14,6 +14,8 @@ stopped by a health rule (multi-objective)     COMPLETE + constraint violated (i
                                                never reported every objective
 stopped for non-finite losses or no signal     FAIL: not a score the sampler should learn from
 stopped early by ASHA                          PRUNED, stop_reason "scheduler"
+stopped on the objective (stop_kind            PRUNED, its reason in user attrs (single and multi-objective)
+``objective``, issue 16)
 raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
 
@@ -47,6 +49,7 @@ from klsweep.results import (
     HEALTH_CONSTRAINT,
     STEP,
     STOP_KIND,
+    STOP_KIND_OBJECTIVE,
     STOP_REASON,
     TOTAL_STEPS,
 )
@@ -191,7 +194,7 @@ class KlsweepSearch(OptunaSearch):
             missing = [m for m, v in zip(self._metrics, values) if v is None or not math.isfinite(v)]
             return State.FAIL, f"objective {', '.join(missing)} was never reported or is not finite"
         if early:
-            if len(values) == 1:
+            if len(values) == 1 or stop_kind == STOP_KIND_OBJECTIVE:  # beaten by its peers (issue 16): not a result
                 return State.PRUNED, stop_reason or f"stopped by the scheduler at step {steps}"
             return State.COMPLETE, stop_reason or f"stopped at step {steps}"
         return State.COMPLETE, stop_reason

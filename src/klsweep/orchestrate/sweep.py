@@ -290,6 +290,13 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
     else:  # under ASHA a rule with a remedy stops as any other
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(trial_overrides, sweep))
+    if sweep.stopping.objective is not None:  # issue 16: then stop trials their peers beat by more than the noise
+        from ray.tune.stopper import CombinedStopper
+
+        from klsweep.orchestrate.objective_stop import ObjectiveStopper
+
+        stopper = CombinedStopper(stopper, ObjectiveStopper([(o.metric, o.mode) for o in sweep.objectives],
+                                                            sweep.budget.max_steps, sweep.stopping.objective))
     callbacks: list[Callback] = [
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], params=list(parameters(sweep)), quiet=quiet),
         TrialsCsv(),

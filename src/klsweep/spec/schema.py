@@ -224,6 +224,51 @@ class Scheduler(BaseModel):
         return {"type": data} if isinstance(data, str) else data
 
 
+class ObjectiveStop(BaseModel):
+    """``stopping.objective``: stop a trial its peers beat by more than the noise (issue 16; the rule and its
+    sources: :mod:`klsweep.orchestrate.objective_stop`). ``objective: on`` takes every default."""
+
+    model_config = _MODEL
+
+    min_peers: int = Field(3, ge=1, description="other trials that must have reached a step before a trial is "
+                           "judged at it")
+    dominated_by: int = Field(3, ge=1, description="how many of them must beat the trial by the margin on every "
+                              "objective to stop it")
+    margin: float = Field(4.0, gt=0, allow_inf_nan=False, description="the margin, in noise standard deviations of "
+                          "a difference of two values (the noise is estimated from the curves seen)")
+    grace: float = Field(0.2, ge=0, lt=1, description="fraction of budget.max_steps every trial runs")
+    window: int = Field(2, ge=1, description="a trial's last values averaged into its value at a step (1: raw)")
+    min_diffs: int = Field(8, ge=2, description="step-to-step differences of the curves needed before the noise "
+                           "is estimated and any trial stopped")
+
+    @model_validator(mode="after")
+    def _peers(self) -> ObjectiveStop:
+        if self.dominated_by > self.min_peers:
+            raise ValueError(f"stopping.objective.dominated_by ({self.dominated_by}) exceeds min_peers "
+                             f"({self.min_peers}): no trial could ever be stopped; lower dominated_by or raise "
+                             "min_peers")
+        return self
+
+
+class Stopping(BaseModel):
+    """Early stopping besides the health rules (``health:``): ``objective`` (off unless given)."""
+
+    model_config = _MODEL
+
+    objective: ObjectiveStop | None = Field(
+        None, description="stop trials that cannot become competitive: on | off | {min_peers, dominated_by, margin, "
+        "grace, window, min_diffs}")
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        if value is True or value == "on":
+            return {}
+        if value is False or value == "off":
+            return None
+        return value
+
+
 class Resources(BaseModel):
     """What Ray reserves for one trial."""
 
@@ -370,6 +415,7 @@ class Sweep(BaseModel):
     sampler: Sampler = Field(default_factory=Sampler, description="Optuna sampler")
     scheduler: Scheduler = Field(default_factory=Scheduler, description="Ray Tune scheduler")
     budget: Budget = Field(default_factory=Budget, description="trials, concurrency, steps and resources")
+    stopping: Stopping = Field(default_factory=Stopping, description="early stopping on the objective (issue 16)")
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="health rules: a preset name or {preset, rules, builtin}"
     )

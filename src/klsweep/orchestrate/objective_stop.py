@@ -1,0 +1,162 @@
+"""Stopping on the objective (issue 16): stop a trial that cannot become competitive, not only a sick one.
+
+Health rules (:mod:`klsweep.health`) stop a trial whose run is broken; this stops a healthy-looking trial that its
+peers already beat by more than the noise, so its remaining steps go to other trials. It is built for RL sweeps of
+8-32 trials with noisy curves, where the usual early stoppers do not fit:
+
+* Ray Tune's ASHA and median stopping and Optuna's pruners rank one scalar and need many trials per rung
+  (ASHA keeps 1/η of each rung; Optuna's ``MedianPruner`` needs ``n_startup_trials``); none handles reward ↑ and
+  KL ↓ together (Optuna prunes single-objective studies only: optuna#5260).
+* So the rule here is Pareto dominance by a margin at the same step (single objective: "worse by a margin"): at
+  each step where a trial reports every objective (a *rung*: ``trainer.test_freq`` for verl's validation metrics), it
+  is stopped when at least ``dominated_by`` other trials that reached the same step were better on *every*
+  objective by at least that objective's margin there, once ``min_peers`` trials reached that step and the trial has
+  run ``grace`` of its budget. A trial on or within the margin of the front of its step is never stopped
+  (dominance by a margin implies it), and neither is one that only one peer beats (``dominated_by`` ≥ 2).
+* Noise: values are the mean of a trial's last ``window`` rung values, and each objective's margin is
+  ``margin`` × σ × √2 (the standard deviation of a difference of two such values), σ the step-to-step noise of
+  every curve seen so far: 1.4826 × the median absolute deviation of successive rung differences ÷ √2 (each
+  difference holds two noisy values; the median keeps collapses and trends out). No stop until at least
+  ``min_diffs`` differences are known: nothing needs calibrating on earlier sweeps.
+
+:class:`ObjectiveRule` is the rule on plain numbers (used by the live sweep and by
+``benchmarks/early_stop_savings.py --table``); :class:`ObjectiveStopper` is the Ray Tune stopper that the sweep
+combines with :class:`~klsweep.health.HealthStopper` (``ray.tune.stopper.CombinedStopper``, health first). A stop
+writes ``stop_reason`` (the text) and ``stop_kind`` ``objective`` into the result, so the searcher records the trial
+PRUNED with its reason, as it does a scheduler's stop.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ray.tune.stopper import Stopper
+
+from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
+from klsweep.spec.schema import ObjectiveStop
+
+_MAD_TO_SD = 1.4826  # σ of a normal distribution ÷ its median absolute deviation
+
+
+class ObjectiveRule:
+    """Decides, rung by rung, whether a trial can still become competitive (see the module docstring).
+
+    Args:
+        objectives: ``(metric, mode)`` pairs, mode ``max`` or ``min``; a result counts as a rung only when it holds
+            a finite value of every metric.
+        total_steps: the step budget of a trial (``grace`` is a fraction of it).
+        settings: the sweep file's ``stopping.objective`` knobs (:class:`~klsweep.spec.schema.ObjectiveStop`);
+            default: its defaults.
+
+    Raises:
+        ValueError: no objective, a mode other than max/min, or ``total_steps`` < 1.
+    """
+
+    def __init__(self, objectives: Sequence[tuple[str, str]], total_steps: int,
+                 settings: ObjectiveStop | None = None):
+        if not objectives:
+            raise ValueError("ObjectiveRule needs at least one (metric, mode) objective")
+        bad = [mode for _, mode in objectives if mode not in ("max", "min")]
+        if bad:
+            raise ValueError(f"objective mode must be max or min, not {bad[0]!r}")
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be ≥ 1, not {total_steps}")
+        self.metrics = [metric for metric, _ in objectives]
+        self.signs = [1.0 if mode == "max" else -1.0 for _, mode in objectives]
+        self.settings = settings or ObjectiveStop()
+        self.grace_steps = self.settings.grace * total_steps
+        self._rungs: dict[str, list[tuple[float, tuple[float, ...]]]] = {}  # trial → [(step, signed values)]
+
+    def update(self, trial_id: str, step: float, metrics: Mapping[str, Any]) -> str | None:
+        """Feed one report of a trial; returns the stop reason's text when the trial should stop, else None.
+
+        A step at or before the trial's last rung (a restart from a checkpoint) drops the rungs from it on.
+        """
+        rungs = self._rungs.setdefault(trial_id, [])
+        while rungs and rungs[-1][0] >= step:
+            rungs.pop()
+        values = [metrics.get(m) for m in self.metrics]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            return None
+        rungs.append((step, tuple(sign * float(v) for sign, v in zip(self.signs, values))))  # type: ignore[arg-type]
+        return self._judge(trial_id, step)
+
+    def noise(self) -> list[float] | None:
+        """Per objective, σ of one rung value (see the module docstring); None while too few differences are
+        known."""
+        diffs: list[list[float]] = [[] for _ in self.metrics]
+        for rungs in self._rungs.values():
+            for (_, a), (_, b) in zip(rungs, rungs[1:]):
+                for j, column in enumerate(diffs):
+                    column.append(b[j] - a[j])
+        if len(diffs[0]) < self.settings.min_diffs:
+            return None
+        out = []
+        for column in diffs:
+            centre = statistics.median(column)
+            out.append(_MAD_TO_SD * statistics.median(abs(d - centre) for d in column) / math.sqrt(2))
+        return out
+
+    def _value(self, trial_id: str, step: float) -> tuple[float, ...] | None:
+        """The trial's smoothed value at ``step``: the mean of its last ``window`` rungs at or before it, if the
+        trial reached ``step``."""
+        rungs = self._rungs.get(trial_id, [])
+        if not rungs or rungs[-1][0] < step:
+            return None
+        upto = [v for s, v in rungs if s <= step][-self.settings.window:]
+        if not upto:
+            return None
+        return tuple(statistics.fmean(column) for column in zip(*upto))
+
+    def _judge(self, trial_id: str, step: float) -> str | None:
+        s = self.settings
+        if step < self.grace_steps:
+            return None
+        mine = self._value(trial_id, step)
+        peers = {t: v for t in self._rungs if t != trial_id and (v := self._value(t, step)) is not None}
+        if mine is None or len(peers) < s.min_peers:
+            return None
+        sigma = self.noise()
+        if sigma is None:
+            return None
+        margins = [s.margin * sd * math.sqrt(2) for sd in sigma]
+        better = [v for v in peers.values() if all(p >= x + m for p, x, m in zip(v, mine, margins))]
+        if len(better) < s.dominated_by:
+            return None
+        shown = ", ".join(f"{metric} {sign * x:.4g} (margin {m:.3g})"
+                          for metric, sign, x, m in zip(self.metrics, self.signs, mine, margins))
+        return (f"objective: at step {step:g} {len(better)} of {len(peers)} trials at that step beat {shown} "
+                f"by more than the margin on every objective")
+
+
+class ObjectiveStopper(Stopper):
+    """Ray Tune stopper of :class:`ObjectiveRule`: on a stop it writes ``result["stop_reason"]`` and
+    ``result["stop_kind"] = "objective"`` (Tune keeps them in ``result.json``; the searcher records PRUNED).
+
+    Args:
+        objectives: ``(metric, mode)`` pairs of the sweep.
+        total_steps: the sweep's ``budget.max_steps``.
+        settings: the sweep file's ``stopping.objective`` knobs.
+    """
+
+    def __init__(self, objectives: Sequence[tuple[str, str]], total_steps: int,
+                 settings: ObjectiveStop | None = None):
+        self.rule = ObjectiveRule(objectives, total_steps, settings)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial."""
+        step = result.get(STEP, result.get("training_iteration"))
+        if not isinstance(step, (int, float)):
+            return False
+        reason = self.rule.update(trial_id, step, result)
+        if reason is None:
+            return False
+        result[STOP_REASON], result[STOP_KIND] = reason, STOP_KIND_OBJECTIVE
+        return True
+
+    def stop_all(self) -> bool:
+        """Judged per trial: never stops the whole experiment."""
+        return False
