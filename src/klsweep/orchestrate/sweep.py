@@ -200,7 +200,9 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
     _ray_session.record_session(out_dir)
 
 
-def _searcher(sweep, record: SweepRecord, out_dir: Path, *, seed_trials: bool):
+def _searcher(sweep, record: SweepRecord, out_dir: Path, *, seed_trials: bool, confirm=None):
+    """The sweep's :class:`KlsweepSearch`; with ``confirm`` (a :class:`klsweep.orchestrate.confirm.Phase`) the
+    confirmation phase's, which proposes only that phase's runs."""
     import optuna
 
     from klsweep.orchestrate.samplers import build_sampler
@@ -211,7 +213,12 @@ def _searcher(sweep, record: SweepRecord, out_dir: Path, *, seed_trials: bool):
     metrics = [o.metric for o in sweep.objectives]
     modes = [o.mode for o in sweep.objectives]
     single = len(metrics) == 1
-    return KlsweepSearch(
+    search = KlsweepSearch
+    if confirm is not None:
+        from klsweep.orchestrate.confirm import ConfirmSearch
+
+        search = functools.partial(ConfirmSearch, phase=confirm)
+    return search(
         space=define_space(sweep),  # a picklable SearchSpace: Tune saves the searcher with the experiment
         metric=metrics[0] if single else metrics,
         mode=modes[0] if single else modes,
@@ -263,7 +270,8 @@ def _reuse_actors(trainer: str) -> bool:
     return trainer_kind(trainer).in_process is not None
 
 
-def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool):
+def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_trials: bool, quiet: bool,
+           confirm=None):
     from ray import tune
     from ray.tune import Callback
 
@@ -273,7 +281,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
 
     objective = sweep.objectives[0]
     scheduler = None
-    if sweep.scheduler.type == "asha":
+    if sweep.scheduler.type == "asha" and confirm is None:  # a confirmation run is measured to the end, not raced
         from ray.tune.schedulers import ASHAScheduler
 
         scheduler = ASHAScheduler(
@@ -281,7 +289,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
             max_t=sweep.budget.max_steps, grace_period=sweep.scheduler.grace_period,
             reduction_factor=sweep.scheduler.reduction_factor,
         )
-    search = _searcher(sweep, record, out_dir, seed_trials=seed_trials)
+    search = _searcher(sweep, record, out_dir, seed_trials=seed_trials, confirm=confirm)
     ruleset = load_ruleset(sweep.health)
     if scheduler is None and any(rule.remedy for rule in ruleset.rules):
         from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
@@ -336,7 +344,7 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
         if not restore:
             _record_samples(record, out_dir, sweep.budget.trials)
             if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=sweep.budget.trials, seed_trials=True,
-                                       quiet=quiet)):
+                                       quiet=quiet)) or _confirm(sweep, record, out_dir, quiet=quiet):
                 return _interrupted(sweep, out_dir)
             return _finish(sweep, out_dir)
         _repair.close_told_trials(tune_path, study_of(out_dir))
@@ -345,16 +353,33 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
             if _interrupted_fit(tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
                                                    resume_errored=False, restart_errored=False)):
                 return _interrupted(sweep, out_dir)
-        remaining = sweep.budget.trials - len(study_of(out_dir).trials)
+        from klsweep.orchestrate.confirm import search_trial_count
+
+        remaining = sweep.budget.trials - search_trial_count(study_of(out_dir))
         if remaining > 0:
             _record_samples(record, out_dir, remaining)
             if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=remaining, seed_trials=False,
                                        quiet=quiet)):
                 return _interrupted(sweep, out_dir)
+        if _confirm(sweep, record, out_dir, quiet=quiet):
+            return _interrupted(sweep, out_dir)
         _repair.fail_leftovers(study_of(out_dir))
         return _finish(sweep, out_dir)
     except KeyboardInterrupt:  # Ctrl-C outside Tune's loop (Ray starting, the study opening) or a second Ctrl-C
         return _interrupted(sweep, out_dir)
+
+
+def _confirm(sweep, record: SweepRecord, out_dir: Path, *, quiet: bool) -> bool:
+    """The confirmation phase (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): a Tuner of the leaders'
+    re-runs the study does not hold yet, when there are any. True when Ctrl-C ended it."""
+    from klsweep.orchestrate.confirm import confirmation_phase
+
+    phase = confirmation_phase(sweep, out_dir)
+    if not len(phase):
+        return False
+    _record_samples(record, out_dir, len(phase))
+    return _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=len(phase), seed_trials=False, quiet=quiet,
+                                   confirm=phase))
 
 
 def _interrupted_fit(tuner) -> bool:

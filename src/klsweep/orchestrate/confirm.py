@@ -1,0 +1,301 @@
+"""The confirmation phase (``budget.confirm``, issue 16): the search's leaders re-run with new training seeds, ranked
+by their mean over seeds with its spread.
+
+A sweep's best trial is one training seed's value, and on RL curves the runner-up is often within that seed's noise.
+After the search trials, the ``top`` leaders, and the seed preset (the sweep's first seed trial, trial 0) when
+``preset: true`` and it ended healthy, each run again with ``seeds`` new training seeds: ``data.seed`` = the sweep's
+``seed`` + 1, + 2, ... (the same seeds for every leader, so they are compared on equal draws). The runs are trials of
+the same Ray Tune experiment and Optuna study: each is enqueued (``Study.enqueue_trial``) with its leader's params
+plus ``data.seed`` (an Optuna param, fixed by the queue) and the user attributes ``confirm_of`` (the leader's trial
+number) and ``confirm_seed``, so optuna-dashboard, ``trials.csv`` (``confirm_of``, ``config/data.seed``) and the
+samplers see them. The health rules judge them as any trial; ASHA does not run in this phase (a re-run is measured
+to the end, not raced).
+
+Leaders: single objective, the healthy COMPLETE search trials by their value (ties: the lower trial number); with
+several objectives the Pareto front's trials first (:func:`klsweep.analysis.pareto.pareto_front`), each group by the
+first objective. Ranking (:func:`ranking`): by the mean of the first objective over the search run and its re-runs
+(the search run counts as one seed), with the sample standard deviation and range; a leader with a re-run that a
+health rule stopped or that failed ranks after those without. Noise (:func:`verdicts`): two means are within noise
+when their gap is at most two standard errors of the gap, ``2·√(s₁²/n₁ + s₂²/n₂)`` (Welch's standard error; a mean of
+one run takes the pooled standard deviation of the others), about a 90 % two-sided test with 3 seeds each.
+
+Resume: a run is enqueued only when Tune asks for a trial (never left waiting where the search could take it), and
+:func:`confirmation_phase` plans only the runs the study does not hold yet, adopting confirmation trials left RUNNING
+by a killed driver, so a sweep stopped in this phase resumes without duplicates or lost runs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from ray.tune.search import Searcher
+
+from klsweep.orchestrate.searcher import KlsweepSearch
+from klsweep.results import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED
+from klsweep.space import SEED_KEY
+
+#: Gaps up to this many standard errors of the gap are within noise.
+NOISE_SE = 2.0
+#: The largest training seed a confirmation run's Optuna param may hold (its IntDistribution's high end).
+_SEED_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Run:
+    """One confirmation run to enqueue: ``params`` (the leader's Optuna params) with ``data.seed = seed``."""
+
+    of: int
+    seed: int
+    params: dict[str, Any]
+
+
+@dataclass
+class Phase:
+    """What the confirmation phase still has to run: ``runs`` to enqueue and ``adopt`` (study trial ids of
+    confirmation trials left RUNNING by a killed driver, re-run under new Tune trials). ``len`` is the number of Tune
+    trials it needs."""
+
+    runs: list[Run] = field(default_factory=list)
+    adopt: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.runs) + len(self.adopt)
+
+
+def confirm_of(df: pd.DataFrame) -> pd.Series:
+    """The ``confirm_of`` column of a :func:`klsweep.analysis.load.load` frame (or of ``trials.csv``) as floats: the
+    search trial a confirmation run re-runs, NaN on search trials (all NaN when the column is absent)."""
+    if "confirm_of" not in df:
+        return pd.Series(math.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df["confirm_of"], errors="coerce").astype(float)
+
+
+def is_search(df: pd.DataFrame) -> pd.Series:
+    """Boolean Series over a :func:`klsweep.analysis.load.load` frame: the trial is a search trial (no
+    ``confirm_of``)."""
+    return confirm_of(df).isna()
+
+
+def search_trial_count(study) -> int:
+    """Trials of an Optuna study that belong to the search (every trial but the confirmation runs)."""
+    return sum(ATTR_CONFIRM_OF not in t.user_attrs for t in study.get_trials(deepcopy=False))
+
+
+def leaders(sweep, df: pd.DataFrame, top: int) -> list[int]:
+    """Trial numbers of the ``top`` best healthy COMPLETE search trials, best first (see the module docstring)."""
+    from klsweep.analysis.pareto import feasible, pareto_front
+
+    columns = [f"value/{o.metric}" for o in sweep.objectives]
+    if df.empty or any(c not in df for c in columns):
+        return []
+    search = df[is_search(df)]
+    done = search[feasible(search)].dropna(subset=columns)
+    first = sweep.objectives[0]
+    ranked = done.sort_values([columns[0], "number"], ascending=[first.mode == "min", True])
+    if len(columns) > 1 and len(ranked):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the summary prints the front's notes
+            front = set(pareto_front(done, [(c, o.mode) for c, o in zip(columns, sweep.objectives)])["number"])
+        on_front = ranked["number"].isin(front)
+        ranked = pd.concat([ranked[on_front], ranked[~on_front]])
+    return [int(n) for n in ranked["number"].head(top)]
+
+
+def planned(sweep, df: pd.DataFrame) -> list[tuple[int, int]]:
+    """Every confirmation run the sweep wants now, as ``(leader's trial number, data.seed)``: the leaders, then the
+    seed preset (trial 0) when asked for, healthy and not a leader. Empty when ``budget.confirm`` is off."""
+    from klsweep.analysis.pareto import feasible
+
+    confirm = sweep.budget.confirm
+    if confirm is None:
+        return []
+    chosen = leaders(sweep, df, confirm.top)
+    if confirm.preset and sweep.seed_trials and 0 not in chosen and len(df):
+        preset = df[(df["number"] == 0) & is_search(df)]
+        values = [f"value/{o.metric}" for o in sweep.objectives]
+        if len(preset) and bool(feasible(preset).all()) and all(c in preset for c in values) \
+                and preset[values].notna().all(axis=None):
+            chosen.append(0)
+    return [(number, sweep.seed + k) for number in chosen for k in range(1, confirm.seeds + 1)]
+
+
+def confirmation_phase(sweep, out_dir: str | Path) -> Phase:
+    """The runs of :func:`planned` the study of the sweep in ``out_dir`` does not hold yet, and its confirmation
+    trials left RUNNING (their Tune trials are gone once every Tuner of this driver has ended)."""
+    from klsweep.analysis.load import load, study_of
+
+    if sweep.budget.confirm is None:
+        return Phase()
+    study = study_of(out_dir)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    held = {(t.user_attrs[ATTR_CONFIRM_OF], t.user_attrs.get(ATTR_CONFIRM_SEED))
+            for t in trials.values() if ATTR_CONFIRM_OF in t.user_attrs}
+    runs = [Run(of, seed, dict(trials[of].params)) for of, seed in planned(sweep, load(out_dir))
+            if (of, seed) not in held]
+    adopt = [t._trial_id for t in trials.values()
+             if ATTR_CONFIRM_OF in t.user_attrs and t.state == optuna.trial.TrialState.RUNNING]
+    return Phase(runs, adopt)
+
+
+class ConfirmSpace:
+    """The sweep's define-by-run space (:class:`klsweep.space.SearchSpace`) plus the training seed ``data.seed`` as
+    an Optuna int param: a confirmation trial's queue entry fixes both the leader's params and the seed."""
+
+    def __init__(self, space):
+        self.space = space
+
+    def __call__(self, trial) -> dict[str, Any]:
+        constants = self.space(trial)
+        trial.suggest_int(SEED_KEY, 0, _SEED_MAX)
+        return constants
+
+
+class ConfirmSearch(KlsweepSearch):
+    """:class:`KlsweepSearch` for the confirmation phase: each trial Tune asks for is the next run of ``phase``
+    (enqueued at that moment, then asked), or a RUNNING confirmation trial it adopts; when none is left it answers
+    ``Searcher.FINISHED``, so it never proposes a trial of its own.
+
+    Args:
+        phase: from :func:`confirmation_phase`.
+        **kwargs: as :class:`KlsweepSearch` (``space`` is wrapped in :class:`ConfirmSpace`).
+    """
+
+    def __init__(self, *, phase: Phase, **kwargs):
+        super().__init__(**{**kwargs, "space": ConfirmSpace(kwargs["space"])})
+        self._queue: list[Run] = list(phase.runs)
+        self._orphans = [optuna.Trial(self._ot_study, trial_id) for trial_id in phase.adopt]
+
+    def suggest(self, trial_id: str) -> dict | None:
+        """The next confirmation run (or an adopted one), tagged with the Tune trial id; ``FINISHED`` when none."""
+        if trial_id not in self._ot_trials and not self._orphans:
+            if not self._queue:
+                return Searcher.FINISHED
+            run = self._queue.pop(0)
+            self._ot_study.enqueue_trial({**run.params, SEED_KEY: run.seed},
+                                         user_attrs={ATTR_CONFIRM_OF: run.of, ATTR_CONFIRM_SEED: run.seed})
+        return super().suggest(trial_id)
+
+
+def ranking(sweep, df: pd.DataFrame) -> pd.DataFrame:
+    """The confirmed leaders ranked by their mean over seeds (see the module docstring).
+
+    Args:
+        df: a :func:`klsweep.analysis.load.load` frame of the sweep (search trials and confirmation runs).
+
+    Returns:
+        One row per search trial with at least one confirmation run, best first: ``trial``, ``preset`` (it is the
+        seed preset, trial 0 of a sweep with seed trials), ``runs`` (its search run and re-runs in the study),
+        ``finished``, ``ok`` (finished COMPLETE and healthy, with a value), ``seeds`` (the ``data.seed`` of the ok
+        runs), then for each objective ``mean/<metric>``, and for the first ``sd``, ``min``, ``max`` (``sd`` NaN
+        below 2 ok runs). Empty when nothing was confirmed.
+    """
+    from klsweep.analysis.pareto import feasible
+
+    columns = [f"value/{o.metric}" for o in sweep.objectives]
+    if df.empty or "confirm_of" not in df or any(c not in df for c in columns):
+        return pd.DataFrame()
+    ok = feasible(df) & df[columns].notna().all(axis=1)
+    finished = df["state"].isin(["COMPLETE", "PRUNED", "FAIL"])
+    of = confirm_of(df)
+    rows = []
+    for number in sorted({int(n) for n in of.dropna()}):
+        group = df[(df["number"] == number) & of.isna() | (of == number)]
+        values = group[ok.loc[group.index]]
+        first = pd.to_numeric(values[columns[0]], errors="coerce") if len(values) else pd.Series(dtype=float)
+        seed_column = f"config/{SEED_KEY}"
+        row: dict[str, Any] = {
+            "trial": number, "preset": bool(sweep.seed_trials) and number == 0, "runs": len(group),
+            "finished": int(finished.loc[group.index].sum()), "ok": len(values),
+            "seeds": [int(s) for s in values[seed_column]] if seed_column in values else [],
+        }
+        for column, objective in zip(columns, sweep.objectives):
+            row[f"mean/{objective.metric}"] = pd.to_numeric(values[column], errors="coerce").mean()
+        row.update(sd=first.std(ddof=1) if len(first) >= 2 else math.nan, min=first.min(), max=first.max())
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    mean = table[f"mean/{sweep.objectives[0].metric}"]
+    table["_bad"] = (table["ok"] < table["finished"]) | mean.isna()
+    table["_key"] = -mean if sweep.objectives[0].mode == "max" else mean
+    table = table.sort_values(["_bad", "_key", "trial"]).drop(columns=["_bad", "_key"])
+    return table.reset_index(drop=True)
+
+
+def within_noise(a: pd.Series, b: pd.Series, pooled_sd: float, metric: str) -> tuple[bool | None, float, float]:
+    """``(within, gap, 2 SE)`` for two rows of :func:`ranking` on ``mean/<metric>``: ``within`` is None when the
+    noise cannot be estimated (no row had 2 ok runs)."""
+    gap = abs(float(a[f"mean/{metric}"]) - float(b[f"mean/{metric}"]))
+    terms = []
+    for row in (a, b):
+        sd = float(row["sd"]) if row["ok"] >= 2 and math.isfinite(row["sd"]) else pooled_sd
+        terms.append(sd * sd / max(int(row["ok"]), 1))
+    bound = NOISE_SE * math.sqrt(sum(terms))
+    if not math.isfinite(bound):
+        return None, gap, bound
+    return gap <= bound, gap, bound
+
+
+def verdicts(sweep, table: pd.DataFrame) -> list[str]:
+    """Plain sentences on a :func:`ranking`: who leads by mean, and whether it is within noise of the runner-up and
+    of the seed preset."""
+    if table.empty or not table["ok"].iloc[0]:
+        return []
+    metric = sweep.objectives[0].metric
+    variances = [float(s) ** 2 for s, n in zip(table["sd"], table["ok"]) if n >= 2 and math.isfinite(s)]
+    pooled = math.sqrt(sum(variances) / len(variances)) if variances else math.nan
+    lead = table.iloc[0]
+    name = "the seed preset (trial 0)" if lead["preset"] else f"trial {lead['trial']}"
+    lines = [f"by mean over seeds, {name} leads: {metric} {_spread(lead, metric)}"]
+    others = [("the runner-up, trial " + str(table.iloc[1]["trial"]), table.iloc[1])] if len(table) > 1 else []
+    preset = table[table["preset"]]
+    if len(preset) and not lead["preset"]:
+        others.append(("the seed preset (trial 0)", preset.iloc[0]))
+    for label, row in others:
+        if not row["ok"]:
+            continue
+        within, gap, bound = within_noise(lead, row, pooled, metric)
+        if within is None:
+            lines.append(f"{label}: gap {gap:.4g}, noise unknown (no leader has 2 healthy runs)")
+        elif within:
+            lines.append(f"{label}: within noise (gap {gap:.4g} ≤ 2 SE = {bound:.4g}); more seeds would be needed "
+                         "to tell them apart")
+        else:
+            lines.append(f"{label}: behind by {gap:.4g} (> 2 SE = {bound:.4g})")
+    bad = table[table["ok"] < table["finished"]]
+    for _, row in bad.iterrows():
+        lines.append(f"trial {row['trial']}: {row['finished'] - row['ok']} of {row['finished']} runs stopped by a "
+                     "health rule or failed: ranked after the leaders whose every run ended healthy")
+    return lines
+
+
+def _spread(row: pd.Series, metric: str) -> str:
+    sd = f" ± {row['sd']:.3g} sd" if math.isfinite(row["sd"]) else ""
+    seeds = "seed" if int(row["ok"]) == 1 else "seeds"
+    return (f"mean {row[f'mean/{metric}']:.4g}{sd} over {int(row['ok'])} {seeds} "
+            f"[{row['min']:.4g}, {row['max']:.4g}]")
+
+
+def run_counts(sweep, df: pd.DataFrame) -> tuple[int, int]:
+    """``(finished, total)`` confirmation runs: those the study holds and those the phase plans now (:func:`planned`;
+    a run it holds already counts once). ``(0, 0)`` when ``budget.confirm`` is off."""
+    if sweep.budget.confirm is None or df.empty:
+        return 0, 0
+    runs = df[~is_search(df)]
+    seeds = runs[f"config/{SEED_KEY}"] if f"config/{SEED_KEY}" in runs else pd.Series(math.nan, index=runs.index)
+    held = {(int(o), int(s) if pd.notna(s) else -1) for o, s in zip(confirm_of(runs), seeds)}
+    done = int(runs["state"].isin(["COMPLETE", "PRUNED", "FAIL"]).sum())
+    return done, len(held | set(planned(sweep, df)))
+
+
+def progress(sweep, df: pd.DataFrame) -> str | None:
+    """``confirmation: 4 of 8 runs finished`` (:func:`run_counts`), or None when ``budget.confirm`` is off or no run
+    is planned yet."""
+    done, total = run_counts(sweep, df)
+    return f"confirmation: {done} of {total} runs finished" if total else None
