@@ -69,14 +69,16 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record) -> str | None:
 
 def trials_table(sweep, df: pd.DataFrame) -> Table:
     """One row per trial of a :func:`klsweep.analysis.load` frame: number, state, the searched parameters (the
-    trial's verl overrides), the last reported step, reference KL, entropy and training score (``kl_metric``,
+    trial's verl overrides; with confirmation runs, ``confirms``, the trial a run re-runs, and its ``seed``), the last
+    reported step, reference KL, entropy and training score (``kl_metric``,
     ``actor/entropy``, ``critic/score/mean``: running trials included, from their Tune result files), each
     objective's last value and the health verdict."""
-    from klsweep.space import parameters
+    from klsweep.space import SEED_KEY, parameters
 
     keys = list(parameters(sweep))
     objectives = [o.metric for o in sweep.objectives]
-    columns = {"number": "trial", "state": "state",
+    confirmation = {"confirm_of": "confirms", f"config/{SEED_KEY}": "seed"} if "confirm_of" in df else {}
+    columns = {"number": "trial", "state": "state", **confirmation,
                **{f"config/{k}": label for k, label in param_labels(keys).items()},
                "steps": "step", "last/ref_kl": "KL", "last/entropy": "entropy", "last/score": "score",
                **{f"last/{m}": m for m in objectives}, "health": "health"}
@@ -89,7 +91,9 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
 
 
 def _cell(value):
-    """A frame cell as the console shows it: empty for a missing value, Python numbers for numpy ones."""
+    """A frame cell as the console shows it: empty for a missing value, Python numbers for numpy ones (a whole
+    float, such as a trial number in a column with empty cells, as an int)."""
     if value is None or (isinstance(value, float) and value != value):
         return None
-    return value.item() if hasattr(value, "item") else value
+    value = value.item() if hasattr(value, "item") else value
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**53 else value

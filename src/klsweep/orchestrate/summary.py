@@ -1,5 +1,6 @@
-"""The end of ``sweep run``: counts by state, the stop reasons, the best trial(s) and the verl command that
-reproduces each."""
+"""The end of ``sweep run`` (and of ``sweep status``): counts by state, the stop reasons, the compute used and saved
+per stop reason, the confirmed leaders ranked by their mean over seeds (``budget.confirm``), the best trial(s) and
+the verl command that reproduces each."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from rich.text import Text
 
 from klsweep._format import console as plain_console
 from klsweep._format import short
+from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.load import overrides_of
+from klsweep.orchestrate import confirm
 from klsweep.trainers import trainer_kind
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
 
 def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
-    """The best COMPLETE, healthy trial (single objective) or the Pareto front of them (several objectives).
+    """The best COMPLETE, healthy search trial (single objective) or the Pareto front of them (several objectives).
 
-    Uses the values told to Optuna (``value/<metric>``: each objective's last reported value). The front is
+    Uses the values told to Optuna (``value/<metric>``: each objective's last reported value); confirmation runs
+    (``confirm_of``) are left out: they re-run a search trial with another seed. The front is
     :func:`klsweep.analysis.pareto.pareto_front` (Optuna's non-dominated sort); its ``attrs["notes"]`` say when it
     is empty or mixes KL scales.
     """
@@ -32,6 +36,7 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
     value_cols = [f"value/{o.metric}" for o in sweep.objectives]
     if df.empty or any(c not in df for c in value_cols):
         return df.iloc[0:0]
+    df = df[confirm.is_search(df)]
     if len(value_cols) == 1:
         done = df[feasible(df)].dropna(subset=value_cols)
         o = sweep.objectives[0]
@@ -43,12 +48,17 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
 
 def counts_line(sweep, df: pd.DataFrame) -> str:
     """``tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)``, from a
-    :func:`klsweep.analysis.load` frame (a RUNNING study trial may belong to a driver that is gone)."""
-    counts = df["state"].value_counts().to_dict() if len(df) else {}
+    :func:`klsweep.analysis.load` frame (a RUNNING study trial may belong to a driver that is gone). The counts are
+    of search trials; with ``budget.confirm``, ``; confirmation: 2 of 6 runs finished`` follows once runs are
+    planned."""
+    search = df[confirm.is_search(df)] if len(df) else df
+    counts = search["state"].value_counts().to_dict() if len(search) else {}
     finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))
-    left = max(0, sweep.budget.trials - len(df))
-    return (f"{sweep.name}: {finished} finished, {counts.get('RUNNING', 0)} running (or interrupted), {left} not "
+    left = max(0, sweep.budget.trials - len(search))
+    line = (f"{sweep.name}: {finished} finished, {counts.get('RUNNING', 0)} running (or interrupted), {left} not "
             f"started (budget {sweep.budget.trials} trials × {sweep.budget.max_steps} steps)")
+    progress = confirm.progress(sweep, df)
+    return f"{line}; {progress}" if progress else line
 
 
 def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
@@ -70,7 +80,13 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         for _, row in stopped.iterrows():
             table.add_row(*(Text(short(row.get(c))) for c in ("number", "state", "steps", "stop_reason")))
         console.print(table)
+    _print_savings(sweep, df, console)
+    ranking = confirm.ranking(sweep, df)
+    _print_confirmation(sweep, ranking, console)
     best = best_trials(sweep, df)
+    done, planned = confirm.run_counts(sweep, df)
+    if len(sweep.objectives) == 1 and len(ranking) and ranking["ok"].iloc[0] and done == planned:
+        best = df[(df["number"] == ranking["trial"].iloc[0]) & confirm.is_search(df)]  # the leader by mean
     if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
         console.print("no trial has finished yet", highlight=False)
         return 1
@@ -84,6 +100,8 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     for note in best.attrs.get("notes", []):
         console.print(f"note: {note}", style="yellow", **_PLAIN)
     title = "best trial" if len(sweep.objectives) == 1 else f"Pareto front ({len(best)} trials)"
+    if len(sweep.objectives) == 1 and len(ranking) and int(best["number"].iloc[0]) == int(ranking["trial"].iloc[0]):
+        title += " (the leader by mean over seeds)"
     console.print(f"\n[bold]{title}[/bold]")
     for _, row in best.iterrows():
         values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
@@ -96,3 +114,51 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
             console.print(command, **_PLAIN)
     console.print(f"\nresults: {out_dir} (trials.csv, study.db, tune/)")
     return 0
+
+
+def _print_savings(sweep, df: pd.DataFrame, console: Console) -> None:
+    """Trial-steps and GPU-hours (wall hours of the trials on a CPU sweep) used and saved per stop reason
+    (:func:`klsweep.analysis.accounting.compute_accounting` ``by="reason"``); one line when nothing was saved."""
+    if df.empty:
+        return
+    gpu = float(sweep.budget.resources.gpu)
+    table = compute_accounting(df, sweep.budget.max_steps, gpu, by="reason")
+    total = table.set_index("reason").loc["total"]
+    used, saved = int(total["steps_used"]), int(total["steps_saved"])
+    hours, unit = ("gpu_h", "GPU-h") if gpu > 0 else ("wall_h", "trial-h")
+    if not saved:
+        console.print(f"compute: {used} trial-steps used, none saved (no trial stopped early)",
+                      highlight=False)
+        return
+    console.print(f"compute: {used} trial-steps used, {saved} saved ({total['saved_share']:.1%} of {used + saved}); "
+                  f"{total[f'{hours}_used']:.3g} {unit} used, {total[f'{hours}_saved']:.3g} saved"
+                  + (f" ({total['gpu_h_saved_share']:.1%})" if gpu > 0 else " (a CPU sweep: no GPU-hours)"),
+                  highlight=False)
+    out = Table(title="saved by stop reason (a stopped trial saves its remaining steps)", show_edge=False)
+    for column in ("stop reason", "trials", "steps used", "steps saved", "saved", f"{unit} used", f"{unit} saved"):
+        out.add_column(column, overflow="fold")
+    for _, row in table.iterrows():
+        out.add_row(str(row["reason"]), str(row["trials"]), str(row["steps_used"]), str(row["steps_saved"]),
+                    f"{row['saved_share']:.1%}", f"{row[f'{hours}_used']:.3g}", f"{row[f'{hours}_saved']:.3g}")
+    console.print(out)
+
+
+def _print_confirmation(sweep, ranking: pd.DataFrame, console: Console) -> None:
+    """The confirmed leaders by mean over seeds (:func:`klsweep.orchestrate.confirm.ranking`) and what the noise
+    allows to say (:func:`klsweep.orchestrate.confirm.verdicts`)."""
+    if ranking.empty:
+        return
+    metrics = [o.metric for o in sweep.objectives]
+    table = Table(title=f"confirmation: the leaders re-run with new training seeds, by mean of {metrics[0]} "
+                        "(the search run counts as one seed)", show_edge=False)
+    for column in ("confirmed", "runs ok", "seeds", f"mean {metrics[0]}", "sd", "range", *(f"mean {m}" for m in
+                                                                                           metrics[1:])):
+        table.add_column(column, overflow="fold")
+    for _, row in ranking.iterrows():
+        name = f"{row['trial']} (seed preset)" if row["preset"] else str(row["trial"])
+        table.add_row(name, f"{row['ok']} of {row['runs']}", ", ".join(str(s) for s in row["seeds"]),
+                      short(row[f"mean/{metrics[0]}"]), short(row["sd"]), f"{short(row['min'])} .. {short(row['max'])}",
+                      *(short(row[f"mean/{m}"]) for m in metrics[1:]))
+    console.print(table)
+    for line in confirm.verdicts(sweep, ranking):
+        console.print(line, **_PLAIN)
