@@ -298,7 +298,8 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
     else:  # under ASHA a rule with a remedy stops as any other
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(trial_overrides, sweep))
-    if sweep.stopping.objective is not None:  # issue 16: then stop trials their peers beat by more than the noise
+    # issue 16: then stop trials their peers beat by more than the noise (not a confirmation run: it runs to the end)
+    if sweep.stopping.objective is not None and confirm is None:
         from ray.tune.stopper import CombinedStopper
 
         from klsweep.orchestrate.objective_stop import ObjectiveStopper
