@@ -1,0 +1,218 @@
+"""The confirmation phase (budget.confirm, issue 16): which leaders re-run with which seeds, their ranking by mean
+over seeds worked out by hand, a real tabular sweep whose re-runs are the table's recorded runs, and `sweep resume`
+of a sweep whose driver was killed during the phase."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from klsweep.cli import main
+from klsweep.orchestrate.confirm import leaders, planned, ranking, run_counts, verdicts, within_noise
+from klsweep.spec import load_sweep
+from tests.conftest import REPO
+from tests.orchestrate.conftest import sweep_file
+
+VAL = "val-core/arith/acc/mean@1"
+DRGRPO_TABLE = REPO / "benchmarks" / "tabular" / "drgrpo_vs_grpo.jsonl.gz"
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+def _sweep(tmp_path, confirm, objectives=None, seed_trials=None):
+    fields = {"budget": {"confirm": confirm}}
+    if objectives:
+        fields["objective"] = objectives
+    if seed_trials:
+        fields["seed_trials"] = seed_trials
+    return load_sweep(sweep_file(tmp_path, **fields))
+
+
+def _frame(rows):
+    """Trials table rows: (number, state, health, value, confirm_of, data.seed)."""
+    return pd.DataFrame(rows, columns=["number", "state", "health", f"value/{VAL}", "confirm_of", "config/data.seed"])
+
+
+SEARCH = [(0, "COMPLETE", "healthy", 0.50, None, 0), (1, "COMPLETE", "healthy", 0.70, None, 0),
+          (2, "COMPLETE", "stopped", 0.90, None, 0), (3, "PRUNED", "stopped", None, None, 0),
+          (4, "COMPLETE", "healthy", 0.60, None, 0), (5, "COMPLETE", "healthy", 0.70, None, 0)]
+
+
+def test_leaders_are_the_best_healthy_search_trials_and_the_preset_joins_them(tmp_path):
+    sweep = _sweep(tmp_path, {"top": 2, "seeds": 2}, seed_trials=[{"kl_coef": 0.001}])
+    df = _frame(SEARCH)
+    # trial 2 scores best but a health rule stopped it; 1 and 5 tie at 0.70: the lower number first
+    assert leaders(sweep, df, 2) == [1, 5]
+    # the seed preset (trial 0, healthy) joins the two leaders; seeds are the sweep's seed 0 + 1, + 2
+    assert planned(sweep, df) == [(1, 1), (1, 2), (5, 1), (5, 2), (0, 1), (0, 2)]
+    # a confirmation run is never a leader, whatever its value
+    df = pd.concat([df, _frame([(6, "COMPLETE", "healthy", 0.99, 4, 1)])], ignore_index=True)
+    assert leaders(sweep, df, 3) == [1, 5, 4]
+    no_preset = _sweep(tmp_path, {"top": 2, "seeds": 1, "preset": False}, seed_trials=[{"kl_coef": 0.001}])
+    assert planned(no_preset, df) == [(1, 1), (5, 1)]
+    assert planned(_sweep(tmp_path, None), df) == []
+
+
+def test_leaders_of_a_pareto_sweep_are_the_front_first(tmp_path):
+    sweep = _sweep(tmp_path, {"top": 3, "seeds": 1}, objectives=[{"metric": VAL, "mode": "max"},
+                                                                  {"metric": "kl", "mode": "min"}])
+    df = _frame(SEARCH).assign(**{"value/kl": [0.1, 0.5, 0.0, None, 0.05, 0.2]})
+    # feasible: 0 (0.5, 0.1), 1 (0.7, 0.5), 4 (0.6, 0.05), 5 (0.7, 0.2); 5 dominates 1, 4 dominates 0
+    # front = {4, 5}, by accuracy 5 then 4; then the rest by accuracy: 1
+    assert leaders(sweep, df, 3) == [5, 4, 1]
+
+
+def test_ranking_by_mean_over_seeds_by_hand(tmp_path):
+    sweep = _sweep(tmp_path, {"top": 2, "seeds": 2}, seed_trials=[{"kl_coef": 0.001}])
+    df = _frame(SEARCH + [
+        (6, "COMPLETE", "healthy", 0.60, 1, 1), (7, "COMPLETE", "healthy", 0.65, 1, 2),
+        (8, "COMPLETE", "healthy", 0.72, 5, 1), (9, "COMPLETE", "healthy", 0.68, 5, 2),
+        (10, "COMPLETE", "healthy", 0.52, 0, 1), (11, "PRUNED", "stopped", None, 0, 2),
+    ])
+    table = ranking(sweep, df).set_index("trial")
+    assert list(table.index) == [5, 1, 0]  # 0 had a run stopped: ranked after those whose runs all ended healthy
+    # trial 5: 0.70, 0.72, 0.68 -> mean 0.70, sd 0.02; trial 1: 0.70, 0.60, 0.65 -> mean 0.65, sd 0.05
+    assert table.loc[5, f"mean/{VAL}"] == pytest.approx(0.70)
+    assert table.loc[5, "sd"] == pytest.approx(0.02)
+    assert table.loc[1, "sd"] == pytest.approx(0.05)
+    assert (table.loc[1, "min"], table.loc[1, "max"]) == (0.60, 0.70)
+    assert table.loc[5, "seeds"] == [0, 1, 2] and table.loc[0, "seeds"] == [0, 1]
+    assert (table.loc[0, "runs"], table.loc[0, "finished"], table.loc[0, "ok"]) == (3, 3, 2)
+    assert run_counts(sweep, df) == (6, 6)
+    # 5 against 1: gap 0.05, 2 SE = 2 sqrt(0.02²/3 + 0.05²/3) = 0.0622 -> within noise
+    rows = ranking(sweep, df)
+    within, gap, bound = within_noise(rows.iloc[0], rows.iloc[1], math.nan, VAL)
+    assert within and gap == pytest.approx(0.05) and bound == pytest.approx(2 * math.sqrt((0.02**2 + 0.05**2) / 3))
+    lines = verdicts(sweep, rows)
+    assert lines[0] == f"by mean over seeds, trial 5 leads: {VAL} mean 0.7 ± 0.02 sd over 3 seeds [0.68, 0.72]"
+    assert lines[1].startswith("the runner-up, trial 1: within noise (gap 0.05 ≤ 2 SE = 0.06")
+    # the preset: 0.50, 0.52 -> mean 0.51, sd 0.01414; gap 0.19 > 2 sqrt(0.02²/3 + 0.0002/2) = 0.0306
+    preset_bound = 2 * math.sqrt(0.02**2 / 3 + 0.0002 / 2)
+    assert lines[2] == f"the seed preset (trial 0): behind by 0.19 (> 2 SE = {preset_bound:.4g})"
+    assert lines[3].startswith("trial 0: 1 of 3 runs stopped by a health rule or failed")
+
+
+def test_a_mean_of_one_run_takes_the_pooled_sd(tmp_path):
+    a = pd.Series({f"mean/{VAL}": 0.7, "sd": 0.03, "ok": 3})
+    b = pd.Series({f"mean/{VAL}": 0.6, "sd": math.nan, "ok": 1})
+    within, gap, bound = within_noise(a, b, 0.04, VAL)
+    assert bound == pytest.approx(2 * math.sqrt(0.03**2 / 3 + 0.04**2)) and within is False
+    assert within_noise(b, b, math.nan, VAL)[0] is None  # nothing to estimate the noise from
+
+
+def _table_runs() -> dict[tuple, dict[int, float]]:
+    """The drgrpo table's validation accuracy at step 20, by (norm_adv, loss_agg_mode, lr) and seed: read with
+    gzip + json, not through klsweep."""
+    with gzip.open(DRGRPO_TABLE, "rt") as f:
+        records = [json.loads(line) for line in f][1:]
+    out: dict[tuple, dict[int, float]] = {}
+    for r in records:
+        p = r["params"]
+        key = (p["algorithm.norm_adv_by_std_in_grpo"], p["actor_rollout_ref.actor.loss_agg_mode"],
+               p["actor_rollout_ref.actor.optim.lr"])
+        out.setdefault(key, {})[r["seed"]] = float(r["metrics"][VAL][r["steps"].index(20)])
+    return out
+
+
+def _key(params: dict) -> tuple:
+    return (params["algorithm.norm_adv_by_std_in_grpo"], params["actor_rollout_ref.actor.loss_agg_mode"],
+            params["actor_rollout_ref.actor.optim.lr"])
+
+
+@pytest.mark.slow
+def test_a_tabular_sweep_confirms_its_leaders_with_the_tables_runs(tmp_path, capsys):
+    sweep = yaml.safe_load((REPO / "sweeps" / "drgrpo_vs_grpo.yaml").read_text())
+    sweep.update(name="confirm_tab", trainer="tabular", tabular={"table": str(DRGRPO_TABLE)},
+                 budget={"trials": 4, "max_concurrent": 2, "max_steps": 20, "confirm": {"top": 2, "seeds": 2}})
+    path = tmp_path / "confirm.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    study = optuna.load_study(study_name="confirm_tab", storage=f"sqlite:///{out / 'study.db'}")
+    search = [t for t in study.trials if "confirm_of" not in t.user_attrs]
+    runs = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    assert len(search) == 4
+    healthy = [t for t in search if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["health"] != "stopped"]
+    top = [t.number for t in sorted(healthy, key=lambda t: (-t.values[0], t.number))[:2]]
+    expected = {(n, s) for n in top for s in (1, 2)} | ({(0, 1), (0, 2)} if 0 not in top else set())
+    assert {(t.user_attrs["confirm_of"], t.user_attrs["confirm_seed"]) for t in runs} == expected
+    assert len(runs) == len(expected)  # each run once
+    table = _table_runs()
+    by_number = {t.number: t for t in study.trials}
+    for t in runs:
+        leader = by_number[t.user_attrs["confirm_of"]]
+        assert {k: v for k, v in t.params.items() if k != "data.seed"} == leader.params
+        assert t.params["data.seed"] == t.user_attrs["confirm_seed"]
+        assert t.values[0] == table[_key(leader.params)][t.params["data.seed"]]  # the table's run of that seed
+    csv = pd.read_csv(out / "trials.csv")
+    assert sorted(csv.loc[csv["confirm_of"].notna(), "number"]) == sorted(t.number for t in runs)
+    assert set(csv.loc[csv["confirm_of"].isna(), "config/data.seed"]) == {0}
+    # the ranking: mean over the table's seeds 0, 1, 2 of each confirmed config
+    means = {n: statistics.mean(table[_key(by_number[n].params)].values()) for n, _ in expected}
+    winner = max(means, key=lambda n: (means[n], -n))
+    name = "the seed preset (trial 0)" if winner == 0 else f"trial {winner}"
+    assert f"by mean over seeds, {name} leads: {VAL} mean {means[winner]:.4g}" in printed
+    assert "best trial (the leader by mean over seeds)" in printed and f"trial {winner} (" in printed
+    assert "confirmation: 4 of 4 runs finished" in subprocess.run(
+        [sys.executable, "-m", "klsweep.cli", "status", str(out)], capture_output=True, text=True, timeout=120).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_resume_of_a_sweep_killed_during_its_confirmation_phase(tmp_path):
+    """SIGKILL of the driver once a confirmation run has finished and the next one runs: the resume runs each
+    planned run exactly once, keeps what finished, and leaves nothing RUNNING."""
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "confirm_kill", parameters={"kl_coef": {"distribution": "log_uniform_values",
+                                                                         "min": 0.0005, "max": 0.005}},
+                      budget={"trials": 3, "max_concurrent": 1, "max_steps": 4, "confirm": {"top": 2, "seeds": 2}},
+                      health="default")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out), "--quiet"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def confirmation(states):
+        try:
+            study = optuna.load_study(study_name="confirm_kill", storage=f"sqlite:///{out / 'study.db'}")
+            return [t for t in study.trials if "confirm_of" in t.user_attrs and t.state in states]
+        except Exception:  # the study is not created yet
+            return []
+
+    deadline = time.monotonic() + 400
+    while not (confirmation(FINISHED) and confirmation((optuna.trial.TrialState.RUNNING,))):
+        assert driver.poll() is None, f"the sweep ended before it could be killed:\n{driver.stdout.read()}"
+        assert time.monotonic() < deadline, "no confirmation run finished in time"
+        time.sleep(0.2)
+    done_before = {t.number: (t.state, t.values) for t in confirmation(FINISHED)}
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+
+    resumed = subprocess.run([sys.executable, "-m", "klsweep.cli", "resume", str(out), "--quiet"], env=env,
+                             capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    study = optuna.load_study(study_name="confirm_kill", storage=f"sqlite:///{out / 'study.db'}")
+    assert not [t.number for t in study.trials if t.state not in FINISHED]
+    search = [t for t in study.trials if "confirm_of" not in t.user_attrs]
+    runs = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    assert len(search) == 3
+    healthy = [t for t in search if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["health"] != "stopped"]
+    top = [t.number for t in sorted(healthy, key=lambda t: (-t.values[0], t.number))[:2]]
+    pairs = [(t.user_attrs["confirm_of"], t.user_attrs["confirm_seed"]) for t in runs]
+    assert sorted(pairs) == sorted((n, s) for n in top for s in (1, 2))  # every planned run, each once
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in runs)
+    assert {t.number: (t.state, t.values) for t in runs if t.number in done_before} == done_before
+    ray_ids = [t.user_attrs["ray_trial_id"] for t in study.trials]
+    assert len(set(ray_ids)) == len(ray_ids)  # each Tune trial told once
+    assert "by mean over seeds" in resumed.stdout
