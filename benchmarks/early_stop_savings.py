@@ -27,10 +27,14 @@ range of their sweep's objective values (false stops, with a Wilson 95 % interva
 embedded task most stopped runs collapse to a gold accuracy of 0-0.01, which puts a sweep's median there), and the
 sweeps whose best-scoring trial (by the objective's last value on its full run, health ignored) the rules stopped.
 The health rules judge a recorded run the same way every time, so these count what the rules themselves cost, not
-seed noise.
+seed noise. After the health rules, the objective stopper (``stopping.objective``,
+:mod:`klsweep.orchestrate.objective_stop`, the same class the live sweep uses) judges every step: as the file says
+(``--objective file``), with its defaults (``on``) or not at all (``off``); its stops and their false stops are
+counted apart. The clairvoyant bound (every lower-half trial stopped at its first objective report) says how much
+any stopper judging the objective could save on these sweeps without a false stop.
 
     python benchmarks/early_stop_savings.py [--trials 12] [--steps 80] [--health default]
-    python benchmarks/early_stop_savings.py --table [--sweeps 20] [TABLE ...]
+    python benchmarks/early_stop_savings.py --table [--sweeps 20] [--first-seed 0] [--objective file|on|off] [TABLE ...]
 """
 
 from __future__ import annotations
@@ -117,8 +121,9 @@ def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ..
                 used, rule = trainer.global_step, STOP_KIND_OBJECTIVE
                 break
         final = next((m[objective.metric] for _, m in reversed(trainer.reports) if objective.metric in m), math.nan)
+        first = next((s for s, m in trainer.reports if objective.metric in m), trainer.total_steps)
         out.append({"point": trainer.point, "total": trainer.total_steps, "used": used, "stopped": rule is not None,
-                    "rule": rule, "final": final, "sign": 1.0 if objective.mode == "max" else -1.0})
+                    "rule": rule, "final": final, "sign": 1.0 if objective.mode == "max" else -1.0, "first": first})
         try:
             if rule is not None:
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -150,34 +155,52 @@ def bootstrap_mean(values: list[float], draws: int = 2000) -> tuple[float, float
     return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
-def table_main(tables: list[Path], n_sweeps: int, health: str | None) -> None:
-    """``--table``: many sweeps per table file; prints the savings line per file, the pooled figure last."""
+def table_main(tables: list[Path], seeds: range, health: str | None, objective_stop: bool | ObjectiveStop) -> None:
+    """``--table``: many sweeps per table file; prints the savings line per file, the pooled figure last.
+
+    Besides the savings it prints the clairvoyant bound: the fraction saved had every trial whose full run ends in
+    the lower half of its sweep's range been stopped at its first objective report (and nothing else stopped that
+    the health rules did not): no stopper that judges on the objective can save more without false stops."""
     all_saved: list[float] = []
-    false_stops = stopped_total = best_stopped = 0
+    bound: list[float] = []
+    false_stops = stopped_total = best_stopped = objective_stops = objective_false = 0
     for table in tables:
         start = time.perf_counter()
-        saved, file_false, file_stopped, file_best = [], 0, 0, 0
-        for seed in range(n_sweeps):
-            trials_ = table_sweep(table, seed, health)
-            saved.append(sum(t["total"] - t["used"] for t in trials_) / sum(t["total"] for t in trials_))
+        saved, file_false, file_stopped, file_best, file_objective, file_objective_false = [], 0, 0, 0, 0, 0
+        for seed in seeds:
+            trials_ = table_sweep(table, seed, health, objective_stop=objective_stop)
+            total = sum(t["total"] for t in trials_)
+            saved.append(sum(t["total"] - t["used"] for t in trials_) / total)
             scores = sorted(t["sign"] * t["final"] for t in trials_ if math.isfinite(t["final"]))
             middle = (scores[0] + scores[-1]) / 2 if scores else math.inf  # of the range: collapsed runs tie
-            stops = [t for t in trials_ if t["stopped"]]
+            upper = [math.isfinite(t["final"]) and t["sign"] * t["final"] > middle for t in trials_]
+            bound.append(sum(t["total"] - (t["used"] if up else min(t["used"], t["first"]))
+                             for t, up in zip(trials_, upper)) / total)
+            stops = [(t, up) for t, up in zip(trials_, upper) if t["stopped"]]
             file_stopped += len(stops)
-            file_false += sum(t["sign"] * t["final"] > middle for t in stops)
+            file_false += sum(up for _, up in stops)
+            file_objective += sum(t["rule"] == STOP_KIND_OBJECTIVE for t, _ in stops)
+            file_objective_false += sum(up and t["rule"] == STOP_KIND_OBJECTIVE for t, up in stops)
             best = max(trials_, key=lambda t: t["sign"] * t["final"] if math.isfinite(t["final"]) else -math.inf)
             file_best += best["stopped"]
         lo, hi = bootstrap_mean(saved)
-        print(f"{table.name}: {n_sweeps} sweeps in {time.perf_counter() - start:.0f} s; trial-steps saved "
-              f"{statistics.fmean(saved):.3f} [{lo:.3f}, {hi:.3f}]; {file_stopped} trials stopped, "
-              f"{file_false} of them in the upper half of their sweep's range; best-scoring trial stopped in "
-              f"{file_best} of {n_sweeps} sweeps")
+        print(f"{table.name}: {len(seeds)} sweeps in {time.perf_counter() - start:.0f} s; trial-steps saved "
+              f"{statistics.fmean(saved):.3f} [{lo:.3f}, {hi:.3f}]; {file_stopped} trials stopped "
+              f"({file_objective} on the objective), {file_false} of them in the upper half of their sweep's range "
+              f"({file_objective_false} on the objective); best-scoring trial stopped in {file_best} of {len(seeds)} "
+              "sweeps")
         all_saved += saved
         false_stops, stopped_total, best_stopped = (false_stops + file_false, stopped_total + file_stopped,
                                                     best_stopped + file_best)
+        objective_stops, objective_false = objective_stops + file_objective, objective_false + file_objective_false
     lo, hi = bootstrap_mean(all_saved)
     flo, fhi = wilson(false_stops, stopped_total)
+    olo, ohi = wilson(objective_false, objective_stops)
+    blo, bhi = bootstrap_mean(bound)
+    print(f"sweep seeds {seeds.start}-{seeds.stop - 1}; clairvoyant bound (every lower-half trial stopped at its first "
+          f"objective report): {statistics.fmean(bound):.3f} [{blo:.3f}, {bhi:.3f}]")
     print(f"false stops: {false_stops} of {stopped_total} stopped trials [{flo:.3f}, {fhi:.3f}] (goal ≤ 0.05); "
+          f"on the objective {objective_false} of {objective_stops} [{olo:.3f}, {ohi:.3f}]; "
           f"best-scoring trial stopped in {best_stopped} of {len(all_saved)} sweeps (goal 0)")
     print(f"trial-steps saved: {statistics.fmean(all_saved):.3f} [{lo:.3f}, {hi:.3f}] over {len(all_saved)} "
           "tabular sweeps (goal ≥ 0.55)")
@@ -190,6 +213,10 @@ def main() -> None:
     parser.add_argument("--health", help="a health preset instead of the file's (default, conservative, ...)")
     parser.add_argument("--table", action="store_true", help="many sweeps on the tabular benchmark (issue 16)")
     parser.add_argument("--sweeps", type=int, default=20, help="--table: sweeps (seeds) per table file")
+    parser.add_argument("--first-seed", type=int, default=0, help="--table: the first sweep seed (tuned on 0-19)")
+    parser.add_argument("--objective", choices=("file", "on", "off"), default="file",
+                        help="--table: stop on the objective as the file says (stopping.objective), with the "
+                        "defaults, or not at all")
     parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
     if args.table:
@@ -197,8 +224,9 @@ def main() -> None:
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         print(f"machine: {machine()}")
-        table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.sweeps,
-                   args.health)
+        objective_stop = {"file": True, "on": ObjectiveStop(), "off": False}[args.objective]
+        table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")),
+                   range(args.first_seed, args.first_seed + args.sweeps), args.health, objective_stop)
         return
     budget = [f"budget.trials={args.trials}", f"budget.max_steps={args.steps}"]
     rules = [f"health={args.health}"] if args.health else []
