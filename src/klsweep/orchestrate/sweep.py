@@ -277,7 +277,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
 
     from klsweep.health import HealthStopper, load_ruleset
     from klsweep.orchestrate.progress import SweepProgress, TrialsCsv
-    from klsweep.space import parameters, trial_overrides
+    from klsweep.space import SEED_KEY, parameters, trial_overrides
 
     objective = sweep.objectives[0]
     scheduler = None
@@ -307,7 +307,8 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         stopper = CombinedStopper(stopper, ObjectiveStopper([(o.metric, o.mode) for o in sweep.objectives],
                                                             sweep.budget.max_steps, sweep.stopping.objective))
     callbacks: list[Callback] = [
-        SweepProgress(num_samples, [o.metric for o in sweep.objectives], params=list(parameters(sweep)), quiet=quiet),
+        SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet,
+                      params=[*parameters(sweep), *([SEED_KEY] if confirm is not None else [])]),  # a re-run's seed
         TrialsCsv(),
     ]
     if sweep.wandb.mode != "disabled":
