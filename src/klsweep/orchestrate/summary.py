@@ -85,8 +85,9 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     _print_confirmation(sweep, ranking, console)
     best = best_trials(sweep, df)
     done, planned = confirm.run_counts(sweep, df)
-    if len(sweep.objectives) == 1 and len(ranking) and ranking["ok"].iloc[0] and done == planned:
-        best = df[(df["number"] == ranking["trial"].iloc[0]) & confirm.is_search(df)]  # the leader by mean
+    by_mean = len(sweep.objectives) == 1 and len(ranking) > 0 and bool(ranking["ok"].iloc[0]) and done == planned
+    if by_mean:  # every re-run finished: the best trial is the leader by mean over seeds
+        best = df[(df["number"] == ranking["trial"].iloc[0]) & confirm.is_search(df)]
     if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
         console.print("no trial has finished yet", highlight=False)
         return 1
@@ -100,7 +101,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     for note in best.attrs.get("notes", []):
         console.print(f"note: {note}", style="yellow", **_PLAIN)
     title = "best trial" if len(sweep.objectives) == 1 else f"Pareto front ({len(best)} trials)"
-    if len(sweep.objectives) == 1 and len(ranking) and int(best["number"].iloc[0]) == int(ranking["trial"].iloc[0]):
+    if by_mean:
         title += " (the leader by mean over seeds)"
     console.print(f"\n[bold]{title}[/bold]")
     for _, row in best.iterrows():
