@@ -34,7 +34,8 @@ counted apart. The clairvoyant bound (every lower-half trial stopped at its firs
 any stopper judging the objective could save on these sweeps without a false stop.
 
     python benchmarks/early_stop_savings.py [--trials 12] [--steps 80] [--health default]
-    python benchmarks/early_stop_savings.py --table [--sweeps 20] [--first-seed 0] [--objective file|on|off] [TABLE ...]
+    python benchmarks/early_stop_savings.py --table [--sweeps 20] [--first-seed 0] [--objective file|on|off]
+        [--set KEY=VALUE ...] [TABLE ...]
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def bootstrap_mean(values: list[float], draws: int = 2000) -> tuple[float, float
     return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
-def table_main(tables: list[Path], seeds: range, health: str | None, objective_stop: bool | ObjectiveStop) -> None:
+def table_main(tables: list[Path], seeds: range, health: str | None, objective_stop: bool | ObjectiveStop,
+               extra: tuple[str, ...] = ()) -> None:
     """``--table``: many sweeps per table file; prints the savings line per file, the pooled figure last.
 
     Besides the savings it prints the clairvoyant bound: the fraction saved had every trial whose full run ends in
@@ -168,7 +170,7 @@ def table_main(tables: list[Path], seeds: range, health: str | None, objective_s
         start = time.perf_counter()
         saved, file_false, file_stopped, file_best, file_objective, file_objective_false = [], 0, 0, 0, 0, 0
         for seed in seeds:
-            trials_ = table_sweep(table, seed, health, objective_stop=objective_stop)
+            trials_ = table_sweep(table, seed, health, extra, objective_stop=objective_stop)
             total = sum(t["total"] for t in trials_)
             saved.append(sum(t["total"] - t["used"] for t in trials_) / total)
             scores = sorted(t["sign"] * t["final"] for t in trials_ if math.isfinite(t["final"]))
@@ -217,6 +219,8 @@ def main() -> None:
     parser.add_argument("--objective", choices=("file", "on", "off"), default="file",
                         help="--table: stop on the objective as the file says (stopping.objective), with the "
                         "defaults, or not at all")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="--table: a sweep-file override of every sweep ('stopping={objective: {margin: 3}}')")
     parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
     if args.table:
@@ -226,7 +230,8 @@ def main() -> None:
         print(f"machine: {machine()}")
         objective_stop = {"file": True, "on": ObjectiveStop(), "off": False}[args.objective]
         table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")),
-                   range(args.first_seed, args.first_seed + args.sweeps), args.health, objective_stop)
+                   range(args.first_seed, args.first_seed + args.sweeps), args.health, objective_stop,
+                   tuple(args.set))
         return
     budget = [f"budget.trials={args.trials}", f"budget.max_steps={args.steps}"]
     rules = [f"health={args.health}"] if args.health else []

@@ -76,7 +76,7 @@ def test_never_stops_a_leader_or_a_trial_within_the_margin_of_the_front():
     assert rule.update("below", 10, {VAL: 0.70 - 0.06}) is not None  # just past the margin under the leader
 
 
-def test_not_judged_before_its_minimum_peers_or_its_grace():
+def test_not_judged_before_its_minimum_peers_or_its_grace_nor_at_its_last_step():
     rule = ObjectiveRule([(VAL, "max")], 30, EAGER)
     _feed(rule, {k: PEERS[k] for k in ("p1", "p2")})
     assert rule.update("t", 10, {VAL: 0.1}) is None
@@ -86,6 +86,10 @@ def test_not_judged_before_its_minimum_peers_or_its_grace():
     assert graced.update("t", 10, {VAL: 0.58}) is None
     assert graced.update("t", 20, {VAL: 0.0}) is None  # step 20 < 25 % of 100 steps
     assert graced.update("t", 30, {VAL: 0.0}) is not None
+    last = ObjectiveRule([(VAL, "max")], 30, EAGER)
+    _feed(last, PEERS)
+    assert last.update("t", 10, {VAL: 0.58}) is None
+    assert last.update("t", 30, {VAL: 0.0}) is None  # its last step (30 of 30): nothing left to save
 
 
 def test_multi_objective_dominance_by_a_margin_on_every_objective():

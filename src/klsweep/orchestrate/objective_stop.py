@@ -11,8 +11,9 @@ peers already beat by more than the noise, so its remaining steps go to other tr
   each step where a trial reports every objective (a *rung*: ``trainer.test_freq`` for verl's validation metrics), it
   is stopped when at least ``dominated_by`` other trials that reached the same step were better on *every*
   objective by at least that objective's margin there, once ``min_peers`` trials reached that step and the trial has
-  run ``grace`` of its budget. A trial on or within the margin of the front of its step is never stopped
-  (dominance by a margin implies it), and neither is one that only one peer beats (``dominated_by`` ≥ 2).
+  run ``grace`` of its budget, but never at its last step (a finished trial is a result). A trial on or within the
+  margin of the front of its step is never stopped (dominance by a margin implies it), and with ``dominated_by`` ≥ 2
+  neither is one that only one peer beats.
 * Noise: values are the mean of a trial's last ``window`` rung values, and each objective's margin is
   ``margin`` × σ × √2 (the standard deviation of a difference of two such values), σ the step-to-step noise of
   every curve seen so far: 1.4826 × the median absolute deviation of successive rung differences ÷ √2 (each
@@ -68,6 +69,7 @@ class ObjectiveRule:
         self.signs = [1.0 if mode == "max" else -1.0 for _, mode in objectives]
         self.settings = settings or ObjectiveStop()
         self.grace_steps = self.settings.grace * total_steps
+        self.total_steps = total_steps
         self._rungs: dict[str, list[tuple[float, tuple[float, ...]]]] = {}  # trial → [(step, signed values)]
 
     def update(self, trial_id: str, step: float, metrics: Mapping[str, Any]) -> str | None:
@@ -113,7 +115,7 @@ class ObjectiveRule:
 
     def _judge(self, trial_id: str, step: float) -> str | None:
         s = self.settings
-        if step < self.grace_steps:
+        if step < self.grace_steps or step >= self.total_steps:  # at its last step a trial has nothing left to save
             return None
         mine = self._value(trial_id, step)
         peers = {t: v for t in self._rungs if t != trial_id and (v := self._value(t, step)) is not None}
