@@ -41,3 +41,29 @@ def test_short_numbers():
     from klsweep._format import short
 
     assert [short(v) for v in (0.711328125, float("nan"), 80, None, "x")] == ["0.7113", "nan", "80", "", "x"]
+
+
+def test_summary_prints_compute_saved_per_stop_reason(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from klsweep.orchestrate.summary import print_summary
+    from klsweep.spec import load_sweep
+    from tests.orchestrate.conftest import sweep_file
+
+    sweep = load_sweep(sweep_file(tmp_path, budget={"max_steps": 40, "resources": {"cpu": 1, "gpu": 2}}))
+    df = pd.DataFrame({
+        "number": [0, 1, 2], "trial_id": ["a", "b", "c"], "state": ["COMPLETE", "PRUNED", "PRUNED"],
+        "health": ["healthy", "stopped", "healthy"], "steps": [40, 10, 30], "wall_s": [400.0, 100.0, 300.0],
+        "stop_reason": ["", "diverged at step 10 by kl_runaway: KL 2 > 1", "stopped by the scheduler at step 30"],
+        "stop_kind": ["", "diverged", ""], "value/val-core/arith/acc/mean@1": [0.6, None, None],
+    })
+    out = io.StringIO()
+    print_summary(sweep, df, tmp_path, console=Console(file=out, width=300))
+    lines = out.getvalue().splitlines()
+    # used 80 steps, saved 30 (kl_runaway) + 10 (scheduler) = 40 of 120; GPU-h: 800 s x 2 used, (300 + 100) s x 2 saved
+    assert "compute: 80 trial-steps used, 40 saved (33.3% of 120); 0.444 GPU-h used, 0.222 saved (33.3%)" in lines
+    rows = {line.split("│")[0].strip(): [c.strip() for c in line.split("│")[1:]] for line in lines if "│" in line}
+    assert rows["health: kl_runaway"] == ["1", "10", "30", "25.0%", "0.0556", "0.167"]
+    assert rows["scheduler"] == ["1", "30", "10", "8.3%", "0.167", "0.0556"]  # 300 s x 2 used, 10 x 10 s x 2 saved
