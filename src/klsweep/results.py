@@ -59,6 +59,8 @@ ATTR_HEALTH = HEALTH
 ATTR_STOP_REASON = STOP_REASON
 #: training steps the trial ran
 ATTR_STEPS = "steps"
+#: JSON list of the trial's remedies, oldest first (issue 17; :mod:`klsweep.orchestrate.remedy`)
+ATTR_REMEDIES = "remedies"
 #: a confirmation run (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): the number of the search trial it
 #: re-runs with a new training seed; absent on search trials
 ATTR_CONFIRM_OF = "confirm_of"

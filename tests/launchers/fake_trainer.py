@@ -16,11 +16,15 @@ It takes verl's Hydra overrides and does what verl 0.9.1's v1 trainer (``verl/tr
   numpy only); each step logs ``actor/reward_kl_penalty`` (``kl=``, default 0.2) and ``actor/reward_kl_penalty_coeff``
   (the coefficient before the step's update) and updates it with ``n_steps = data.train_batch_size ×
   actor_rollout_ref.rollout.n``, as ``ray_trainer.apply_kl_penalty`` does. The controller is never checkpointed.
+  With the test knob ``kl_rise=R`` the step's KL is a runaway that a larger coefficient holds back: ``R × step ×
+  0.01 / β`` (β the coefficient used at the step).
 - ``trainer.save_freq`` > 0 with ``trainer.default_local_dir``: every save_freq steps and at the last step, before the
   step's line is logged (verl's order), ``global_step_N/actor/`` and ``global_step_N/data.pt``, then
-  ``latest_checkpointed_iteration.txt``.
+  ``latest_checkpointed_iteration.txt``; with ``trainer.max_actor_ckpt_to_keep=K`` the ``actor/`` folders of this
+  process's saves before the last K are removed (verl's ``BaseCheckpointManager``, which only knows its own saves).
 - ``trainer.resume_mode=auto`` (verl's default): resumes from ``latest_checkpointed_iteration.txt`` in
-  ``trainer.default_local_dir``; ``disable`` starts from step 1.
+  ``trainer.default_local_dir``; ``resume_path``: from ``trainer.resume_from_path`` (``.../global_step_N``, which must
+  exist, as verl's ``_load_checkpoint`` asserts); ``disable`` starts from step 1.
 - ``+ray_kwargs.ray_init.address=local``: starts its own Ray (``ray.init(address="local")``, one CPU, no dashboard:
   a GCS, a raylet and workers under it, as verl's main_ppo does) and shuts it down at the end; the GCS address goes
   to ``$PWD/ray.json``. (The session-detached child is ``grandchildren=1``'s.)
@@ -44,6 +48,7 @@ Test knobs (plain ``key=value``), for misbehaviour:
 import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,6 +146,10 @@ tracker = os.path.join(checkpoints, "latest_checkpointed_iteration.txt") if chec
 global_steps = 0
 if args.get("trainer.resume_mode", "auto") == "auto" and tracker and os.path.exists(tracker):
     global_steps = int(open(tracker).read())
+elif args.get("trainer.resume_mode") == "resume_path":
+    resume_from = args["trainer.resume_from_path"]
+    assert "global_step_" in resume_from and os.path.isdir(resume_from), f"no checkpoint {resume_from}"
+    global_steps = int(resume_from.rsplit("global_step_", 1)[1])
 kl_ctrl = None
 if args.get("algorithm.use_kl_in_reward") is True:
     kl_ctrl = verl_kl_controller({k.split(".")[-1]: v for k, v in args.items() if k.startswith("algorithm.kl_ctrl.")})
@@ -161,11 +170,14 @@ def misbehave():
 
 if args.get("trainer.val_before_train", args.get("val_before_train")) in (True, 1):
     log({"val-core/fake/acc/mean@1": 0.25}, global_steps)
+saved = []  # this process's checkpoints, oldest first
 for step in range(global_steps + 1, total + 1):
     time.sleep(float(args.get("interval", 0.02)))
     data = {"actor/kl_loss": step / 100, "actor/entropy": 1 / step}
     if kl_ctrl is not None:
         current_kl = float(args.get("kl", 0.2))
+        if "kl_rise" in args:
+            current_kl = float(args["kl_rise"]) * step * 0.01 / kl_ctrl.value
         data |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": kl_ctrl.value}
         kl_ctrl.update(current_kl=current_kl, n_steps=responses)
     if checkpoints and save_freq > 0 and (step == total or step % save_freq == 0):
@@ -175,6 +187,10 @@ for step in range(global_steps + 1, total + 1):
             json.dump({"global_steps": step}, f)
         with open(tracker, "w") as f:
             f.write(str(step))
+        saved.append(os.path.join(folder, "actor"))
+        keep = args.get("trainer.max_actor_ckpt_to_keep")
+        while keep and len(saved) > int(keep):
+            shutil.rmtree(saved.pop(0))
     log(data, step)
     if int(args.get("crash_after_step", 0)) == step:
         misbehave()

@@ -12,7 +12,14 @@ import pytest
 
 from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
-from klsweep.launchers.resume import resume_overrides, save_freq
+from klsweep.launchers.resume import (
+    REMEDY_CHECKPOINTS_KEPT,
+    checkpointed_step,
+    has_checkpoint,
+    resume_overrides,
+    rewind,
+    save_freq,
+)
 
 from .conftest import HERE
 from .test_process import CRASHES
@@ -130,3 +137,60 @@ def test_a_later_start_of_the_trial_continues_its_curve(verl_standin, tmp_path, 
     assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))][0] == 7  # resumed from global_step_6
     assert [m["actor/reward_kl_penalty_coeff"] for m in later] == pytest.approx(
         [0.1 * 1.02 ** (s - 1) for s in (8, 9, 10)], rel=1e-12)
+
+
+@pytest.mark.slow  # two runs of the stand-in, each starting its own Ray as verl's main_ppo does
+def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_standin, tmp_path):
+    """A KL runaway (the stand-in's KL = 0.5 × step × 0.01 / β) passes 0.3 at step 7, where Tune pauses the trial
+    (the remedy, issue 17); Tune restores it from its step-4 checkpoint with kl_coef = 1.5 × the coefficient logged
+    last: verl resumes from global_step_4 (resume_path, not auto: its tracker names 6), the abandoned run's
+    checkpoint 6 is gone before the restart, Tune is told steps 5-10 again, and the KL stays below 0.3."""
+    from verl.trainer.ppo import core_algos
+
+    runaway = ADAPTIVE | {"trainer.save_freq": 2, "kl_rise": 0.5, **REMEDY_CHECKPOINTS_KEPT}
+    first: list[dict] = []
+
+    def pause_at_7(metrics):
+        first.append(metrics)
+        if metrics["step"] == 7:
+            raise SystemExit  # what tune.report does to a trial Tune pauses
+    with pytest.raises(SystemExit):
+        run_process_trial(runaway, trainer=verl_standin, trial_dir=tmp_path, report=pause_at_7)
+    checkpoints = tmp_path / "checkpoints"
+    assert [m["actor/reward_kl_penalty"] > 0.3 for m in first] == [False] * 6 + [True]
+    assert [has_checkpoint(checkpoints, s) for s in (2, 4, 6)] == [True] * 3  # kept: 3, not verl's 1
+
+    remedied = first[-1]["actor/reward_kl_penalty_coeff"] * 1.5
+    again: list[dict] = []
+    run_process_trial(runaway | {"algorithm.kl_ctrl.kl_coef": remedied}, trainer=verl_standin, trial_dir=tmp_path,
+                      report=again.append, restored_step=4)
+    argv = _argv(attempt_dir(tmp_path, 2))
+    assert "trainer.resume_mode=resume_path" in argv
+    assert f"trainer.resume_from_path='{checkpoints / 'global_step_4'}'" in argv
+    [coef] = [float(a.split("=")[1]) for a in argv if a.startswith("algorithm.kl_ctrl.kl_coef=")]
+    assert coef == pytest.approx(remedied, rel=1e-11)  # the remedy's, not the one logged at step 5
+    assert [m["step"] for m in again] == [5, 6, 7, 8, 9, 10]
+    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))] == [5, 6, 7, 8, 9, 10]
+    # verl's own controller from the remedied coefficient, updated as apply_kl_penalty does (n_steps 10)
+    controller = core_algos.AdaptiveKLController(init_kl_coef=remedied, target_kl=0.1, horizon=100)
+    expected = []
+    for step in range(5, 11):
+        expected.append(controller.value)
+        controller.update(current_kl=0.5 * step * 0.01 / controller.value, n_steps=10)
+    assert [m["actor/reward_kl_penalty_coeff"] for m in again] == pytest.approx(expected, rel=1e-12)
+    assert max(m["actor/reward_kl_penalty"] for m in again) < 0.3
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "10"
+
+
+def test_rewind_removes_the_abandoned_checkpoints_and_refuses_what_is_no_rewind(tmp_path):
+    for step in (2, 4, 6):
+        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (tmp_path / "global_step_1").mkdir()  # a checkpoint verl removed past max_actor_ckpt_to_keep: no actor/
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("6")
+    assert rewind(tmp_path, 6) is None and rewind(tmp_path, 7) is None  # not before verl's latest
+    assert rewind(tmp_path, 5) is None and rewind(tmp_path, 1) is None  # no checkpoint there
+    assert rewind(tmp_path, 4) == {"trainer.resume_mode": "resume_path",
+                                   "trainer.resume_from_path": str(tmp_path / "global_step_4")}
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2",
+                                                                      "global_step_4"]
+    assert checkpointed_step(tmp_path) == 4

@@ -4,18 +4,28 @@ Ray Tune and Optuna; the adaptive KL coefficient carried across the restart."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import optuna
 import pandas as pd
 import pytest
 from verl.trainer.ppo import core_algos
 
+from klsweep.analysis.load import load_history
 from klsweep.cli import main
 from klsweep.errors import SweepFileError
-from klsweep.health import Rule
+from klsweep.health import Rule, load_ruleset
 from klsweep.health.verdict import StopReason
 from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
-from klsweep.orchestrate.remedy import onset_step, prescribe, reapply_after_load
+from klsweep.orchestrate.remedy import (
+    REMEDY_SAVE_FREQ,
+    checkpoint_every,
+    onset_step,
+    prescribe,
+    reapply_after_load,
+    remedies_on,
+    trend_start,
+)
 from klsweep.results import STEP
 from klsweep.spec import load_sweep
 from tests.orchestrate.conftest import VAL, sweep_file
@@ -32,6 +42,30 @@ def test_onset_is_the_first_step_the_conditions_held():
     reason = StopReason("kl_runaway", "diverged", 13, {}, "", "... over steps 4-13 (... for 3 steps after step 10)")
     assert onset_step(_rule(**{"for": 3}), reason) == 11  # held at 11, 12, 13; slope10's window reads from 4
     assert onset_step(_rule(), reason) == 13
+
+
+def test_a_restart_goes_from_before_the_window_the_finding_read():
+    """kl_runaway (conservative preset): KL > 0.25 and slope10 > 0.01 for 3 steps, flagged at 46: held from 44, the
+    slope read steps 35-44 at the onset; a drop over the whole run adds no window."""
+    runaway = next(r for r in load_ruleset("conservative").rules if r.name == "kl_runaway")
+    reason = StopReason("kl_runaway", "diverged", 46)
+    assert (onset_step(runaway, reason), trend_start(runaway, reason)) == (44, 35)
+    hacking = next(r for r in load_ruleset("conservative").rules if r.name == "reward_hacking")
+    assert trend_start(hacking, StopReason("reward_hacking", "diverged", 80)) == 61  # drop_from_max20 of the score
+    plain = _rule()
+    assert trend_start(plain, reason) == onset_step(plain, reason) == 46
+
+
+def test_remedies_switch_off_and_set_a_denser_checkpoint_cadence(tmp_path):
+    on = load_sweep("sweeps/conservative.yaml")
+    off = load_sweep("sweeps/conservative.yaml", ["health={preset: conservative, remedies: false}"])
+    asha = load_sweep("sweeps/conservative.yaml", ["scheduler=asha"])
+    assert (remedies_on(on), remedies_on(off), remedies_on(asha)) == (True, False, False)
+    assert not remedies_on(load_sweep(sweep_file(tmp_path, health="seed")))  # no rule of it has a remedy
+    run = {"trainer.total_training_steps": 80}  # save_freq: a fifth of the run, 16
+    assert [checkpoint_every(s, run) for s in (on, off, asha)] == [REMEDY_SAVE_FREQ, 16, 16]
+    assert checkpoint_every(on, {**run, "trainer.save_freq": 10}) == 10  # the trial's own cadence wins
+    assert checkpoint_every(on, {**run, "trainer.test_freq": 2}) == 2  # already denser
 
 
 def test_the_adaptive_coefficient_is_carried_and_jumps_back_without_it():
@@ -149,7 +183,7 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     remedy = plan(55)
     assert remedy.from_step == 50 and remedy.config[KL_COEF_KEY] == pytest.approx(0.12)  # 0.08 logged × 1.5
     assert [(r["restart"], r["from_step"]) for r in remedy.config[REMEDIES]] == [(1, 40), (2, 50)]
-    assert plan(5) == "no checkpoint before the onset at step 5 (checkpoints every trainer.save_freq steps)"
+    assert plan(5) == "no checkpoint before step 5, where the finding began (checkpoints every trainer.save_freq steps)"
     trial.set_config(remedy.config)
     assert plan(55) == "max_remedies 2 of kl_runaway reached"
     # a restarted trial flagged again at the same step from the same checkpoint is a second restart, not the first
@@ -160,10 +194,14 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     import ray.cloudpickle as cloudpickle
 
     assert cloudpickle.loads(cloudpickle.dumps(scheduler))._trials == {} and scheduler._trials
+    # a verl trial restarts only from a step verl still holds a checkpoint of (global_step_N/actor in its folder)
     verl = RemedyScheduler(load_sweep(sweep_file(tmp_path)).model_copy(update={"trainer": "verl"}))
+    trial.set_config({KL_COEF_KEY: 0.05})
+    trial.storage = SimpleNamespace(trial_fs_path=str(tmp_path / "trial"))  # the trial's folder in the results dir
+    (tmp_path / "trial" / "checkpoints" / "global_step_20" / "actor").mkdir(parents=True)
+    (tmp_path / "trial" / "checkpoints" / "global_step_40").mkdir()  # its actor/ removed past max_actor_ckpt_to_keep
     verl.on_trial_add(None, trial)
-    assert "trainer verl trials checkpoint with verl, not Ray Tune" in verl.plan(trial.trial_id, rule,
-                                                                                  StopReason("r", "d", 9), {})
+    assert verl.plan(trial.trial_id, rule, StopReason("kl_runaway", "diverged", 48), {}).from_step == 20
 
 
 #: β = kl_coef under the fixed controller (logged as actor/reward_kl_penalty_coeff): above 0.01 from step 4 on
@@ -204,14 +242,35 @@ def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_
         [0.5] * 4 + [pytest.approx(0.05)]
 
     assert bare.state == optuna.trial.TrialState.PRUNED and "remedies" not in bare.user_attrs
-    assert "(not remedied: no checkpoint before the onset at step 4" in bare.user_attrs["stop_reason"]
-    trials = pd.read_csv(out / "trials.csv")
+    assert "(not remedied: no checkpoint before step 4, where the finding began" in bare.user_attrs["stop_reason"]
+    trials = pd.read_csv(out / "trials.csv").set_index("number")
     assert sorted(trials["steps"]) == [4, 4, 6] and VAL in " ".join(trials.columns)
+    # trials.csv: the proposed params, the schedule beside them, the values of the final (remedied) run
+    row = trials.loc[rescued.number]
+    assert row[f"config/{KL_COEF_KEY}"] == 0.05 and json.loads(row["remedies"]) == [record]
+    assert pd.isna(trials.loc[bare.number, "remedies"])
+    # result.json and the history hold each step once: the flagged step 4 is superseded by the restarted run's
+    results = _result_json(out, rescued.user_attrs["ray_trial_id"])
+    assert [r["step"] for r in results] == [1, 2, 3, 4, 5, 6]
+    assert row["value/" + VAL] == rescued.values[0] == row["last/" + VAL] == results[-1][VAL]
+    assert [r[KL_COEFF_METRIC] for r in results] == [0.05] * 3 + [pytest.approx(0.005)] * 3
+    history = load_history(out)
+    beta = history[(history["trial_id"] == rescued.user_attrs["ray_trial_id"]) & (history["metric"] == KL_COEFF_METRIC)]
+    assert list(beta["step"]) == [1, 2, 3, 4, 5, 6]
+    assert list(beta["value"]) == pytest.approx([0.05] * 3 + [0.005] * 3)
+    capped_results = _result_json(out, capped.user_attrs["ray_trial_id"])
+    assert [(r["step"], r[KL_COEFF_METRIC]) for r in capped_results] == \
+        [(1, 0.5), (2, 0.5), (3, 0.5), (4, pytest.approx(0.05))]
+
+
+def _result_json(out, trial_id: str) -> list[dict]:
+    [path] = (out / "tune").glob(f"*{trial_id}*/result.json")
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _results(out, trial_id: str) -> list[dict]:
-    """The trial's reports from Tune's progress.csv (Ray 2.60's JsonLoggerCallback copies result.json onto itself
-    when a trial restarts from a checkpoint on local storage, ``_restore_from_remote``, which empties it)."""
+    """Every report of the trial, superseded ones too, from Tune's progress.csv (result.json keeps only the run a
+    restart continued, :class:`klsweep.orchestrate.remedy.ResultsFromCheckpoint`)."""
     [progress] = (out / "tune").glob(f"*{trial_id}*/progress.csv")
     return pd.read_csv(progress).to_dict("records")
 

@@ -9,7 +9,9 @@ Columns of :func:`load` (the same as ``trials.csv``):
 - ``number`` (Optuna trial number), ``trial_id`` (Ray Tune trial id), ``state`` (COMPLETE, PRUNED, FAIL, RUNNING),
   ``health`` (healthy | warned | stopped), ``stop_reason``, ``steps`` (training steps run), ``wall_s`` (seconds),
   ``gpu_s`` (GPU-seconds reserved: ``wall_s`` × the sweep's ``budget.resources.gpu``);
-- ``config/<verl key>``: every verl override of the trial (e.g. ``config/algorithm.kl_ctrl.kl_coef``);
+- ``config/<verl key>``: every verl override of the trial as proposed (e.g. ``config/algorithm.kl_ctrl.kl_coef``);
+- ``remedies``: a remedied trial's schedule (issue 17), JSON: ``[{"restart", "step", "rule", "from_step", "key",
+  "old", "new"}, ...]``, oldest first; its other columns are those of its last run (empty when not remedied);
 - ``value/<metric>``: the value told to Optuna for each objective (the last reported value; empty when PRUNED/FAIL);
 - ``last/<metric>`` and ``best/<metric>``: the **last** reported value and the best value over the run (by the
   objective's direction) for each objective. Stock Ray dataframes give the best-ever row; the names here say which;
@@ -37,6 +39,7 @@ from klsweep.results import (
     ATTR_CONFIRM_OF,
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
+    ATTR_REMEDIES,
     ATTR_STEPS,
     ATTR_STOP_REASON,
     ATTR_VERL_OVERRIDES,
@@ -170,7 +173,8 @@ def load(path: str | Path) -> pd.DataFrame:
         history = histories.get(trial_id)
         if history:
             row.update(_summarise(history, objectives))
-        for column, attr in (("health", ATTR_HEALTH), ("stop_reason", ATTR_STOP_REASON), ("steps", ATTR_STEPS)):
+        for column, attr in (("health", ATTR_HEALTH), ("stop_reason", ATTR_STOP_REASON), ("steps", ATTR_STEPS),
+                             ("remedies", ATTR_REMEDIES)):
             if attrs.get(attr) is not None:
                 row[column] = attrs[attr]
         if attrs.get(ATTR_CONFIRM_OF) is not None:
@@ -202,6 +206,8 @@ def overrides_of(row: Mapping[str, Any]) -> dict[str, Any]:
 def load_history(path: str | Path) -> pd.DataFrame:
     """Every reported step of every trial in long format: columns ``trial_id``, ``step``, ``metric``, ``value``.
 
+    ``step`` is the training step (``step``, else Tune's ``training_iteration``).
+
     Only numeric metrics are kept (strings such as ``stop_reason`` are in :func:`load`).
 
     Raises:
@@ -214,7 +220,7 @@ def load_history(path: str | Path) -> pd.DataFrame:
             "iterations_since_restore", "pid", "done", TOTAL_STEPS}
     for trial_id, rows in _tune_trials(path):
         for row in rows:
-            step = row.get("training_iteration")
+            step = row.get(STEP, row.get("training_iteration"))
             for key, value in row.items():
                 if key in skip or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue

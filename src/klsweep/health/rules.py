@@ -310,6 +310,7 @@ class HealthConfig(BaseModel):
           preset: conservative                # base rules (default: default; 'none' for only yours)
           rules: [...]                        # added; a rule with a preset rule's name replaces it
           builtin: {no_signal_for: 5}         # overrides of the built-in checks' settings
+          remedies: false                     # rules with a remedy stop instead of restarting (kill-only)
     """
 
     model_config = _MODEL
@@ -317,6 +318,7 @@ class HealthConfig(BaseModel):
     preset: str = Field("default", description=f"base preset: one of {', '.join(PRESETS)}, or none")
     rules: tuple[Rule, ...] = Field((), description="rules added to the preset (same name: replaces it)")
     builtin: dict[str, Any] = Field(default_factory=dict, description="overrides of BuiltinConfig fields")
+    remedies: bool = Field(True, description="false: rules with a remedy stop their trial (kill-only), issue 17")
 
     @model_validator(mode="before")
     @classmethod

@@ -95,3 +95,49 @@ def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str,
     if not coefficients:
         return {}
     return {KL_COEF_KEY: float(coefficients[max(coefficients)])}
+
+
+#: How many verl checkpoints a trial keeps when its sweep remedies (issue 17): a remedy restarts from the last one
+#: before the finding began (up to a rule's longest window before it), which the default of 1 would have deleted
+#: once the next one was saved. Three span two of klsweep's cadences (a fifth of the run each) before the latest.
+REMEDY_CHECKPOINTS_KEPT = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_to_keep": 3}
+
+
+def has_checkpoint(checkpoint_dir: Path, step: int) -> bool:
+    """Whether verl still holds its checkpoint of ``step`` in ``checkpoint_dir``: ``global_step_<step>/actor/`` (verl
+    removes that folder of a checkpoint past ``trainer.max_actor_ckpt_to_keep`` and leaves the rest,
+    ``BaseCheckpointManager.remove_previous_save_local_path`` in verl/utils/checkpoint/checkpoint_manager.py)."""
+    return (Path(checkpoint_dir) / f"global_step_{step}" / "actor").is_dir()
+
+
+def rewind(checkpoint_dir: Path, step: int) -> dict[str, Any] | None:
+    """Make verl's checkpoint at ``step`` the one a trial continues from, when Tune restores the trial from an earlier
+    step than verl's tracker names (a remedy restarting it before the finding, :mod:`klsweep.orchestrate.remedy`).
+
+    The checkpoints after ``step`` belong to the run the restart abandons: they are removed and the tracker is set back
+    to ``step``, so that a later retry of the restarted run (``resume_mode=auto``) never resumes from them.
+
+    Args:
+        checkpoint_dir: the trial's ``trainer.default_local_dir``.
+        step: the step Tune restores the trial from (its checkpoint's ``step``).
+
+    Returns:
+        ``{"trainer.resume_mode": "resume_path", "trainer.resume_from_path": ".../global_step_<step>"}`` (verl's
+        ``_load_checkpoint`` loads exactly that folder), or None when this is no rewind: ``step`` is not before the
+        tracker's step, or verl kept no checkpoint at ``step`` (:func:`has_checkpoint`; a sweep driver killed before
+        it registered the trial's last steps: verl's own latest checkpoint is then the right one).
+    """
+    import shutil
+
+    checkpoint_dir = Path(checkpoint_dir)
+    folder = checkpoint_dir / f"global_step_{step}"
+    if step >= checkpointed_step(checkpoint_dir) or not has_checkpoint(checkpoint_dir, step):
+        return None
+    for later in checkpoint_dir.glob("global_step_*"):
+        suffix = later.name[len("global_step_"):]
+        if suffix.isdigit() and int(suffix) > step:
+            shutil.rmtree(later)
+    tmp = checkpoint_dir / (TRACKER + ".tmp")
+    tmp.write_text(str(step))
+    tmp.replace(checkpoint_dir / TRACKER)
+    return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": str(folder)}

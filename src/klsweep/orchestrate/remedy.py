@@ -6,7 +6,9 @@ continues a trial from a checkpoint with a new config: the scheduler pauses the 
 (``pause_trial(trial, should_checkpoint=False)`` stops its actor), gives it the new config (``Trial.set_config``) and
 makes the chosen checkpoint the one it restores from (its checkpoint manager's ``_latest_checkpoint_result``, as PBT
 does), then runs it again before any new trial (:meth:`RemedyScheduler.choose_trial_to_run`). The trainable restores
-that checkpoint (:func:`klsweep.orchestrate.trainable.run_trial`) and trains on to the budget.
+that checkpoint (:func:`klsweep.orchestrate.trainable.run_trial`) and trains on to the budget; a verl trial's process
+restarts ``verl.trainer.main_ppo`` from verl's own checkpoint of that step (``trainer.resume_mode=resume_path``,
+:func:`klsweep.launchers.resume.rewind`) with the new overrides.
 
 Who decides: the health stopper (:class:`klsweep.health.HealthStopper`) sees the stop first (Tune asks the stopper
 before the scheduler, ``TuneController._process_trial_result``) and asks :meth:`RemedyScheduler.plan`; a trial whose
@@ -26,23 +28,57 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ray.tune.experiment import Trial
+from ray.tune.logger import JsonLoggerCallback
+from ray.tune.result import EXPR_RESULT_FILE
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from klsweep.health.rules import Rule, parse_operation
 from klsweep.health.verdict import StopReason
 from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
-from klsweep.results import STEP
+from klsweep.results import ATTR_REMEDIES, STEP
 
 #: The trial config key (and Optuna user attribute) holding a trial's remedies so far, oldest first; the trainable
 #: drops it before building the trial's verl overrides.
-REMEDIES = "remedies"
+REMEDIES = ATTR_REMEDIES
 #: The actor's learning rate (a remedy may lower it).
 ACTOR_LR_KEY = "actor_rollout_ref.actor.optim.lr"
+#: Steps between an in-process trial's checkpoints when its sweep remedies and the trial sets no
+#: ``trainer.save_freq``: a restart goes from the last checkpoint before the finding began (:func:`trend_start`), and
+#: at the verl-style cadence of a fifth of the run (16 of 80 steps) that was up to 15 steps earlier still (a
+#: kl_runaway at step 43 began at 32: restart from 16; a reward_hacking at 80 began at 61: restart from 48). An
+#: embedded checkpoint takes ~0.02 s and 2.5 MB against ~0.13 s a step (2 shared cores): 4 costs ~4 % of the
+#: run's time and ~50 MB of disk per 80-step trial (Ray keeps every checkpoint of a trial).
+REMEDY_SAVE_FREQ = 4
+
+
+def remedies_on(sweep) -> bool:
+    """Whether ``sweep``'s health rules restart trials instead of stopping them: a rule of its rule set has a
+    ``remedy``, the scheduler is ``none`` (ASHA stops instead) and the sweep file does not say
+    ``health: {remedies: false}`` (kill-only)."""
+    from klsweep.health import load_ruleset
+
+    if not sweep.health.remedies or sweep.scheduler.type != "none":
+        return False
+    return any(rule.remedy for rule in load_ruleset(sweep.health).rules)
+
+
+def checkpoint_every(sweep, overrides: Mapping[str, Any]) -> int:
+    """Steps between an in-process trial's checkpoints: the trial's ``trainer.save_freq`` when it sets one, else
+    :data:`REMEDY_SAVE_FREQ` when the sweep remedies (:func:`remedies_on`) and that is denser than
+    :func:`klsweep.launchers.resume.save_freq` (a fifth of the run, or the validation cadence), else that."""
+    from klsweep.launchers.resume import SAVE_FREQ_KEY, save_freq
+
+    every = save_freq(overrides)
+    if SAVE_FREQ_KEY in overrides or not remedies_on(sweep):
+        return every
+    return REMEDY_SAVE_FREQ if every <= 0 else min(every, REMEDY_SAVE_FREQ)
 
 
 @dataclass(frozen=True)
@@ -74,6 +110,18 @@ def onset_step(rule: Rule, reason: StopReason) -> int:
     the warm-up), so a checkpoint at an earlier step was taken while the rule saw the trial healthy. (A window
     statistic may read further back: ``slope10`` at step 13 reads steps 4-13; those steps are not the onset.)"""
     return reason.step - rule.for_ + 1
+
+
+def trend_start(rule: Rule, reason: StopReason) -> int:
+    """The first step of the evidence ``rule`` fired on: :func:`onset_step` less the longest window its conditions
+    read, + 1 (``slope10`` held from step 44: the rise it measures began by step 35). A restart goes from the last
+    checkpoint before this step, not before the onset: restarted from the step before the onset, the prescription
+    met a KL already rising at its steepest: on sweeps/conservative.yaml (``kl_coef *1.5``, at most 2, checkpoints
+    every 4 steps) 6 of 7 flagged trials were flagged again and stopped; restarted from before the window, 5 of 7
+    ended healthy (BENCHMARKS.md, remedies). A
+    ``drop_from_max`` over the whole run has no window: it adds nothing."""
+    windows = [w for c in rule.conditions if isinstance(w := getattr(c, "window", None), int)]
+    return onset_step(rule, reason) - max(windows, default=1) + 1
 
 
 def apply_operation(operation: str, value: float, key: str) -> float:
@@ -163,25 +211,26 @@ class RemedyScheduler(FIFOScheduler):
     def plan(self, trial_id: str, rule: Rule, reason: StopReason, result: Mapping[str, Any]) -> Remedy | str:
         """A restart of ``trial_id`` for ``rule``'s finding ``reason``, or why there is none (a sentence).
 
-        The checkpoint is the trial's last one at a step before :func:`onset_step` (among those of the current run
+        The checkpoint is the trial's last one at a step before :func:`trend_start` (among those of the current run
         of the trial: a checkpoint of a run abandoned by an earlier remedy is never used).
         """
         from klsweep.space import trial_overrides
-        from klsweep.trainers import trainer_kind
+        from klsweep.trainers import runs_verl, trainer_kind
 
-        if trainer_kind(self._sweep.trainer).in_process is None:
-            return (f"trainer {self._sweep.trainer} trials checkpoint with verl, not Ray Tune, and are not restarted "
-                    "by a remedy yet")
+        kind = trainer_kind(self._sweep.trainer)
+        if kind.in_process is None and not runs_verl(self._sweep.trainer):
+            return f"trainer {self._sweep.trainer} trials keep no checkpoint a remedy can restart from"
         trial = self._trials.get(trial_id)
         if trial is None:
             return "the trial is not known to the sweep's scheduler"
         done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
         if len(_restarts(done)) >= rule.max_remedies:
             return f"max_remedies {rule.max_remedies} of {rule.name} reached"
-        onset = onset_step(rule, reason)
-        checkpoint = self._checkpoint_before(trial, onset)
+        start = trend_start(rule, reason)
+        checkpoint = self._checkpoint_before(trial, start)
         if checkpoint is None:
-            return f"no checkpoint before the onset at step {onset} (checkpoints every trainer.save_freq steps)"
+            return (f"no checkpoint before step {start}, where the finding began (checkpoints every "
+                    "trainer.save_freq steps)")
         config = {k: v for k, v in trial.config.items() if k != REMEDIES}
         overrides = trial_overrides(self._sweep, config)
         changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
@@ -204,12 +253,23 @@ class RemedyScheduler(FIFOScheduler):
     def _checkpoint_before(self, trial: Trial, onset: int):
         """The trial's last checkpoint before step ``onset`` on its current line: each checkpoint's metrics carry
         the config it was trained with (Ray's ``Trainable.get_auto_filled_metrics``), so a checkpoint of a run that
-        a later remedy abandoned (restarted from an earlier step) is told apart, after a ``sweep resume`` too."""
+        a later remedy abandoned (restarted from an earlier step) is told apart, after a ``sweep resume`` too. A verl
+        trial reports a Tune checkpoint of its step at every step (``step.json``): only those of a step verl still
+        holds a checkpoint of in the trial's ``checkpoints/`` (:func:`klsweep.launchers.resume.has_checkpoint`)
+        count, and the restart resumes verl from there (:func:`klsweep.launchers.resume.rewind`)."""
+        from klsweep.launchers.resume import has_checkpoint
+        from klsweep.trainers import trainer_kind
+
+        manager = trial.run_metadata.checkpoint_manager
+        in_process = trainer_kind(self._sweep.trainer).in_process is not None
+        if manager is None or not in_process and trial.storage is None:
+            return None
+        verl = None if in_process or trial.storage is None else Path(trial.storage.trial_fs_path, "checkpoints")
         restarts = _restarts(trial.config.get(REMEDIES, ()))
         usable = []
-        for result in trial.run_metadata.checkpoint_manager.best_checkpoint_results:
+        for result in manager.best_checkpoint_results:
             step = result.metrics.get(STEP)
-            if not isinstance(step, int) or step >= onset:
+            if not isinstance(step, int) or step >= onset or verl is not None and not has_checkpoint(verl, step):
                 continue
             config = result.metrics.get("config") or {}
             done = len(_restarts(config.get(REMEDIES, ())))
@@ -225,7 +285,9 @@ class RemedyScheduler(FIFOScheduler):
         tune_controller.pause_trial(trial, should_checkpoint=False)
         trial.set_config(remedy.config)
         # the checkpoint the trial restores from, set as PopulationBasedTraining._exploit sets it (Ray 2.60)
-        trial.run_metadata.checkpoint_manager._latest_checkpoint_result = remedy.checkpoint
+        manager = trial.run_metadata.checkpoint_manager
+        assert manager is not None  # plan() found the checkpoint there
+        manager._latest_checkpoint_result = remedy.checkpoint
         if self._search is not None and trial.trial_id in self._search._ot_trials:
             self._search._ot_trials[trial.trial_id].set_user_attr(REMEDIES, json.dumps(remedy.config[REMEDIES]))
         return TrialScheduler.NOOP
@@ -274,3 +336,56 @@ def reapply_after_load(trainer, overrides: Mapping[str, Any], remedies: list[dic
     if ACTOR_LR_KEY in keys and optimizer is not None:
         for group in optimizer.param_groups:
             group["lr"] = float(overrides[ACTOR_LR_KEY])
+
+
+class ResultsFromCheckpoint(JsonLoggerCallback):
+    """Ray Tune's ``result.json`` logger, with a restarted trial's file holding each step once: the steps up to the
+    checkpoint it restarts from, then the new run's.
+
+    Ray's own (``JsonLoggerCallback.log_trial_start``, ray/tune/logger/json.py, Ray 2.60) copies the file from the
+    trial's storage over the driver's staging copy when the trial restarts from a checkpoint, though the storage's
+    copy is only synced from the staging one now and then: a trial remedied at step 4 kept steps 4-6 of 6. And a
+    restart would keep the steps the restarted run supersedes. Here the staging copy is kept when it has lines (the
+    same driver wrote it: it is the latest; a resumed sweep's new driver has none and copies), and the rows after the
+    checkpoint's step are dropped where the restarted run reports those steps again: an in-process trial always does
+    (it continues from the checkpoint), a process trial (verl) when a remedy rewound it
+    (:func:`klsweep.launchers.resume.rewind`; otherwise it reports only the steps after those its earlier attempts
+    logged). Passed in the run config's callbacks, it replaces Ray's default JSON logger
+    (``ray/tune/utils/callback.py``).
+
+    Args:
+        in_process: the sweep's trainer runs in the Tune worker (:attr:`klsweep.trainers.TrainerKind.in_process`).
+    """
+
+    def __init__(self, in_process: bool = True):
+        super().__init__()
+        self._in_process = in_process
+
+    def _restore_from_remote(self, file_name: str, trial: Trial) -> None:
+        if trial.local_path is None or trial.storage is None:
+            return super()._restore_from_remote(file_name, trial)
+        local = Path(trial.local_path, file_name)
+        if not (local.is_file() and local.stat().st_size):  # a new driver (sweep resume): the storage's copy
+            super()._restore_from_remote(file_name, trial)
+        checkpoint = trial.latest_checkpoint_result
+        if file_name != EXPR_RESULT_FILE or not local.is_file() or checkpoint is None:
+            return
+        last = checkpoint.metrics.get(STEP, 0)
+        restarts = _restarts(trial.config.get(REMEDIES, ()))
+        if not (self._in_process or restarts and restarts[-1] == last):
+            return
+        kept = [line for line in local.read_text().splitlines() if _step_of(line, last + 1) <= last]
+        tmp = local.with_name(local.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, local)
+
+
+def _step_of(line: str, default: int) -> int:
+    """The training step of one ``result.json`` line (``step``, else ``training_iteration``); ``default`` for a line
+    that is not a JSON object with one (the half-written last line of a killed driver)."""
+    try:
+        row = json.loads(line)
+        step = row.get(STEP, row.get("training_iteration"))
+    except (json.JSONDecodeError, AttributeError):
+        return default
+    return step if isinstance(step, int) else default

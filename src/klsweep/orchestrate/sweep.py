@@ -291,12 +291,14 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         )
     search = _searcher(sweep, record, out_dir, seed_trials=seed_trials, confirm=confirm)
     ruleset = load_ruleset(sweep.health)
-    if scheduler is None and any(rule.remedy for rule in ruleset.rules):
+    from klsweep.orchestrate.remedy import ResultsFromCheckpoint, remedies_on
+
+    if remedies_on(sweep):
         from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
 
         scheduler = remedies = RemedyScheduler(sweep, search)  # restarts remedied trials (issue 17)
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
-    else:  # under ASHA a rule with a remedy stops as any other
+    else:  # under ASHA, or with health: {remedies: false}, a rule with a remedy stops as any other
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(trial_overrides, sweep))
     # issue 16: then stop trials their peers beat by more than the noise (not a confirmation run: it runs to the end)
     if sweep.stopping.objective is not None and confirm is None:
@@ -310,6 +312,8 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet,
                       params=[*parameters(sweep), *([SEED_KEY] if confirm is not None else [])]),  # a re-run's seed
         TrialsCsv(),
+        # result.json without the steps a restart from a checkpoint superseded
+        ResultsFromCheckpoint(in_process=_reuse_actors(sweep.trainer)),  # the in-process trainers
     ]
     if sweep.wandb.mode != "disabled":
         from klsweep.orchestrate.wandb_logging import wandb_callback

@@ -4,8 +4,9 @@ Tune calls :func:`run_trial` with the params Optuna suggested; the sweep turns t
 override dict, the trainer runs, and every training step goes to ``tune.report`` with verl's metric names, where the
 health stopper (on the driver) and the searcher see it. An in-process trial saves a checkpoint every
 ``trainer.save_freq`` steps, verl's cadence key, defaulting as for a verl trial
-(:func:`klsweep.launchers.resume.save_freq`: the validation cadence ``trainer.test_freq``, else a fifth of the run),
-so a resumed sweep continues an interrupted trial from there instead of from step 0, validation or not.
+(:func:`klsweep.launchers.resume.save_freq`: the validation cadence ``trainer.test_freq``, else a fifth of the run)
+or denser when the sweep remedies (:func:`klsweep.orchestrate.remedy.checkpoint_every`), so a resumed sweep
+continues an interrupted trial from there instead of from step 0, validation or not.
 
 A process trainer's trial (``trainer: verl``) is one supervised process tree
 (:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``; when Tune stops such a
@@ -30,8 +31,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     """
     from ray import tune
 
-    from klsweep.launchers.resume import save_freq
-    from klsweep.orchestrate.remedy import reapply_after_load, split_config
+    from klsweep.orchestrate.remedy import checkpoint_every, reapply_after_load, split_config
     from klsweep.space import trial_overrides
     from klsweep.trainers import trainer_kind
 
@@ -40,8 +40,13 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     kind = trainer_kind(sweep.trainer)
     if kind.in_process is None:
         from klsweep.launchers.process import run_process_trial
+        from klsweep.launchers.resume import REMEDY_CHECKPOINTS_KEPT
+        from klsweep.orchestrate.remedy import remedies_on
 
-        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s)
+        if remedies_on(sweep):  # the checkpoint before a finding must still be there (the trial's own value wins)
+            overrides = REMEDY_CHECKPOINTS_KEPT | overrides
+        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s,
+                          restored_step=_restored_step())
         return
 
     trainer = kind.in_process(sweep, overrides)
@@ -50,7 +55,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
         with checkpoint.as_directory() as folder:
             trainer.load(folder)
         reapply_after_load(trainer, overrides, remedies)
-    every = save_freq(overrides)
+    every = checkpoint_every(sweep, overrides)
     while trainer.global_step < trainer.total_steps:
         metrics: dict[str, Any] = dict(trainer.train_step())
         step = trainer.global_step
@@ -62,6 +67,21 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
         else:
             tune.report(metrics)
+
+
+def _restored_step() -> int | None:
+    """The step of the Tune checkpoint a process trial is restored from (``step.json``, written with every report by
+    :func:`klsweep.launchers.process._report_with_step_checkpoint`), or None on a fresh start."""
+    import json
+    from pathlib import Path
+
+    from ray import tune
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return int(json.loads(Path(folder, "step.json").read_text())["step"])
 
 
 class EndsWithItsProcess:
