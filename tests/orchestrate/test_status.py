@@ -130,8 +130,10 @@ def test_status_forecast_scores_d0_with_the_reference_policy_as_the_report_does(
                          objectives=[{"metric": VAL_METRIC, "mode": "max"}])
     [reference] = reference_scores("embedded", [VAL_METRIC], load(run_dir)).values()
     assert 0.3 < reference < 1.0  # the warmed-up policy's accuracy, far from the trials' first score 0.2
-    scores = [0.2 + d * (1 - 0.5 * math.log(d)) for d in map(math.sqrt, kls)]
-    best = fit_frontier(kls, scores, reference, n_boot=10).best
+    # the fit takes every step of each trial's path: its KL grows linearly from 0 to its final value over 5 steps
+    path = [kl * s / 4 for kl in kls for s in range(5)]
+    scores = [0.2 + (d * (1 - 0.5 * math.log(d)) if d else 0.0) for d in map(math.sqrt, path)]
+    best = fit_frontier(path, scores, reference, trials=[kl for kl in kls for _ in range(5)], n_boot=10).best
     assert main(["status", str(run_dir)]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("KL frontier")]
     assert line.startswith(f"KL frontier (Gao {'RL' if best.form == 'rl' else 'best-of-n'} form, 5 trials): "

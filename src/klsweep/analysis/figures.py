@@ -182,7 +182,8 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
     """What the KL frontier figure shows, from :func:`klsweep.analysis.frontier.sweep_frontier`.
 
     Feasible trials are the fitted points; stopped (infeasible) ones are drawn apart, hover naming their reason, and
-    never fitted. Both Gao forms are drawn on ``points`` KL values from 0 to the axis end (1.3 × the largest KL
+    never fitted (the fit is on the paths, :attr:`~klsweep.analysis.frontier.SweepFrontier.paths`; the notes say how
+    many steps). Both Gao forms are drawn on ``points`` KL values from 0 to the axis end (1.3 × the largest KL
     drawn, or 1.1 × KL* when the peak lies a little beyond, up to 3 × the largest KL), with the reference score at
     ``d = 0``, KL* with its interval as a band and the peak. The x axis is per-sequence KL: verl logs KL per token
     and klsweep multiplies it by the trial's mean response length (``response_length/mean``).
@@ -194,6 +195,13 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
     if result.reference_source:
         notes.append(f"score at d = 0: {result.reference_source}")
     notes.append(result.summary())
+    if result.frontier is not None:
+        running = f", {result.running} of them running" if result.running else ""
+        notes.append(f"fitted on {result.frontier.n_points} validation steps of {result.frontier.n} trials{running} "
+                     "(each trial's path; the points drawn are the finished trials' last steps)")
+    if result.negative:
+        notes.append(f"{result.negative} validation steps with a KL below 0 (a per-token k1 estimate's noise) left "
+                     "out of the fit")
     kls = [*(fitted["kl_seq"] if len(fitted) else []), *(stopped["kl_seq"] if len(stopped) else [])]
     if not kls:
         return FrontierData(title, x_label, "", None, None, [], None, None, None, [], notes, 1.0,
@@ -215,7 +223,8 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
 
         grid = np.linspace(0.0, x_max, points)
         for fit in sorted(f.fits.values(), key=lambda fit: fit is not f.best):
-            name = f"{FORM_NAMES[fit.form]}{' (best)' if fit is f.best else ''}, leave-one-out RMSE {fit.loo_rmse:.3g}"
+            name = (f"{FORM_NAMES[fit.form]}{' (best)' if fit is f.best else ''}, leave-one-trial-out RMSE "
+                    f"{fit.loo_rmse:.3g}")
             curves.append((name, grid.tolist(), f.score(np.sqrt(grid), fit.form).tolist(), fit is not f.best))
         low, high = f.best.intervals["kl_star"]
         if np.isfinite(f.best.kl_star):

@@ -7,11 +7,25 @@ gained over the initial policy as a function of ``d = sqrt(KL(pi || pi_init))``,
 * best-of-n: ``R(d) = d (alpha - beta d)``,     peak at ``d* = alpha / (2 beta)``,      ``R(d*) = alpha^2 / (4 beta)``
 
 Both are linear in ``(alpha, beta)`` and pass through ``R(0) = 0``, so each is an ordinary least-squares fit without
-intercept of the gain ``score - reference`` on the features ``(d, -d log d)`` or ``(d, -d**2)``. The better form is
-the one with the lower leave-one-out error; intervals are percentile bootstrap intervals over trials.
+intercept of the gain ``score - reference`` on the features ``(d, -d log d)`` or ``(d, -d**2)``.
+
+As in the paper, whose RL curves are a run's checkpoints along training, the points are every validation step of
+each trial (its path from the reference policy outwards, :func:`frontier_paths`), not one end point per trial: a
+trial that over-optimises crosses the peak on its way and shows where the gain turns, so a few trials pin the shape
+(on the tabular benchmark, 4 finished trials forecast the 12-trial KL* within ±25 % in 0.9 of sweeps, 0.02-0.2 from
+end points; ``benchmarks/frontier_forecast.py``). A trial's points are correlated (one seed, one config), so the
+trial is the unit of resampling and of held-out error:
+
+* the form used is the RL form (Gao et al. derive it for RL, and every klsweep trial trains by RL); the best-of-n
+  form is fitted beside it with its leave-one-trial-out error. Choosing the form by that error flips between the two
+  from one few-trial draw to the next (``form=None`` does so);
+* intervals are expanded percentile intervals of a bootstrap over trials (Hesterberg 2015, "What teachers should
+  know about the bootstrap", The American Statistician 69(4), section 4.3): the percentiles are taken at
+  ``Phi(sqrt(n / (n - 1)) t_{n-1}(q))`` instead of ``q``, so that at ``n`` trials they are as wide as a Student-t
+  interval where a plain percentile interval under-covers (by ~10 points at 6 trials).
 
 Units: verl logs KL as a per-token mean (``actor/kl_loss`` under ``token-mean``, ``actor/reward_kl_penalty``); the
-paper's KL is per sequence. :func:`frontier_points` converts with each trial's mean response length
+paper's KL is per sequence. :func:`frontier_paths` converts with the mean response length at the same step
 (``response_length/mean``): ``KL_seq = KL_token * response_length``. It refuses trials whose KL is on another scale
 (estimator, aggregation or mechanism, :func:`klsweep.analysis.pareto.kl_scale`), as the Pareto front does.
 """
@@ -25,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from klsweep.analysis.pareto import kl_scale
 from klsweep.errors import ResultsError
@@ -34,8 +49,9 @@ Form = Literal["rl", "bon"]
 FORMS: tuple[Form, ...] = ("rl", "bon")
 #: verl's mean response length per training step (tokens), ``compute_data_metrics`` in verl/trainer/ppo/metric_utils.py.
 RESPONSE_LENGTH = "response_length/mean"
-#: Fewer trials than this leave the two-parameter fit and its leave-one-out error meaningless.
+#: Fewer trials than this leave the two-parameter fit and its leave-one-trial-out error meaningless.
 MIN_POINTS = 4
+_KEYS = ("alpha", "beta", "d_star", "kl_star", "peak_score")
 
 
 def gao_gain(form: Form, d: np.ndarray | float, alpha: float, beta: float) -> np.ndarray:
@@ -91,13 +107,20 @@ def peak(form: Form, alpha: float, beta: float) -> tuple[float, float]:
     return alpha / (2 * beta), alpha * alpha / (4 * beta)
 
 
-def loo_rmse(form: Form, d: np.ndarray, gain: np.ndarray) -> float:
-    """Leave-one-out root-mean-square error of the form's predictions (held-out error used to pick the form)."""
+def loo_rmse(form: Form, d: np.ndarray, gain: np.ndarray, groups: np.ndarray | None = None) -> float:
+    """Leave-one-trial-out root-mean-square error of the form's predictions (the held-out error of the forms).
+
+    Args:
+        d, gain: ``(n,)`` points.
+        groups: ``(n,)`` the trial of each point: a trial's points are left out together (its steps share a seed
+            and a config); ``None``: each point is its own trial.
+    """
+    groups = np.arange(len(d)) if groups is None else np.asarray(groups)
     errors = []
-    for i in range(len(d)):
-        keep = np.arange(len(d)) != i
-        alpha, beta = fit_form(form, d[keep], gain[keep])
-        errors.append(float(gao_gain(form, d[i], alpha, beta)) - gain[i])
+    for g in np.unique(groups):
+        out = groups == g
+        alpha, beta = fit_form(form, d[~out], gain[~out])
+        errors.extend(gao_gain(form, d[out], alpha, beta) - gain[out])
     return float(np.sqrt(np.mean(np.square(errors))))
 
 
@@ -108,7 +131,7 @@ class FormFit:
     Attributes:
         form: ``"rl"`` or ``"bon"``.
         alpha, beta: the fitted coefficients (score units per sqrt-nat).
-        loo_rmse: leave-one-out RMSE of the gain, score units.
+        loo_rmse: leave-one-trial-out RMSE of the gain, score units.
         d_star: ``sqrt(KL*)`` where the gain peaks (``inf``: no peak, the gain still rises).
         kl_star: ``d_star ** 2``, per-sequence KL in nats.
         peak_score: the reference score plus the gain at the peak.
@@ -127,13 +150,14 @@ class FormFit:
 
 @dataclass(frozen=True)
 class Frontier:
-    """Both forms fitted to ``n`` trials, the better one first in :attr:`best`.
+    """Both forms fitted to the points of ``n`` trials, the one used for KL* in :attr:`best`.
 
     Attributes:
         reference: the reference policy's score (``d = 0``).
         fits: ``{form: FormFit}``.
-        best: the form with the lower leave-one-out error.
-        n: trials fitted; ``d_max``: the largest ``d`` among them (a peak beyond it is an extrapolation).
+        best: the form KL* and the peak are read from (:func:`fit_frontier`'s ``form``).
+        n: trials fitted; ``n_points``: their points (validation steps); ``d_max``: the largest ``d`` among them (a
+            peak beyond it is an extrapolation).
         level: the intervals' coverage (e.g. 0.8).
     """
 
@@ -143,6 +167,7 @@ class Frontier:
     n: int
     d_max: float
     level: float
+    n_points: int = 0
 
     def score(self, d: np.ndarray | float, form: Form | None = None) -> np.ndarray:
         """Predicted score (reference + gain) at ``d``, by ``form`` (default: the best)."""
@@ -163,58 +188,88 @@ class Frontier:
         return (high - low) / abs(estimate)
 
 
+def expanded_tails(level: float, n: int) -> tuple[float, float]:
+    """Percentiles (0-100) of Hesterberg's (2015) expanded percentile interval at ``level`` from ``n`` resampled
+    units: ``Phi(-+ sqrt(n / (n - 1)) t_{n-1}((1 + level) / 2))``; they tend to ``(1 -+ level) / 2`` as ``n`` grows.
+
+    Raises:
+        ValueError: ``n < 2`` or ``level`` outside ``(0, 1)``.
+    """
+    if n < 2 or not 0 < level < 1:
+        raise ValueError(f"expanded_tails needs n >= 2 and 0 < level < 1, got n={n}, level={level}")
+    z = math.sqrt(n / (n - 1)) * float(stats.t.ppf((1 + level) / 2, n - 1))
+    upper = float(stats.norm.cdf(z)) * 100
+    return 100 - upper, upper
+
+
 def fit_frontier(
     kl_seq: Sequence[float] | np.ndarray,
     score: Sequence[float] | np.ndarray,
     reference: float,
     *,
+    trials: Sequence | np.ndarray | None = None,
+    form: Form | None = "rl",
     level: float = 0.8,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> Frontier:
-    """Fit both Gao forms to ``(KL, score)`` points of finished trials.
+    """Fit both Gao forms to ``(KL, score)`` points of trials (finished, or the steps so far of running ones).
 
     Args:
-        kl_seq: ``(n,)`` per-sequence KL to the reference policy, nats, ``>= 0`` (see :func:`frontier_points`).
-        score: ``(n,)`` gold/validation score of the same trials at the same step.
+        kl_seq: ``(n,)`` per-sequence KL to the reference policy, nats, ``>= 0`` (see :func:`frontier_paths`).
+        score: ``(n,)`` gold/validation score at the same steps.
         reference: the reference policy's score (the fit's ``d = 0``).
-        level: coverage of the percentile bootstrap intervals (resampling trials with replacement).
+        trials: ``(n,)`` the trial of each point (e.g. ``trial_id``: several validation steps per trial); ``None``:
+            each point is its own trial. Trials are the unit of the bootstrap and of the held-out error.
+        form: the form KL* is read from: ``"rl"`` (default: Gao et al.'s law for RL, which every klsweep trial
+            trains by), ``"bon"``, or ``None``: the one with the lower leave-one-trial-out error.
+        level: coverage of the intervals: expanded percentile intervals (:func:`expanded_tails`) of a bootstrap
+            over trials (trials drawn with replacement, each with all its points).
         n_boot: bootstrap resamples; ``seed``: their generator's seed.
 
     Raises:
-        ResultsError: fewer than :data:`MIN_POINTS` finite points, or a negative KL.
+        ResultsError: fewer than :data:`MIN_POINTS` trials with a finite point, or a negative KL.
     """
     kl = np.asarray(kl_seq, dtype=float)
     y = np.asarray(score, dtype=float)
+    groups = np.arange(len(kl)) if trials is None else np.asarray(trials)
     ok = np.isfinite(kl) & np.isfinite(y)
-    kl, y = kl[ok], y[ok]
-    if len(kl) < MIN_POINTS:
-        raise ResultsError(f"the KL frontier needs at least {MIN_POINTS} trials with a KL and a score; got {len(kl)}")
+    kl, y, groups = kl[ok], y[ok], groups[ok]
+    labels, group = np.unique(groups, return_inverse=True)
+    if len(labels) < MIN_POINTS:
+        raise ResultsError(f"the KL frontier needs at least {MIN_POINTS} trials with a KL and a score; "
+                           f"got {len(labels)}")
     if (kl < 0).any():
         raise ResultsError(f"KL must be >= 0 to fit the frontier, got {kl.min():g}: use a non-negative estimator "
                            "(kl on a trial that ended, or low_var_kl/k3, mse/k2, abs)")
     d, gain = np.sqrt(kl), y - reference
-    rng = np.random.default_rng(seed)
-    samples = rng.integers(0, len(d), size=(n_boot, len(d)))
-    tails = ((1 - level) / 2 * 100, (1 + level) / 2 * 100)
+    n = len(labels)
+    # each resample: how many times each trial is drawn; the normal equations are sums over trials
+    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
+    tails = expanded_tails(level, n)
     fits = {}
-    for form in FORMS:
-        alpha, beta = fit_form(form, d, gain)
-        d_star, best_gain = peak(form, alpha, beta)
+    for f in FORMS:
+        x = _features(f, d)
+        xtx = np.zeros((n, 2, 2))
+        xty = np.zeros((n, 2))
+        np.add.at(xtx, group, x[:, :, None] * x[:, None, :])
+        np.add.at(xty, group, x * gain[:, None])
+        alpha, beta = fit_form(f, d, gain)
+        d_star, best_gain = peak(f, alpha, beta)
         boot = []
-        for idx in samples:
-            a, b = fit_form(form, d[idx], gain[idx])
-            ds, g = peak(form, a, b)
+        for c in counts:
+            a, b = np.linalg.lstsq(np.tensordot(c, xtx, 1), c @ xty, rcond=None)[0]
+            ds, g = peak(f, float(a), float(b))
             boot.append((a, b, ds, ds * ds, reference + g))
         table = np.array(boot)
         intervals = {
             key: tuple(float(v) for v in np.percentile(table[:, i], tails, method="inverted_cdf"))
-            for i, key in enumerate(("alpha", "beta", "d_star", "kl_star", "peak_score"))
+            for i, key in enumerate(_KEYS)
         }
-        fits[form] = FormFit(form, alpha, beta, loo_rmse(form, d, gain), d_star, d_star * d_star,
-                             reference + best_gain, intervals)  # type: ignore[arg-type]
-    best = min(fits.values(), key=lambda f: f.loo_rmse)
-    return Frontier(reference, fits, best, len(d), float(d.max()), level)
+        fits[f] = FormFit(f, alpha, beta, loo_rmse(f, d, gain, group), d_star, d_star * d_star,
+                          reference + best_gain, intervals)  # type: ignore[arg-type]
+    best = fits[form] if form else min(fits.values(), key=lambda fit: fit.loo_rmse)
+    return Frontier(reference, fits, best, n, float(d.max()), level, len(d))
 
 
 def attainment_surface(runs: Sequence[np.ndarray], level: float) -> np.ndarray:
@@ -252,26 +307,27 @@ def attainment_surface(runs: Sequence[np.ndarray], level: float) -> np.ndarray:
     return np.array(corners, dtype=float).reshape(-1, 2)
 
 
-def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per trial, the per-sequence KL and the score at the trial's last step that logged both.
+def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per trial, the per-sequence KL and the score at every step that logged a reference KL, the response length and
+    the score: the trial's path from the reference policy outwards (Gao et al.'s RL points are such checkpoints).
 
     Args:
         history: :func:`klsweep.analysis.load.load_history` (long format: ``trial_id, step, metric, value``).
         score_metric: the gold/validation metric (e.g. ``val-core/arith/acc/mean@1``).
-        trials: :func:`klsweep.analysis.load.load` of the same sweep; when given, the KL scales of the fitted trials
-            (:func:`klsweep.analysis.pareto.kl_scale`) must agree.
+        trials: :func:`klsweep.analysis.load.load` of the same sweep; when given, the KL scales of the trials with a
+            point (:func:`klsweep.analysis.pareto.kl_scale`) must agree.
 
     Returns:
-        Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric`` (one row per trial that
-        logged a reference KL, the response length and the score at one step), and ``attrs["reference"]``: the
-        median over trials of the score logged at the earliest step any trial logged one (verl validates the
-        initial policy before training); a trial whose history starts later (restarted from a checkpoint by a
-        remedy) is left out of it.
+        Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric`` (one row per trial and step,
+        steps ascending; a per-token ``kl`` (k1) estimate may be below 0), and ``attrs["reference"]``: the median
+        over trials of the score logged at the earliest step any trial logged one (verl validates the initial policy
+        before training); a trial whose history starts later (restarted from a checkpoint by a remedy) is left out
+        of it.
 
     Raises:
-        ResultsError: no trial logged all three, or the trials measure KL on different scales.
+        ResultsError: no trial logged all three at one step, or the trials measure KL on different scales.
     """
-    rows, firsts = [], []
+    frames, firsts = [], []
     for trial_id, trial in history.groupby("trial_id", sort=False):
         wide = trial.pivot_table(index="step", columns="metric", values="value", aggfunc="last").sort_index()
         if score_metric not in wide:
@@ -285,12 +341,13 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
         both = wide[[kl_metric, RESPONSE_LENGTH, score_metric]].dropna()
         if both.empty:
             continue
-        step, (kl_token, length, score) = both.index[-1], both.iloc[-1].to_numpy()
-        rows.append((trial_id, int(step), kl_token, length, kl_token * length, score, kl_metric))
-    if not rows:
+        kl_token, length, score = (both[c].to_numpy(dtype=float) for c in both.columns)
+        frames.append(pd.DataFrame({"trial_id": trial_id, "step": both.index.astype(int), "kl_token": kl_token,
+                                    "response_length": length, "kl_seq": kl_token * length, "score": score,
+                                    "kl_metric": kl_metric}))
+    if not frames:
         raise ResultsError(f"no trial logged a reference KL, {RESPONSE_LENGTH} and {score_metric} at the same step")
-    out = pd.DataFrame(rows, columns=["trial_id", "step", "kl_token", "response_length", "kl_seq", "score",
-                                      "kl_metric"])
+    out = pd.concat(frames, ignore_index=True)
     if out["kl_metric"].nunique() > 1:
         raise ResultsError("the trials log KL in different metrics (" + ", ".join(sorted(out["kl_metric"].unique()))
                            + "): one frontier per KL mechanism; fit the trials of one at a time")
@@ -301,6 +358,19 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
                                + "): fit one estimator and aggregation at a time")
     earliest = min(step for step, _ in firsts)
     out.attrs["reference"] = float(np.median([v for step, v in firsts if step == earliest]))
+    return out
+
+
+def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per trial, the last row of :func:`frontier_paths`: the per-sequence KL and the score at the trial's last step
+    that logged a reference KL, the response length and the score (same columns and ``attrs["reference"]``).
+
+    Raises:
+        ResultsError: as :func:`frontier_paths`.
+    """
+    paths = frontier_paths(history, score_metric, trials)
+    out = paths.groupby("trial_id", sort=False).tail(1).reset_index(drop=True)
+    out.attrs["reference"] = paths.attrs["reference"]
     return out
 
 
@@ -317,11 +387,14 @@ class SweepFrontier:
     Attributes:
         score_metric: the fitted score (``None`` when the sweep maximises no objective); ``score_source`` says why.
         reference_source: where the score at ``d = 0`` came from.
-        points: the feasible trials' points (:func:`frontier_points` columns plus ``number`` and ``hover``).
-        stopped: the infeasible trials' points (same columns plus ``reason``), never fitted.
+        points: the feasible trials' end points (:func:`frontier_points` columns plus ``number`` and ``hover``).
+        stopped: the infeasible trials' end points (same columns plus ``reason``), never fitted.
         frontier: the fit, or ``None``; ``reason`` then says why.
         runs: one ``(m, 2)`` array of ``(kl_seq, score)`` per training seed when some config ran with several
             seeds (:func:`attainment_surface` input), else empty.
+        paths: the fitted points (:func:`frontier_paths`): every validation step of the feasible trials and of the
+            running ones (their steps so far) with a KL ``>= 0``; ``running``: how many of the fitted trials are
+            still running; ``negative``: steps left out for a KL below 0 (a per-token k1 estimate's noise).
     """
 
     score_metric: str | None
@@ -332,17 +405,21 @@ class SweepFrontier:
     frontier: Frontier | None
     reason: str | None
     runs: list[np.ndarray] = field(default_factory=list)
+    paths: pd.DataFrame = field(default_factory=pd.DataFrame)
+    running: int = 0
+    negative: int = 0
 
     def summary(self) -> str:
-        """One line: ``KL frontier (Gao RL form, N trials): KL* = x nats/sequence [lo, hi] (80 %), peak score y
-        [lo, hi]``, then a warning when the KL* interval is too wide (relative width > 1) or the peak is
+        """One line: ``KL frontier (Gao RL form, N trials[ + k running]): KL* = x nats/sequence [lo, hi] (80 %), peak
+        score y [lo, hi]``, then a warning when the KL* interval is too wide (relative width > 1) or the peak is
         extrapolated (beyond the largest KL reached); or the reason there is no fit."""
         f = self.frontier
         if f is None:
             return f"KL frontier: not fitted: {self.reason}"
         b, pct = f.best, f"{f.level * 100:g} %"
         (kl_lo, kl_hi), (p_lo, p_hi) = b.intervals["kl_star"], b.intervals["peak_score"]
-        line = (f"KL frontier ({FORM_NAMES[b.form]}, {f.n} trials): KL* = {b.kl_star:.3g} nats/sequence "
+        trials = f"{f.n - self.running} trials" + (f" + {self.running} running" if self.running else "")
+        line = (f"KL frontier ({FORM_NAMES[b.form]}, {trials}): KL* = {b.kl_star:.3g} nats/sequence "
                 f"[{kl_lo:.3g}, {kl_hi:.3g}] ({pct}), peak score {b.peak_score:.3g} [{p_lo:.3g}, {p_hi:.3g}]")
         warnings = []
         width = f.interval_width()
@@ -373,7 +450,9 @@ def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
 
 def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
                    references: Mapping[str, float] | None = None) -> SweepFrontier:
-    """Fit the KL frontier of a sweep on its feasible trials (COMPLETE, not stopped by a health rule).
+    """Fit the KL frontier of a sweep on the paths (every validation step, :func:`frontier_paths`) of its feasible
+    trials (COMPLETE, not stopped by a health rule) and of its running ones (their steps so far: the forecast while
+    the sweep runs), once :data:`MIN_POINTS` feasible trials have a point.
 
     Args:
         source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.load.load`,
@@ -382,13 +461,14 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         references: metric → the reference policy's score, the fit's ``d = 0``
             (:func:`klsweep.analysis.baseline.reference_scores`: the embedded trainer's validation); ``None``
             computes them (seconds: it builds and validates the reference policy), ``{}`` skips that. A metric
-            without one falls back to the feasible trials' median score at the earliest step they logged it
-            (:func:`frontier_points`).
+            without one falls back to the fitted trials' median score at the earliest step they logged it
+            (:func:`frontier_paths`).
 
     Returns:
         A :class:`SweepFrontier`; its ``frontier`` is ``None`` (and ``reason`` says why) when the sweep maximises no
         objective, fewer than :data:`MIN_POINTS` feasible trials logged a KL, ``response_length/mean`` and the score
-        at one step, no KL was logged, the trials measure KL on different scales, or a KL is negative.
+        at one step, no KL was logged, or the trials measure KL on different scales. Steps with a KL below 0 (the
+        per-token ``kl`` (k1) estimate can end there) are left out of the fit and counted in ``negative``.
 
     Raises:
         ResultsError: ``source`` is not a sweep directory.
@@ -406,20 +486,25 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         reason = score_source if metric is None else "no trial yet"
         return SweepFrontier(metric, score_source, "", empty, empty, None, reason)
     ok = feasible(df)
-    points, stopped, reason = empty, empty, None
+    health = df["health"].fillna("healthy") if "health" in df else pd.Series("healthy", index=df.index)
+    running = (df["state"] == "RUNNING") & (health != "stopped")
+    fitted = df[ok | running]
+    paths, points, stopped, reason = empty, empty, empty, None
     try:
-        points = _points(history, metric, df[ok])
+        paths = frontier_paths(history[history["trial_id"].isin(fitted["trial_id"])], metric, fitted)
+        points = _points(paths, metric, df[ok])
     except ResultsError as e:
         reason = str(e)
     try:
-        stopped = _points(history, metric, df[~ok], check_scale=False)
+        stopped = _points(frontier_points(history[history["trial_id"].isin(df.loc[~ok & ~running, "trial_id"])],
+                                          metric), metric, df[~ok & ~running])
         rows = df.set_index("trial_id").loc[stopped["trial_id"]]
         why = rows["stop_reason"] if "stop_reason" in rows else pd.Series("", index=rows.index)
         stopped["reason"] = [r if isinstance(r, str) and r else s for r, s in zip(why, rows["state"])]
     except ResultsError:
         pass
     reference, reference_source = math.nan, ""
-    if len(points):
+    if len(paths):
         if references is None:
             from klsweep.analysis.baseline import reference_scores
 
@@ -428,27 +513,31 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         if metric in references:
             reference, reference_source = references[metric], "the reference policy's validation score"
         else:
-            reference = points.attrs["reference"]
-            reference_source = f"the feasible trials' median {metric} at the earliest step they logged it"
+            reference = paths.attrs["reference"]
+            reference_source = f"the fitted trials' median {metric} at the earliest step they logged it"
     if reason is None and len(points) < MIN_POINTS:
         reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
                   f"{RESPONSE_LENGTH} and {metric} at one step; {len(points)} so far")
+    negative = int((paths["kl_seq"] < 0).sum()) if len(paths) else 0
+    if len(paths):
+        paths = paths[paths["kl_seq"] >= 0].reset_index(drop=True)
     frontier = None
     if reason is None:
         try:
-            frontier = fit_frontier(points["kl_seq"], points["score"], reference, level=level, n_boot=n_boot)
-        except ResultsError as e:  # a negative KL (the kl/k1 estimator mid-run)
+            frontier = fit_frontier(paths["kl_seq"], paths["score"], reference, trials=paths["trial_id"],
+                                    level=level, n_boot=n_boot)
+        except ResultsError as e:  # every step of some trials below 0: too few trials left
             reason = str(e)
+    n_running = int(fitted.loc[running, "trial_id"].isin(paths["trial_id"]).sum()) if len(paths) else 0
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
-                         _seed_runs(points, df))
+                         _seed_runs(points, df), paths, n_running, negative)
 
 
-def _points(history: pd.DataFrame, metric: str, trials: pd.DataFrame, *, check_scale: bool = True) -> pd.DataFrame:
-    """:func:`frontier_points` of ``trials`` with their ``number`` and a hover text (state, KL, score, knobs)."""
-    if trials.empty:
-        raise ResultsError("no trial")
-    out = frontier_points(history[history["trial_id"].isin(trials["trial_id"])], metric,
-                          trials if check_scale else None)
+def _points(paths: pd.DataFrame, metric: str, trials: pd.DataFrame) -> pd.DataFrame:
+    """The end points (:func:`frontier_points`) in ``paths`` of ``trials``, with their ``number`` and a hover text
+    (state, KL, score, knobs)."""
+    out = paths[paths["trial_id"].isin(trials["trial_id"])].groupby("trial_id", sort=False).tail(1)
+    out = out.reset_index(drop=True)
     rows = trials.set_index("trial_id").loc[out["trial_id"]]
     out["number"] = rows["number"].to_numpy()
     knobs = [", ".join(f"{c[len('config/'):]}={v}" for c, v in row.items()
