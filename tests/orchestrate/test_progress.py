@@ -1,12 +1,15 @@
 """The live view (SweepProgress) shows each trial's searched parameters by their verl leaf names, and a running
-trial's step, KL, entropy and score, on a terminal's table and on the one line per finished trial a pipe gets.
+trial's step, KL, entropy and score, on a terminal's table and on the one line per finished trial a pipe gets, and
+under the table the KL frontier forecast of the sweep the ended trial belongs to.
 TrialsCsv keeps trials.csv current in the sweep directory the trial's Tune experiment is in (a moved one too), and a
 table it cannot write is a warning, never a stopped sweep."""
 
 from __future__ import annotations
 
 import io
+import math
 
+import numpy as np
 import optuna
 import pandas as pd
 from ray.train._internal.storage import StorageContext
@@ -69,3 +72,69 @@ def test_trials_csv_follows_the_trials_sweep_directory(tmp_path, capsys):
                       storage=StorageContext(storage_path=str(tmp_path / "gone"), experiment_dir_name="tune"))
     TrialsCsv().on_trial_complete(1, [elsewhere], elsewhere)  # no sweep there: said, not raised
     assert "warning: trials.csv not updated (ResultsError:" in capsys.readouterr().err
+
+
+def _render(progress: SweepProgress) -> str:
+    wide = Console(file=io.StringIO(), width=400)
+    wide.print(progress.renderable())
+    return wide.file.getvalue()
+
+
+def _sweep_trial(run_dir, trial_id: str) -> Trial:
+    """A Tune trial of the sweep in ``run_dir`` (its experiment directory is ``run_dir/tune``, as sweep run's)."""
+    return Trial("run_trial", stub=True, trial_id=trial_id,
+                 storage=StorageContext(storage_path=str(run_dir), experiment_dir_name="tune"))
+
+
+def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasible(tmp_path):
+    """Five finished trials and one running on the Gao RL law (alpha 1, beta 0.5 over 0.2; tests/analysis/conftest):
+    every step lies on the law, so KL* = e**2 = 7.39 nats/sequence and the peak 0.2 + 0.5 e = 1.56, intervals
+    included; with three feasible trials the line says how many it waits for."""
+    from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
+
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 36.0])
+    specs[5].update(state="RUNNING", steps=3)  # its first 3 of 5 steps so far: fitted with the others
+    run_dir = make_sweep(tmp_path / "live", specs, objectives=FRONTIER_OBJECTIVES)
+    progress = SweepProgress(6, [FRONTIER_OBJECTIVES[0]["metric"]], console=Console(file=io.StringIO()))
+    progress.setup()
+    assert "KL frontier" not in _render(progress)  # no trial ended yet: no line
+    trial = _sweep_trial(run_dir, "t00004")
+    trial.run_metadata.last_result = {"training_iteration": 5, "health": "healthy"}
+    progress.on_trial_complete(1, [trial], trial)
+    assert ("KL frontier (Gao RL form, 5 trials + 1 running): KL* = 7.39 nats/sequence [7.39, 7.39] (80 %), peak "
+            "score 1.56 [1.56, 1.56]\n") in _render(progress)
+    assert progress._console.file.getvalue().splitlines()[-1].startswith("KL frontier (Gao RL form, 5 trials + 1")
+
+    few = make_sweep(tmp_path / "few", frontier_specs([1.0, 4.0, 9.0]), objectives=FRONTIER_OBJECTIVES)
+    trial = _sweep_trial(few, "t00002")
+    progress.on_trial_complete(2, [trial], trial)
+    assert "KL frontier: forecast once 4 trials are feasible (3 so far)\n" in _render(progress)
+
+
+def test_live_view_says_when_the_forecast_interval_is_too_wide(tmp_path):
+    """Four trials whose scores sit 0.3 above or below the law, by trial: the bootstrap over trials spreads KL* far
+    beyond its estimate, and the line says the interval is too wide to act on. The estimate is the least-squares
+    fit through d = 0 of every step's gain over the trials' median first score, computed here with numpy."""
+    from tests.analysis.conftest import FRONTIER_OBJECTIVES, VAL, frontier_specs, make_sweep
+
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0])
+    shifts = [0.3, -0.3, 0.3, -0.3]
+    for spec, shift in zip(specs, shifts):
+        law = spec["metrics"]
+        spec["metrics"] = lambda params, step, law=law, shift=shift: {
+            **law(params, step), VAL: law(params, step)[VAL] + (shift if step > 1 else 0.0)}
+    run_dir = make_sweep(tmp_path / "wide", specs, objectives=FRONTIER_OBJECTIVES)
+    progress = SweepProgress(4, [VAL], console=Console(file=io.StringIO()))
+    progress.setup()
+    trial = _sweep_trial(run_dir, "t00003")
+    progress.on_trial_complete(1, [trial], trial)
+    # steps 1..5 of trial i: KL grows linearly to its final value; the score is the law (+ shift after step 1)
+    d = np.sqrt([kl * s / 4 for kl in (1.0, 4.0, 9.0, 16.0) for s in range(5)])
+    gain = np.array([(x * (1 - 0.5 * np.log(x)) if x else 0.0) + (shift if s else 0.0)
+                     for x, s, shift in zip(d, [s for _ in range(4) for s in range(5)], np.repeat(shifts, 5))])
+    x = np.column_stack([d, -d * np.log(np.where(d > 0, d, 1.0))])
+    alpha, beta = np.linalg.lstsq(x, gain, rcond=None)[0]
+    kl_star = math.exp(alpha / beta - 1) ** 2
+    line = _render(progress)
+    assert f"KL frontier (Gao RL form, 4 trials): KL* = {kl_star:.3g} nats/sequence [" in line
+    assert "⚠ interval too wide to act on (relative width " in line

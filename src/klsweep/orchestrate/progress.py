@@ -3,7 +3,9 @@
 
 Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step and every finished trial. On a
 terminal :class:`SweepProgress` redraws a table (trial, status, searched parameters, step, KL, entropy, score,
-objective, health); elsewhere (CI, a pipe) it prints one line per finished trial, so logs stay readable.
+objective, health) and, under it, the KL frontier forecast (:func:`forecast_line`: KL* and the peak score with their
+intervals, as ``sweep status`` prints them); elsewhere (CI, a pipe) it prints one line per finished trial, and the
+forecast when it changes, so logs stay readable.
 :class:`TrialsCsv` rewrites ``trials.csv`` as trials start and end, so ``status`` and a notebook never read a stale
 one.
 """
@@ -40,6 +42,10 @@ class SweepProgress(Callback):
         objectives: objective metric names, shown as columns.
         params: the searched verl keys (:func:`klsweep.space.parameters`), shown as columns by their last component.
         console: where to draw (default: stderr's console); ``quiet=True`` prints only finished trials.
+
+    The forecast is refitted when a trial ends (from the sweep directory the trial's Tune experiment is in: the
+    finished trials and the running ones' steps so far); a forecast that cannot be made is said on its line, never
+    raised into the sweep.
     """
 
     def __init__(self, total_trials: int, objectives: list[str], *, params: list[str] | None = None,
@@ -52,6 +58,7 @@ class SweepProgress(Callback):
         self._quiet = quiet
         self._console = console
         self._live: Live | None = None
+        self._forecast = ""
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks with the experiment; the terminal objects are rebuilt by setup().
@@ -107,6 +114,9 @@ class SweepProgress(Callback):
             row.setdefault("stop_reason", f"stopped by the scheduler at step {steps}")
         self._done += 1
         self._progress.update(self._task, completed=self._done)
+        forecast = self._forecast
+        if trial.storage is not None:  # a trial of a sweep: its directory holds what the forecast is fitted to
+            self._forecast = forecast_line(Path(trial.storage.experiment_fs_path).parent)
         if self._interactive:
             self._redraw()
         else:
@@ -120,6 +130,8 @@ class SweepProgress(Callback):
                 highlight=False,
                 soft_wrap=True,
             )
+            if self._forecast != forecast:
+                self._console.print(self._forecast, markup=False, highlight=False, soft_wrap=True)
 
     def _table(self) -> Table:
         table = Table(expand=False, show_edge=False, pad_edge=False)
@@ -134,13 +146,41 @@ class SweepProgress(Callback):
             table.add_row(*(Text(cell) for cell in cells))
         return table
 
+    def renderable(self) -> Group:
+        """What the terminal shows: the trials table, the KL frontier forecast line (once a trial has ended) and the
+        progress bar."""
+        parts = [self._table(), *([Text(self._forecast)] if self._forecast else []), self._progress]
+        return Group(*parts)
+
     def _redraw(self) -> None:
         if self._live is not None:
-            self._live.update(Group(self._table(), self._progress), refresh=True)
+            self._live.update(self.renderable(), refresh=True)
 
     def on_experiment_end(self, trials, **info) -> None:
         if self._live is not None:
             self._live.stop()
+
+
+def forecast_line(run_dir: Path) -> str:
+    """The KL frontier forecast of the sweep in ``run_dir``: ``sweep status``'s frontier line
+    (:func:`klsweep.orchestrate.status.frontier_line`: KL* and the peak score with 80 % intervals, "interval too wide"
+    when it is), or, before :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible, how many are; a
+    forecast that fails says why (the sweep goes on)."""
+    from klsweep.analysis.frontier import MIN_POINTS
+    from klsweep.analysis.load import load
+    from klsweep.analysis.pareto import feasible
+    from klsweep.orchestrate.status import frontier_line
+    from klsweep.results import SweepRecord
+
+    try:
+        df = load(run_dir)
+        line = frontier_line(str(run_dir), df, SweepRecord.read(run_dir))
+    except Exception as e:  # a forecast that cannot be made now must not stop the sweep
+        return f"KL frontier: no forecast now ({type(e).__name__}: {e})"
+    if line is None:
+        n = int(feasible(df).sum()) if len(df) else 0
+        return f"KL frontier: forecast once {MIN_POINTS} trials are feasible ({n} so far)"
+    return line
 
 
 class TrialsCsv(Callback):
