@@ -103,6 +103,17 @@ def test_ranking_by_mean_over_seeds_by_hand(tmp_path):
     assert lines[3].startswith("trial 0: 1 of 3 runs stopped by a health rule or failed")
 
 
+def test_a_preset_that_did_not_end_healthy_is_not_re_run_and_the_summary_says_why(tmp_path):
+    sweep = _sweep(tmp_path, {"top": 2, "seeds": 1}, seed_trials=[{"kl_coef": 0.001}])
+    search = _frame(SEARCH)
+    search.loc[0, ["state", "health", f"value/{VAL}"]] = ["PRUNED", "stopped", None]
+    assert planned(sweep, search) == [(1, 1), (5, 1)]
+    df = pd.concat([search, _frame([(6, "COMPLETE", "healthy", 0.6, 1, 1), (7, "COMPLETE", "healthy", 0.7, 5, 1)])],
+                   ignore_index=True)
+    lines = verdicts(sweep, ranking(sweep, df), df)
+    assert lines[-1] == "the seed preset (trial 0) was not re-run: it did not end healthy (PRUNED, health stopped)"
+
+
 def test_a_mean_of_one_run_takes_the_pooled_sd(tmp_path):
     a = pd.Series({f"mean/{VAL}": 0.7, "sd": 0.03, "ok": 3})
     b = pd.Series({f"mean/{VAL}": 0.6, "sd": math.nan, "ok": 1})

@@ -242,11 +242,18 @@ def within_noise(a: pd.Series, b: pd.Series, pooled_sd: float, metric: str) -> t
     return gap <= bound, gap, bound
 
 
-def verdicts(sweep, table: pd.DataFrame) -> list[str]:
+def verdicts(sweep, table: pd.DataFrame, df: pd.DataFrame | None = None) -> list[str]:
     """Plain sentences on a :func:`ranking`: who leads by mean, and whether it is within noise of the runner-up and
-    of the seed preset."""
+    of the seed preset; given the trials table ``df``, also why the seed preset was not re-run when it was not
+    (it did not end healthy)."""
+    from klsweep.analysis.pareto import feasible
+
     if table.empty or not table["ok"].iloc[0]:
         return []
+    preset = df[(df["number"] == 0) & is_search(df)] if df is not None and sweep.seed_trials else pd.DataFrame()
+    unfit = "" if preset.empty or bool(feasible(preset).all()) or sweep.budget.confirm is None or \
+        not sweep.budget.confirm.preset else (f"the seed preset (trial 0) was not re-run: it did not end healthy "
+                                              f"({preset['state'].iloc[0]}, health {preset['health'].iloc[0]})")
     metric = sweep.objectives[0].metric
     variances = [float(s) ** 2 for s, n in zip(table["sd"], table["ok"]) if n >= 2 and math.isfinite(s)]
     pooled = math.sqrt(sum(variances) / len(variances)) if variances else math.nan
@@ -268,6 +275,8 @@ def verdicts(sweep, table: pd.DataFrame) -> list[str]:
                          "to tell them apart")
         else:
             lines.append(f"{label}: behind by {gap:.4g} (> 2 SE = {bound:.4g})")
+    if unfit:
+        lines.append(unfit)
     bad = table[table["ok"] < table["finished"]]
     for _, row in bad.iterrows():
         lines.append(f"trial {row['trial']}: {row['finished'] - row['ok']} of {row['finished']} runs stopped by a "

@@ -82,7 +82,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         console.print(table)
     _print_savings(sweep, df, console)
     ranking = confirm.ranking(sweep, df)
-    _print_confirmation(sweep, ranking, console)
+    _print_confirmation(sweep, ranking, df, console)
     best = best_trials(sweep, df)
     done, planned = confirm.run_counts(sweep, df)
     by_mean = len(sweep.objectives) == 1 and len(ranking) > 0 and bool(ranking["ok"].iloc[0]) and done == planned
@@ -144,7 +144,7 @@ def _print_savings(sweep, df: pd.DataFrame, console: Console) -> None:
     console.print(out)
 
 
-def _print_confirmation(sweep, ranking: pd.DataFrame, console: Console) -> None:
+def _print_confirmation(sweep, ranking: pd.DataFrame, df: pd.DataFrame, console: Console) -> None:
     """The confirmed leaders by mean over seeds (:func:`klsweep.orchestrate.confirm.ranking`) and what the noise
     allows to say (:func:`klsweep.orchestrate.confirm.verdicts`)."""
     if ranking.empty:
@@ -161,5 +161,5 @@ def _print_confirmation(sweep, ranking: pd.DataFrame, console: Console) -> None:
                       short(row[f"mean/{metrics[0]}"]), short(row["sd"]), f"{short(row['min'])} .. {short(row['max'])}",
                       *(short(row[f"mean/{m}"]) for m in metrics[1:]))
     console.print(table)
-    for line in confirm.verdicts(sweep, ranking):
+    for line in confirm.verdicts(sweep, ranking, df):
         console.print(line, **_PLAIN)
