@@ -6,14 +6,19 @@ import json
 import math
 from pathlib import Path
 
+import optuna
 import pandas as pd
 import pytest
 import yaml
+from ray import tune
+from ray.tune.stopper import CombinedStopper
 
 from klsweep.analysis.load import study_of
 from klsweep.cli import main
 from klsweep.errors import SweepFileError
+from klsweep.health import HealthStopper, load_ruleset
 from klsweep.orchestrate.objective_stop import ObjectiveRule, ObjectiveStopper
+from klsweep.orchestrate.searcher import KlsweepSearch
 from klsweep.spec import load_sweep
 from klsweep.spec.schema import ObjectiveStop
 
@@ -168,3 +173,58 @@ def test_a_real_sweep_records_an_objective_stop_pruned_with_its_reason(ray_local
     assert row["state"] == "PRUNED" and row["stop_kind"] == "objective" and row["steps"] == 10
     assert row["stop_reason"] == stopped.user_attrs["stop_reason"]
     assert (df[df["number"] < 4]["steps"] == 20).all()
+
+
+PARETO_KINDS = ["good0", "good1", "good2", "cheap", "bad"]
+
+
+def _pareto_space(trial) -> None:
+    trial.suggest_categorical("kind", PARETO_KINDS)
+
+
+def _pareto_overrides(params):
+    return {"x.kind": params["kind"]}
+
+
+def _pareto_trainable(config):
+    """6 steps of (val, kl) per step: ``good<i>`` alternate ±0.01 around 0.6 + i/100 and ±0.001 around 0.01;
+    ``cheap`` scores 0.3 with KL 0.001 (on the front by its KL); ``bad`` scores 0.2 with KL 0.1 from step 2."""
+    kind = config["kind"]
+    for step in range(1, 7):
+        wiggle = 1 if step % 2 else -1
+        if kind.startswith("good"):
+            val, kl = 0.6 + int(kind[4:]) / 100 + 0.01 * wiggle, 0.01 + 0.001 * wiggle
+        elif kind == "cheap":
+            val, kl = 0.3 + 0.01 * wiggle, 0.001
+        else:
+            val, kl = (0.6, 0.01) if step == 1 else (0.2, 0.1)
+        tune.report({"step": step, "total_steps": 6, VAL: val, KL: kl})
+
+
+@pytest.mark.slow
+def test_multi_objective_stop_is_pruned_and_off_the_front(ray_local, tmp_path):
+    """Real Ray Tune + Optuna, one trial at a time, HealthStopper (no rule fires) then the objective stopper: the
+    trial beaten on both objectives is PRUNED with its reason at step 2; the low-reward, low-KL one is kept."""
+    kinds = PARETO_KINDS
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    objectives = [(VAL, "max"), (KL, "min")]
+    searcher = KlsweepSearch(
+        space=_pareto_space, metric=[VAL, KL], mode=["max", "min"],
+        points_to_evaluate=[{"kind": k} for k in kinds], sampler=optuna.samplers.RandomSampler(seed=0),
+        study_name="s", storage=storage, overrides_of=_pareto_overrides, total_steps=6)
+    stopper = CombinedStopper(HealthStopper(load_ruleset({"preset": "none"})), ObjectiveStopper(objectives, 6, EAGER))
+    tune.Tuner(
+        _pareto_trainable,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=len(kinds), max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="tune", stop=stopper, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    ).fit()
+    study = optuna.load_study(study_name="s", storage=storage)
+    by_kind = {t.params["kind"]: t for t in study.trials}
+    assert {k: t.state.name for k, t in by_kind.items()} == {
+        "good0": "COMPLETE", "good1": "COMPLETE", "good2": "COMPLETE", "cheap": "COMPLETE", "bad": "PRUNED"}
+    bad = by_kind["bad"]
+    assert bad.user_attrs["steps"] == 2 and bad.user_attrs["health"] == "healthy"
+    assert bad.user_attrs["stop_reason"].startswith("objective: at step 2 4 of 4 trials at that step beat")
+    assert f"{KL} 0.1 (margin" in bad.user_attrs["stop_reason"]
+    assert sorted(t.params["kind"] for t in study.best_trials) == ["cheap", "good2"]
