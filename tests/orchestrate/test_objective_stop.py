@@ -124,6 +124,8 @@ def test_a_restart_drops_the_rungs_after_it_and_the_stopper_writes_the_reason():
     assert stopper("t", {"step": 20, VAL: 0.61}) is False
     assert stopper("t", {"step": 10, VAL: 0.58}) is False  # restarted from a checkpoint before step 20
     assert [s for s, _ in stopper.rule._rungs["t"]] == [10]
+    assert stopper("t", {"step": 10, "actor/pg_loss": 0.1}) is False  # another report of step 10 keeps its rung
+    assert [s for s, _ in stopper.rule._rungs["t"]] == [10]
     result = {"step": 20, VAL: 0.30}
     assert stopper("t", result) is True
     assert result["stop_kind"] == "objective" and str(result["stop_reason"]).startswith("objective: at step 20")

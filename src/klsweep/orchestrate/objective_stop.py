@@ -75,14 +75,17 @@ class ObjectiveRule:
     def update(self, trial_id: str, step: float, metrics: Mapping[str, Any]) -> str | None:
         """Feed one report of a trial; returns the stop reason's text when the trial should stop, else None.
 
-        A step at or before the trial's last rung (a restart from a checkpoint) drops the rungs from it on.
+        A step before the trial's last rung (a restart from a checkpoint) drops the rungs after it; a second report
+        of a rung's step replaces the rung when it holds every objective.
         """
         rungs = self._rungs.setdefault(trial_id, [])
-        while rungs and rungs[-1][0] >= step:
+        while rungs and rungs[-1][0] > step:
             rungs.pop()
         values = [metrics.get(m) for m in self.metrics]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
             return None
+        if rungs and rungs[-1][0] == step:
+            rungs.pop()
         rungs.append((step, tuple(sign * float(v) for sign, v in zip(self.signs, values))))  # type: ignore[arg-type]
         return self._judge(trial_id, step)
 
