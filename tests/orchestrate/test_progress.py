@@ -106,9 +106,10 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     assert progress._console.file.getvalue().splitlines()[-1].startswith("KL frontier (Gao RL form, 5 trials + 1")
 
     few = make_sweep(tmp_path / "few", frontier_specs([1.0, 4.0, 9.0]), objectives=FRONTIER_OBJECTIVES)
-    trial = _sweep_trial(few, "t00002")
-    progress.on_trial_complete(2, [trial], trial)
-    assert "KL frontier: forecast once 4 trials are feasible (3 so far)\n" in _render(progress)
+    trial = _sweep_trial(few, "t00003")  # a trial starting: the ones that ended before it are in the study now
+    progress.on_trial_start(2, [trial], trial)
+    waiting = "KL frontier: forecast once 4 trials are feasible (3 so far)"
+    assert f"{waiting}\n" in _render(progress) and progress._console.file.getvalue().splitlines()[-1] == waiting
 
 
 def test_live_view_says_when_the_forecast_interval_is_too_wide(tmp_path):

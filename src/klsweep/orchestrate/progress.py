@@ -30,6 +30,9 @@ from klsweep._format import param_labels, short
 from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, TRIALS_CSV
 from klsweep.verl.metrics import resolve
 
+#: Seconds between refits of the KL frontier forecast on a terminal while trials report (each refit reads the study
+#: and every trial's result file, as trials.csv's rewrite does).
+FORECAST_EVERY_S = 30.0
 #: Aliases shown as the KL, entropy and score columns (klsweep.verl.metrics resolves them per verl version).
 _COLUMNS = ("ref_kl", "entropy", "score")
 
@@ -43,9 +46,9 @@ class SweepProgress(Callback):
         params: the searched verl keys (:func:`klsweep.space.parameters`), shown as columns by their last component.
         console: where to draw (default: stderr's console); ``quiet=True`` prints only finished trials.
 
-    The forecast is refitted when a trial ends (from the sweep directory the trial's Tune experiment is in: the
-    finished trials and the running ones' steps so far); a forecast that cannot be made is said on its line, never
-    raised into the sweep.
+    The forecast is refitted when a trial starts or ends, and on a terminal every :data:`FORECAST_EVERY_S` seconds
+    while trials report, from the sweep directory the trial's Tune experiment is in (the finished trials and the
+    running ones' steps so far); a forecast that cannot be made is said on its line, never raised into the sweep.
     """
 
     def __init__(self, total_trials: int, objectives: list[str], *, params: list[str] | None = None,
@@ -59,6 +62,7 @@ class SweepProgress(Callback):
         self._console = console
         self._live: Live | None = None
         self._forecast = ""
+        self._forecast_at = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks with the experiment; the terminal objects are rebuilt by setup().
@@ -93,8 +97,16 @@ class SweepProgress(Callback):
             row["stop_reason"] = result[STOP_REASON]
         return row
 
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        # a trial that just ended is in the study and its result file by now (Tune tells the searcher and flushes
+        # the file after this callback's on_trial_complete), so the forecast is refitted when the next one starts
+        self._refresh_forecast(trial)
+        self._redraw()
+
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self._row(trial, result, "RUNNING")
+        if self._interactive and time.monotonic() - self._forecast_at >= FORECAST_EVERY_S:
+            self._refresh_forecast(trial)  # the running trials' curves move the forecast too
         self._redraw()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
@@ -114,10 +126,8 @@ class SweepProgress(Callback):
             row.setdefault("stop_reason", f"stopped by the scheduler at step {steps}")
         self._done += 1
         self._progress.update(self._task, completed=self._done)
-        forecast = self._forecast
-        if trial.storage is not None:  # a trial of a sweep: its directory holds what the forecast is fitted to
-            self._forecast = forecast_line(Path(trial.storage.experiment_fs_path).parent)
         if self._interactive:
+            self._refresh_forecast(trial)
             self._redraw()
         else:
             params = "".join(f" {label}={short(row.get(key))}" for key, label in self._params.items())
@@ -130,8 +140,19 @@ class SweepProgress(Callback):
                 highlight=False,
                 soft_wrap=True,
             )
-            if self._forecast != forecast:
-                self._console.print(self._forecast, markup=False, highlight=False, soft_wrap=True)
+            self._refresh_forecast(trial)
+
+    def _refresh_forecast(self, trial) -> None:
+        """Refit the forecast from the sweep directory of ``trial`` (none for a trial outside a sweep); a pipe gets
+        the line when it changed."""
+        if trial.storage is None:
+            return
+        self._forecast_at = time.monotonic()
+        line = forecast_line(Path(trial.storage.experiment_fs_path).parent)
+        if line != self._forecast:
+            self._forecast = line
+            if not self._interactive:
+                self._console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _table(self) -> Table:
         table = Table(expand=False, show_edge=False, pad_edge=False)
