@@ -141,6 +141,10 @@ def test_sweep_file_section(tmp_path):
         load_sweep(str(REPO / "sweeps" / "conservative.yaml"), ["stopping={objective: {dominated_by: 4}}"])
     with pytest.raises(SweepFileError, match="margin"):
         load_sweep(str(REPO / "sweeps" / "conservative.yaml"), ["stopping={objective: {margin: 0}}"])
+    few = load_sweep(str(REPO / "sweeps" / "conservative.yaml"), ["stopping={objective: on}", "budget.trials=3"])
+    assert any("stopping.objective: can never stop a trial: it waits for min_peers (3) other trials at a step and "
+               "budget.trials is 3" in w for w in few.warnings)
+    assert not any("stopping.objective" in w for w in sweep.warnings)
 
 
 @pytest.mark.slow

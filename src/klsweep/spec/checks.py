@@ -89,6 +89,11 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                         for i, rule in enumerate(sweep.health.rules) if rule.remedy)
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
+    stop = sweep.stopping.objective
+    if stop is not None and sweep.budget.trials <= stop.min_peers:
+        warnings.append((("stopping", "objective"), f"can never stop a trial: it waits for "
+                         f"min_peers ({stop.min_peers}) other trials at a step and budget.trials is "
+                         f"{sweep.budget.trials}. Lower min_peers or raise budget.trials"))
     n = fixed.get("actor_rollout_ref.rollout.n")
     if (fixed.get("algorithm.adv_estimator") == "grpo" and "actor_rollout_ref.rollout.n" not in params
             and n is not None and n < 2):
