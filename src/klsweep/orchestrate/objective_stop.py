@@ -40,6 +40,7 @@ from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
 from klsweep.spec.schema import ObjectiveStop
 
 _MAD_TO_SD = 1.4826  # σ of a normal distribution ÷ its median absolute deviation
+_REMEDIED = "remedied:"  # how HealthStopper's stop_reason says it planned a restart (klsweep.orchestrate.remedy)
 
 
 class ObjectiveRule:
@@ -152,9 +153,14 @@ class ObjectiveStopper(Stopper):
         self.rule = ObjectiveRule(objectives, total_steps, settings)
 
     def __call__(self, trial_id: str, result: dict) -> bool:
-        """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial."""
+        """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial.
+
+        A result on which the health stopper planned a remedy (its ``stop_reason`` starts ``remedied:``) is not
+        judged: the trial restarts from an earlier checkpoint with other settings, and its rungs after that
+        checkpoint are dropped when it reports from there.
+        """
         step = result.get(STEP, result.get("training_iteration"))
-        if not isinstance(step, (int, float)):
+        if not isinstance(step, (int, float)) or str(result.get(STOP_REASON) or "").startswith(_REMEDIED):
             return False
         reason = self.rule.update(trial_id, step, result)
         if reason is None:
