@@ -112,6 +112,10 @@ def test_report_html_is_self_contained_and_draws_every_figure(report):
     assert "the front mixes KL scales" in text
     # trials 3 and 7 were stopped at step 5 of 10 (2 s/step, 1 GPU): 10 steps, 20 s saved
     assert "saved 10 trial-steps" in text
+    # per stop reason: the two health stops (their reasons name no rule, so their verdict) and the full-budget trials
+    compute = text.split('<h2 id="compute">')[1]
+    reasons = re.findall(r"<tr>\s*<td>([^<]*)</td>", compute)
+    assert reasons == ["health: stopped", "full budget", "total"], reasons
     assert "python3 -m verl.trainer.main_ppo" in text
 
 

@@ -25,6 +25,13 @@ def test_a_larger_budget_is_applied_and_said():
     assert check_resume(SAVED, SAVED, run_dir="runs/s", source="a.yaml") == []
 
 
+def test_a_confirmation_phase_added_to_a_finished_sweep_is_applied_and_said():
+    saved = {**SAVED, "budget": {**SAVED["budget"], "confirm": None}}
+    given = {**SAVED, "budget": {**SAVED["budget"], "confirm": {"top": 2, "seeds": 3, "preset": True}}}
+    assert check_resume(saved, given, run_dir="runs/s", source="b.yaml") == [
+        "budget.confirm.preset: (unset) → True", "budget.confirm.seeds: (unset) → 3", "budget.confirm.top: (unset) → 2"]
+
+
 def test_a_changed_search_space_or_trial_is_refused_with_each_difference_and_the_fix():
     given = {**SAVED, "budget": {"trials": 8, "max_steps": 20}, "parameters": {"kl_coef": {"values": [1, 2, 3]}}}
     with pytest.raises(ResultsError) as e:

@@ -77,7 +77,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
               .groupby(["state", "health"]).size().rename("trials").reset_index())
     stops = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
     stops = stops[[c for c in ("number", "trial_id", "state", "health", "steps", "stop_reason") if c in df]]
-    accounting = compute_accounting(df, max_steps, gpu)
+    accounting = compute_accounting(df, max_steps, gpu, by="reason")
     value_cols = [c for c, _ in axes]
     front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]
     history = load_history(run_dir)
@@ -126,7 +126,7 @@ def _ruleset(health):
 
 
 def _accounting_title(accounting: pd.DataFrame, max_steps: int, gpu: float) -> str:
-    total = accounting.set_index("outcome").loc["total"]
+    total = accounting.set_index("reason").loc["total"]
     return (f"Compute: {int(total['steps_used'])} trial-steps and {total['gpu_h_used']:.3g} GPU-h used; "
             f"{int(total['steps_saved'])} steps and {total['gpu_h_saved']:.3g} GPU-h saved vs every trial to "
             f"{max_steps} steps ({gpu:g} GPU per trial)")
@@ -164,7 +164,7 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
             ", ".join(f"trial {n}" for n in front.attrs["least_infeasible"][:10])) + "</p>"
     else:
         front_block = _table(front_table) + "".join(commands)
-    total = accounting.set_index("outcome").loc["total"]
+    total = accounting.set_index("reason").loc["total"]
     preset = html.escape(ruleset.name) if ruleset is not None else "none"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>klsweep report: {name}</title>
@@ -189,6 +189,7 @@ rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <p>{int(total['steps_used'])} trial-steps, {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
 GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
 and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {max_steps} steps (saved steps are costed
-at each trial's own seconds per step).</p>{_table(accounting)}
+at each trial's own seconds per step), per stop reason: a health rule, the objective stopper, the
+scheduler.</p>{_table(accounting)}
 </body></html>
 """

@@ -15,7 +15,7 @@ from typing import Any
 from klsweep.errors import ResultsError
 
 #: Dotted sweep fields a resume may change (a field and everything below it).
-RESUMABLE = ("budget.trials", "budget.max_concurrent", "launcher", "wandb")
+RESUMABLE = ("budget.trials", "budget.max_concurrent", "budget.confirm", "launcher", "wandb")
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
