@@ -193,7 +193,9 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     # unpickling needs the trainable registered (a resumed sweep reads that file before; test_resume.py)
     import ray.cloudpickle as cloudpickle
 
-    assert cloudpickle.loads(cloudpickle.dumps(scheduler))._trials == {} and scheduler._trials
+    assert "_trials" not in scheduler.__getstate__() and "_pending" not in scheduler.__getstate__()
+    # a restored experiment unpickles the stopper's copy apart from the scheduler's: both see the live trials
+    assert cloudpickle.loads(cloudpickle.dumps(scheduler))._trials[trial.trial_id] is trial
     # a verl trial restarts only from a step verl still holds a checkpoint of (global_step_N/actor in its folder)
     verl = RemedyScheduler(load_sweep(sweep_file(tmp_path)).model_copy(update={"trainer": "verl"}))
     trial.set_config({KL_COEF_KEY: 0.05})
@@ -310,3 +312,49 @@ def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_fr
     assert [report(step, 0.005)[0] for step in (3, 4, 5)] == [False] * 3  # the new engine judges β = 0.005
     assert stopper.summary(trial.trial_id)["reports"] == 5  # steps 1-2 replayed, then 3-5
     assert report(6, 0.005)[0] is False and trial.trial_id not in stopper._history  # ended: history dropped
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigkill_of_the_driver_around_a_restart_then_resume_loses_and_duplicates_nothing(tmp_path):
+    """The driver is killed with SIGKILL as soon as a trial's remedied report is in its progress.csv (the restart
+    from step 3 planned, under way or just done); `sweep resume` ends the sweep with that trial remedied once and
+    every step of it in result.json once, β 0.05 before the restart and 0.005 after; a trial the resumed driver
+    starts is remedied too (its stopper and scheduler are unpickled apart: RemedyScheduler.__setstate__)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, steps = tmp_path / "out", 30
+    path = sweep_file(tmp_path, "killed", parameters={"kl_coef": {"values": [0.05, 0.005]},
+                                                      "trainer.save_freq": {"values": [1]}},
+                      seed_trials=[SEEDS[0]], budget={"max_steps": steps, "trials": 2, "max_concurrent": 1},
+                      health={"preset": "default", "rules": [BETA_REMEDY]})
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out), "--quiet"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 400
+    while not any("remedied:" in p.read_text() for p in (out / "tune").glob("*/progress.csv")):
+        assert driver.poll() is None and time.monotonic() < deadline, "no restart before the driver ended"
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    resumed = subprocess.run([sys.executable, "-m", "klsweep.cli", "resume", str(out), "--quiet"], env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
+
+    study = optuna.load_study(study_name="killed", storage=f"sqlite:///{out / 'study.db'}")
+    assert len(study.trials) == 2 and {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    trials = pd.read_csv(out / "trials.csv").set_index("trial_id")
+    flagged = [t for t in study.trials if t.params["algorithm.kl_ctrl.kl_coef"] == 0.05]
+    assert flagged  # the seed trial; the sampler may propose kl_coef 0.05 again (one started after the resume)
+    for trial in flagged:
+        [record] = json.loads(trial.user_attrs["remedies"])  # once, not once per driver
+        assert (record["step"], record["from_step"], record["new"]) == (4, 3, pytest.approx(0.005))
+        assert trial.user_attrs["steps"] == steps and trial.user_attrs["health"] == "healthy"
+        results = _result_json(out, trial.user_attrs["ray_trial_id"])
+        assert [r["step"] for r in results] == list(range(1, steps + 1))
+        assert [r[KL_COEFF_METRIC] for r in results] == pytest.approx([0.05] * 3 + [0.005] * (steps - 3))
+        assert json.loads(trials.loc[trial.user_attrs["ray_trial_id"], "remedies"]) == [record]

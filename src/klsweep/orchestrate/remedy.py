@@ -181,6 +181,12 @@ def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Ma
     return changes, skipped
 
 
+#: The driver's trials and planned restarts by Tune trial id, shared by every copy of :class:`RemedyScheduler` in
+#: the process (see :meth:`RemedyScheduler.__setstate__`); trial ids are unique across sweeps.
+_LIVE_TRIALS: dict[str, Trial] = {}
+_PENDING: dict[str, Remedy] = {}
+
+
 class RemedyScheduler(FIFOScheduler):
     """Ray Tune's FIFO scheduler that also restarts remedied trials from a checkpoint with a new config.
 
@@ -194,15 +200,22 @@ class RemedyScheduler(FIFOScheduler):
         super().__init__()
         self._sweep = sweep
         self._search = search
-        self._trials: dict[str, Trial] = {}
-        self._pending: dict[str, Remedy] = {}
+        self._trials, self._pending = _LIVE_TRIALS, _PENDING
 
     def __getstate__(self) -> dict[str, Any]:
         """Without the live trials: Tune pickles this scheduler with the experiment (``search_gen_state-*.json``
         holds the run config, whose stopper points here), and unpickling a ``Trial`` needs its trainable registered
         (``Trial.__setstate__``), which a resumed sweep's repair step reads before it is. A restored experiment adds
         its trials again (:meth:`on_trial_add`)."""
-        return {**self.__dict__, "_trials": {}, "_pending": {}}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_trials", "_pending")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled, it shares the driver's live trials and planned restarts with every other copy: a restored
+        experiment unpickles the stopper's copy (from ``search_gen_state-*.json``) apart from the scheduler's (from
+        ``tuner.pkl``), and without that the stopper's planner knew none of the trials Tune added after a ``sweep
+        resume`` ("not remedied: the trial is not known to the sweep's scheduler")."""
+        self.__dict__.update(state)
+        self._trials, self._pending = _LIVE_TRIALS, _PENDING
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         """Remember the trial, so that :meth:`plan` (called with its id by the stopper) finds its checkpoints."""
