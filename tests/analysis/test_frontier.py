@@ -290,10 +290,13 @@ def test_a_partial_sweeps_forecast_covers_the_true_peak_at_its_level():
 def test_sweep_frontier_fits_running_paths_and_leaves_out_negative_kl_steps(synthetic_sweep):
     from klsweep.analysis.frontier import sweep_frontier
 
-    from .conftest import FRONTIER_OBJECTIVES, frontier_specs
+    from .conftest import FRONTIER_OBJECTIVES, KL_TYPE, frontier_specs
 
-    specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 36.0])
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 36.0, 49.0])
     specs[5].update(state="RUNNING", steps=3)  # 3 of its 5 steps so far, on the law: fitted
+    # running with another searched estimator (k2: another scale), its whole overrides not yet in the study
+    specs[6].update(state="RUNNING", steps=4)
+    specs[6]["params"][KL_TYPE] = "k2"
     law = specs[0]["metrics"]
     # trial 0 logs a per-token KL of -0.001 at step 2 (a k1 estimate's noise): that step is left out, not the trial
     specs[0]["metrics"] = lambda params, step: {**law(params, step), **({"actor/kl_loss": -0.001} if step == 2 else {})}

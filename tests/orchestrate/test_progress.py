@@ -89,8 +89,11 @@ def _sweep_trial(run_dir, trial_id: str) -> Trial:
 def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasible(tmp_path):
     """Five finished trials and one running on the Gao RL law (alpha 1, beta 0.5 over 0.2; tests/analysis/conftest):
     every step lies on the law, so KL* = e**2 = 7.39 nats/sequence and the peak 0.2 + 0.5 e = 1.56, intervals
-    included; with three feasible trials the line says how many it waits for."""
+    included. Steps the live view was handed replace a trial's (lagging) result file in the fit. With three feasible
+    trials the line says how many it waits for."""
+    from klsweep.analysis.frontier import fit_frontier
     from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
+    from tests.analysis.conftest import VAL as GAO_VAL
 
     specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 36.0])
     specs[5].update(state="RUNNING", steps=3)  # its first 3 of 5 steps so far: fitted with the others
@@ -105,6 +108,22 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
             "score 1.56 [1.56, 1.56]\n") in _render(progress)
     assert progress._console.file.getvalue().splitlines()[-1].startswith("KL frontier (Gao RL form, 5 trials + 1")
 
+    # the running trial's steps as Tune hands them to the live view (its result file in the sweep directory lags):
+    # all 5, the last two 0.5 above the law; they replace the file's 3 steps in the fit
+    law = specs[5]["metrics"]
+    running = _sweep_trial(run_dir, "t00005")
+    for step in range(1, 6):
+        metrics = law({}, step)
+        metrics[GAO_VAL] += 0.5 if step > 3 else 0.0
+        progress.on_trial_result(step, [running], running, {**metrics, "training_iteration": step, "step": step})
+    progress.on_trial_start(3, [running], running)
+    d = np.sqrt([kl * s / 4 for kl in (1.0, 4.0, 9.0, 16.0, 25.0, 36.0) for s in range(5)])
+    score = 0.2 + np.where(d > 0, d * (1 - 0.5 * np.log(np.where(d > 0, d, 1.0))), 0.0)
+    score[-2:] += 0.5
+    expected = fit_frontier(d**2, score, 0.2, trials=np.repeat(range(6), 5), n_boot=10).best.kl_star
+    assert f"KL frontier (Gao RL form, 5 trials + 1 running): KL* = {expected:.3g} nats/sequence [" in _render(progress)
+    assert f"{expected:.3g}" != "7.39"
+
     few = make_sweep(tmp_path / "few", frontier_specs([1.0, 4.0, 9.0]), objectives=FRONTIER_OBJECTIVES)
     trial = _sweep_trial(few, "t00003")  # a trial starting: the ones that ended before it are in the study now
     progress.on_trial_start(2, [trial], trial)
@@ -116,16 +135,17 @@ def test_live_view_says_when_the_forecast_interval_is_too_wide(tmp_path):
     """Four trials whose scores sit 0.3 above or below the law, by trial: the bootstrap over trials spreads KL* far
     beyond its estimate, and the line says the interval is too wide to act on. The estimate is the least-squares
     fit through d = 0 of every step's gain over the trials' median first score, computed here with numpy."""
-    from tests.analysis.conftest import FRONTIER_OBJECTIVES, VAL, frontier_specs, make_sweep
+    from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
+    from tests.analysis.conftest import VAL as GAO_VAL
 
     specs = frontier_specs([1.0, 4.0, 9.0, 16.0])
     shifts = [0.3, -0.3, 0.3, -0.3]
     for spec, shift in zip(specs, shifts):
         law = spec["metrics"]
         spec["metrics"] = lambda params, step, law=law, shift=shift: {
-            **law(params, step), VAL: law(params, step)[VAL] + (shift if step > 1 else 0.0)}
+            **law(params, step), GAO_VAL: law(params, step)[GAO_VAL] + (shift if step > 1 else 0.0)}
     run_dir = make_sweep(tmp_path / "wide", specs, objectives=FRONTIER_OBJECTIVES)
-    progress = SweepProgress(4, [VAL], console=Console(file=io.StringIO()))
+    progress = SweepProgress(4, [GAO_VAL], console=Console(file=io.StringIO()))
     progress.setup()
     trial = _sweep_trial(run_dir, "t00003")
     progress.on_trial_complete(1, [trial], trial)

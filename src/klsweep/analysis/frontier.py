@@ -490,10 +490,10 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     ok = feasible(df)
     health = df["health"].fillna("healthy") if "health" in df else pd.Series("healthy", index=df.index)
     running = (df["state"] == "RUNNING") & (health != "stopped")
-    fitted = df[ok | running]
+    fitted = df[ok | (running & _same_kl_settings(df, df[ok]))]
     paths, points, stopped, reason = empty, empty, empty, None
     try:
-        paths = frontier_paths(history[history["trial_id"].isin(fitted["trial_id"])], metric, fitted)
+        paths = frontier_paths(history[history["trial_id"].isin(fitted["trial_id"])], metric, df[ok])
         points = _points(paths, metric, df[ok])
     except ResultsError as e:
         reason = str(e)
@@ -533,6 +533,21 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     n_running = int(fitted.loc[running, "trial_id"].isin(paths["trial_id"]).sum()) if len(paths) else 0
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
                          _seed_runs(points, df), paths, n_running, negative)
+
+
+#: verl keys (last component) that set the scale a trial's KL is measured on (:func:`klsweep.analysis.pareto.kl_scale`).
+_SCALE_KEYS = ("kl_loss_type", "kl_penalty", "loss_agg_mode", "loss_scale_factor", "use_kl_loss", "use_kl_in_reward")
+
+
+def _same_kl_settings(df: pd.DataFrame, finished: pd.DataFrame) -> pd.Series:
+    """Per trial, whether each KL-scale setting it holds (:data:`_SCALE_KEYS` among its ``config/`` columns) is one
+    the finished trials ran with. A running trial's row holds only its searched values until the study is told its
+    whole overrides, so its scale cannot be read by :func:`~klsweep.analysis.pareto.kl_scale`; one that searched
+    another estimator or aggregation is left out of the fit."""
+    same = pd.Series(True, index=df.index)
+    for column in (c for c in df.columns if c.startswith("config/") and c.rsplit(".", 1)[-1] in _SCALE_KEYS):
+        same &= df[column].isna() | df[column].astype(str).isin(set(finished[column].dropna().astype(str)))
+    return same
 
 
 def _points(paths: pd.DataFrame, metric: str, trials: pd.DataFrame) -> pd.DataFrame:

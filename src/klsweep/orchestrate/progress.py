@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from klsweep._format import param_labels, short
+from klsweep.analysis.frontier import RESPONSE_LENGTH
 from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, TRIALS_CSV
 from klsweep.verl.metrics import resolve
 
@@ -63,6 +64,10 @@ class SweepProgress(Callback):
         self._live: Live | None = None
         self._forecast = ""
         self._forecast_at = 0.0
+        # per trial, the (step, metric, value) the forecast fits, as Tune hands them over: the trials' result files
+        # in the sweep directory are synced from Tune's staging directory only now and then (all at the end of a
+        # fast sweep)
+        self._curves: dict[str, list[tuple[int, str, float]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks with the experiment; the terminal objects are rebuilt by setup().
@@ -105,6 +110,7 @@ class SweepProgress(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self._row(trial, result, "RUNNING")
+        self._keep(trial, result)
         if self._interactive and time.monotonic() - self._forecast_at >= FORECAST_EVERY_S:
             self._refresh_forecast(trial)  # the running trials' curves move the forecast too
         self._redraw()
@@ -142,13 +148,24 @@ class SweepProgress(Callback):
             )
             self._refresh_forecast(trial)
 
+    def _keep(self, trial, result: Mapping[str, Any]) -> None:
+        """Keep a reported step's reference KL, response length and objectives (what the forecast fits)."""
+        step = result.get(STEP, result.get("training_iteration"))
+        if not isinstance(step, int):
+            return
+        rows = self._curves.setdefault(trial.trial_id, [])
+        for name in (resolve(result, "ref_kl"), RESPONSE_LENGTH, *self._objectives):
+            value = result.get(name) if name else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                rows.append((step, name, float(value)))
+
     def _refresh_forecast(self, trial) -> None:
         """Refit the forecast from the sweep directory of ``trial`` (none for a trial outside a sweep); a pipe gets
         the line when it changed."""
         if trial.storage is None:
             return
         self._forecast_at = time.monotonic()
-        line = forecast_line(Path(trial.storage.experiment_fs_path).parent)
+        line = forecast_line(Path(trial.storage.experiment_fs_path).parent, self._curves)
         if line != self._forecast:
             self._forecast = line
             if not self._interactive:
@@ -182,20 +199,32 @@ class SweepProgress(Callback):
             self._live.stop()
 
 
-def forecast_line(run_dir: Path) -> str:
+def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float]]] | None = None) -> str:
     """The KL frontier forecast of the sweep in ``run_dir``: ``sweep status``'s frontier line
     (:func:`klsweep.orchestrate.status.frontier_line`: KL* and the peak score with 80 % intervals, "interval too wide"
     when it is), or, before :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible, how many are; a
-    forecast that fails says why (the sweep goes on)."""
+    forecast that fails says why (the sweep goes on).
+
+    Args:
+        curves: trial id → ``(step, metric, value)`` rows the live view kept as Tune handed them over; they replace
+            those trials' result files (which may lag), other trials' are read from ``run_dir``.
+    """
+    import pandas as pd
+
     from klsweep.analysis.frontier import MIN_POINTS
-    from klsweep.analysis.load import load
+    from klsweep.analysis.load import load, load_history
     from klsweep.analysis.pareto import feasible
     from klsweep.orchestrate.status import frontier_line
     from klsweep.results import SweepRecord
 
     try:
         df = load(run_dir)
-        line = frontier_line(str(run_dir), df, SweepRecord.read(run_dir))
+        history = load_history(run_dir)
+        if curves:
+            kept = pd.DataFrame([(t, step, name, value) for t, rows in curves.items() for step, name, value in rows],
+                                columns=["trial_id", "step", "metric", "value"])
+            history = pd.concat([history[~history["trial_id"].isin(curves)], kept], ignore_index=True)
+        line = frontier_line(str(run_dir), df, SweepRecord.read(run_dir), history)
     except Exception as e:  # a forecast that cannot be made now must not stop the sweep
         return f"KL frontier: no forecast now ({type(e).__name__}: {e})"
     if line is None:

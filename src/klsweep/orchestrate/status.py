@@ -47,13 +47,14 @@ def status(run_dir: str, console: Console | None = None) -> int:
     return 0
 
 
-def frontier_line(run_dir: str, df: pd.DataFrame, record) -> str | None:
+def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame | None = None) -> str | None:
     """The KL frontier forecast from the trials finished so far (:meth:`klsweep.analysis.frontier.SweepFrontier.
     summary`), once :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible; ``None`` before.
 
     ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
     seconds, once per sweep), as ``sweep report`` does, so both print the same KL*; elsewhere the median first
-    logged score. ``record`` is the sweep's :class:`klsweep.results.SweepRecord`, as :func:`status` read it.
+    logged score. ``record`` is the sweep's :class:`klsweep.results.SweepRecord`, as :func:`status` read it;
+    ``history`` the trials' steps (:func:`klsweep.analysis.load.load_history` columns; default: read from run_dir).
     """
     from klsweep.analysis.baseline import reference_scores
     from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
@@ -64,7 +65,8 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record) -> str | None:
         return None
     references = reference_scores(record.sweep.get("trainer", ""), [o.metric for o in record.objectives], df,
                                   cache_dir=run_dir)
-    return sweep_frontier((df, load_history(run_dir), record), references=references).summary()
+    history = load_history(run_dir) if history is None else history
+    return sweep_frontier((df, history, record), references=references).summary()
 
 
 def trials_table(sweep, df: pd.DataFrame) -> Table:
