@@ -454,7 +454,8 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
                    references: Mapping[str, float] | None = None) -> SweepFrontier:
     """Fit the KL frontier of a sweep on the paths (every validation step, :func:`frontier_paths`) of its feasible
     trials (COMPLETE, not stopped by a health rule) and of its running ones (their steps so far: the forecast while
-    the sweep runs), once :data:`MIN_POINTS` feasible trials have a point.
+    the sweep runs; one whose searched KL estimator or aggregation no finished trial ran is left out), once
+    :data:`MIN_POINTS` feasible trials have a point. The KL scales are checked on the finished trials.
 
     Args:
         source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.load.load`,
