@@ -3,11 +3,13 @@ proposals instead of replaying it (optuna/optuna#3255: a seeded sampler built ag
 
 from __future__ import annotations
 
+import math
+
 import optuna
 import pytest
 
 from klsweep.orchestrate.samplers import build_sampler, trial_seed
-from klsweep.space import define_space
+from klsweep.space import define_space, seed_params
 from klsweep.spec import load_sweep
 from klsweep.spec.schema import SAMPLERS
 from tests.orchestrate.conftest import sweep_file
@@ -82,10 +84,12 @@ def _random_proposal(seed: int, sweep) -> tuple:
 
 
 IDENTITIES = [
-    # budget 16 trials: klsweep's start-up default max(2, min(10, 16 // 4)) = 4, NSGA-II's population
-    # max(4, min(50, 16 // 2)) = 8 (Optuna's own defaults: 10 start-up trials, population 50, multivariate off)
-    ("tpe", optuna.samplers.TPESampler, {"_n_startup_trials": 4, "_multivariate": True}),
-    ("gp", optuna.samplers.GPSampler, {"_n_startup_trials": 4}),
+    # budget 16 trials: tpe and gp start with max(2, min(10, 16 // 16)) = 2 space-filling trials, then the model (its
+    # own random start-up only for a trial that starts before any finished); TPE scores 128 candidates; NSGA-II's
+    # population max(4, min(50, 16 // 2)) = 8 (Optuna's own defaults: 10 start-up trials, 24 candidates, population
+    # 50, multivariate off)
+    ("tpe", optuna.samplers.TPESampler, {"_n_startup_trials": 1, "_multivariate": True, "_n_ei_candidates": 128}),
+    ("gp", optuna.samplers.GPSampler, {"_n_startup_trials": 1}),
     ("nsga2", optuna.samplers.NSGAIISampler, {"_population_size": 8}),
     ("random", optuna.samplers.RandomSampler, {}),
     ("cmaes", optuna.samplers.CmaEsSampler, {}),
@@ -105,21 +109,74 @@ def test_each_sampler_name_is_optunas_sampler_with_klsweeps_settings(tmp_path, n
     inner = study.sampler.sampler  # the Optuna sampler StudySeededSampler built for the trial
     assert type(inner) is sampler_class
     assert {attribute: getattr(inner, attribute) for attribute in settings} == settings  # private in Optuna 5.0
-    if name != "cmaes":  # CMA-ES draws its first point from its own initial distribution, not uniformly
+    if name in ("random", "nsga2"):  # CMA-ES draws from its own initial distribution; tpe and gp: see below
         # seeded with the sweep seed through trial_seed: the first trial is the random draw of that seed
         assert first == _random_proposal(trial_seed(7, 0), sweep)
         assert first != _random_proposal(trial_seed(8, 0), sweep)
 
 
+def _slices(values, low: float, high: float, n: int, log: bool) -> list[int]:
+    """The slice (0..n-1) of ``[low, high]`` cut into n equal parts (in log space when ``log``) holding each value."""
+    lo, hi = (math.log(low), math.log(high)) if log else (low, high)
+    return sorted(min(int(((math.log(v) if log else v) - lo) / (hi - lo) * n), n - 1) for v in values)
+
+
 @pytest.mark.parametrize("name", ["tpe", "gp"])
-def test_model_based_samplers_propose_at_random_for_exactly_the_start_up_trials(tmp_path, name):
-    # start-up of 4 trials (budget 16): trials 0-3 are the random draws of their trial seeds, trial 4 is the model's
-    sweep = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler=name, seed=7, budget={"trials": 16}))
+def test_model_based_samplers_start_space_filling_then_use_the_model(tmp_path, name):
+    # 8 start-up trials: one in each eighth of every parameter's range (log for kl_coef), which 8 random draws give
+    # with probability 8!/8**8 < 0.3 % per parameter; trial 8 is the model's
+    sweep = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler={"name": name, "options": {
+        "n_startup_trials": 8}}, seed=7, budget={"trials": 16}))
     study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
-    proposed = _ask(study, sweep, 5)
-    random_draws = [_random_proposal(trial_seed(7, n), sweep) for n in range(5)]
-    assert proposed[:4] == random_draws[:4]
-    assert proposed[4] != random_draws[4]
+    proposed = [dict(p) for p in _ask(study, sweep, 9)]
+    kl = [p["algorithm.kl_ctrl.kl_coef"] for p in proposed]
+    entropy = [p["actor_rollout_ref.actor.entropy_coeff"] for p in proposed]
+    assert _slices(kl[:8], 0.0005, 0.05, 8, log=True) == list(range(8))
+    assert _slices(entropy[:8], 0.0, 0.01, 8, log=False) == list(range(8))
+    # deterministic by seed: the same seed gives the same design, another seed another one
+    again = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
+    assert [dict(p) for p in _ask(again, sweep, 8)] == proposed[:8]
+    other = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler={"name": name, "options": {
+        "n_startup_trials": 8}}, seed=8, budget={"trials": 16}))
+    assert [dict(p) for p in _ask(optuna.create_study(sampler=build_sampler(other), direction="maximize"), other,
+                                  8)] != proposed[:8]
+    # the model's trial is not the design's next point: the design of 9 start-up trials has another 9th row
+    longer = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler={"name": name, "options": {
+        "n_startup_trials": 9}}, seed=7, budget={"trials": 16}))
+    assert dict(_ask(optuna.create_study(sampler=build_sampler(longer), direction="maximize"), longer, 9)[8]) != \
+        proposed[8]
+
+
+def test_the_start_up_spreads_categorical_values_and_a_resume_continues_it(tmp_path):
+    # 4 values, 8 start-up trials: each value twice (random: 8 draws of 4 values are that even in 2.4 % of cases);
+    # a second driver after 3 trials continues the design: the 8 are the uninterrupted driver's, none repeated
+    space = {**RANGES, "entropy_coeff": {"values": [0.0, 0.001, 0.003, 0.01]}}
+    sweep = load_sweep(sweep_file(tmp_path, parameters=space, sampler={"name": "tpe", "options": {
+        "n_startup_trials": 8}}, seed=3, budget={"trials": 12}))
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = optuna.create_study(study_name="s", storage=storage, sampler=build_sampler(sweep), direction="maximize")
+    proposed = _ask(first, sweep, 3)
+    resumed = optuna.load_study(study_name="s", storage=storage, sampler=build_sampler(sweep))
+    proposed += _ask(resumed, sweep, 5)
+    assert sorted(dict(p)["actor_rollout_ref.actor.entropy_coeff"] for p in proposed) == [
+        0.0, 0.0, 0.001, 0.001, 0.003, 0.003, 0.01, 0.01]
+    assert len(set(proposed)) == 8
+    assert _ask(optuna.create_study(sampler=build_sampler(sweep), direction="maximize"), sweep, 8) == proposed
+
+
+def test_a_seed_trial_keeps_its_values_and_the_design_fills_the_rest(tmp_path):
+    seed_trial = {"kl_coef": 0.002, "entropy_coeff": 0.005}
+    sweep = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler={"name": "tpe", "options": {
+        "n_startup_trials": 4}}, seed=7, budget={"trials": 12}, seed_trials=[seed_trial]))
+    study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
+    for params in seed_params(sweep):
+        study.enqueue_trial(params)
+    proposed = [dict(p) for p in _ask(study, sweep, 4)]
+    assert proposed[0] == {"algorithm.kl_ctrl.kl_coef": 0.002, "actor_rollout_ref.actor.entropy_coeff": 0.005}
+    plain = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler={"name": "tpe", "options": {
+        "n_startup_trials": 4}}, seed=7, budget={"trials": 12}))
+    assert proposed[1:] == [dict(p) for p in _ask(optuna.create_study(sampler=build_sampler(plain),
+                                                                      direction="maximize"), plain, 4)][1:]
 
 
 def test_grid_is_optunas_grid_sampler_over_the_listed_values(tmp_path):

@@ -2,6 +2,7 @@
 
 Each is Optuna's own sampler, built for every trial with a seed derived from the sweep seed and the trial number
 (:class:`StudySeededSampler`), so that a resumed sweep continues the study's sequence instead of replaying it.
+The model-based ones (tpe, gp) start from a space-filling design instead of random draws (:class:`SpaceFillingStart`).
 Health stops reach the samplers as the trial constraint ``health`` (set by
 :class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
 """
@@ -9,12 +10,14 @@ Health stops reach the samplers as the trial constraint ``health`` (set by
 from __future__ import annotations
 
 import functools
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial
 
 from klsweep.errors import SweepFileError
@@ -24,13 +27,20 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
     """The Optuna sampler of ``sweep.sampler`` (name + options), seeded per trial from ``sweep.seed``
     (:class:`StudySeededSampler`).
 
-    TPE's random start-up phase defaults to ``max(2, min(10, trials // 4))`` trials so that a 16-trial sweep spends
-    most of its budget on model-guided trials (Optuna's default of 10 suits budgets of 100+).
+    tpe and gp start with ``n_startup_trials`` trials (seed trials included) at the points of a scrambled Sobol
+    sequence (:class:`SpaceFillingStart`); the default, ``max(2, min(10, trials // 16))``, leaves a 12-32-trial sweep
+    one space-filling trial after its seed trial and the rest of its budget to the model (Optuna's default of
+    10 random trials suits budgets of 100+). TPE also scores ``n_ei_candidates`` 128 candidates per trial (Optuna:
+    24), so that with the few observations of a small sweep it proposes the best of its density ratio rather than
+    a near-random draw from its wide kernels. Both were chosen on the tabular benchmark
+    (``benchmarks/search_efficiency.py --table``, BENCHMARKS.md).
 
     Raises:
         SweepFileError: the sampler cannot handle this sweep's space (grid over a continuous range, cmaes on a
             multi-objective or categorical space) or an option is not accepted by the Optuna sampler.
     """
+    from klsweep.space import parameters
+
     name = sweep.sampler.name
     options: dict[str, Any] = dict(sweep.sampler.options)
     multi = len(sweep.objectives) > 1
@@ -48,9 +58,112 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
             # GridSampler already keeps its sequence in the study (each trial's grid id is a system attribute) and
             # shuffles its grid once from the seed: seeded the same in every process, it continues after a resume.
             return _new_sampler(name, options, trials, _grid_space(sweep), sweep.seed)
+        if name in MODEL_BASED:
+            startup = options.pop("n_startup_trials", startup_trials(trials))
+            # the model's own random start-up only covers a trial that starts before any trial finished
+            after = {"n_startup_trials": 1, **options}
+            model = StudySeededSampler(functools.partial(_new_sampler, name, after, trials, None), seed=sweep.seed)
+            return SpaceFillingStart(model, list(parameters(sweep)), startup, seed=sweep.seed)
         return StudySeededSampler(functools.partial(_new_sampler, name, options, trials, None), seed=sweep.seed)
     except TypeError as e:
         raise SweepFileError([f"sampler.options: {e} — see the Optuna documentation of the {name} sampler"]) from None
+
+
+#: Samplers that fit a model to the trials so far and start from a space-filling design (:class:`SpaceFillingStart`).
+MODEL_BASED = ("tpe", "gp")
+
+
+def startup_trials(trials: int) -> int:
+    """klsweep's default start-up of tpe and gp for a budget of ``trials``: ``max(2, min(10, trials // 16))``, seed
+    trials included (2 up to 47 trials, 10 from 160)."""
+    return max(2, min(10, trials // 16))
+
+
+class SpaceFillingStart(optuna.samplers.BaseSampler):
+    """The first ``startup`` trials of a study (by trial number) at the points of a scrambled Sobol sequence seeded
+    with the sweep seed; every later trial from ``model``.
+
+    Trial ``n < startup`` takes row ``n`` of the sequence (Owen-scrambled Sobol, ``scipy.stats.qmc.Sobol``; Sobol
+    1967, Owen 1998): one column per sweep parameter in file order, mapped onto the parameter's own scale (log for
+    ``log_uniform_values``, equal shares of ``[0, 1)`` for categorical values). The first ``2**k`` rows of a Sobol
+    sequence put one point in each of ``2**k`` equal slices of every parameter's range, where random draws of a small
+    start-up often cluster. Rows depend on the sweep seed and the trial number only, never on the process, so a
+    resumed sweep continues the design instead of repeating it and the same seed gives the same design. A seed trial
+    (enqueued) keeps its own values and leaves its row unused.
+
+    Args:
+        model: the sampler of the trials after the start-up (TPE or GP, in a :class:`StudySeededSampler`).
+        names: the sweep's parameter names as Optuna sees them (resolved verl keys), in file order.
+        startup: trials of the space-filling start, seed trials included (0: none).
+        seed: the sweep seed (scrambles the sequence).
+    """
+
+    def __init__(self, model: optuna.samplers.BaseSampler, names: Sequence[str], startup: int, seed: int) -> None:
+        self.model = model
+        self.startup = startup
+        self._columns = {name: i for i, name in enumerate(names)}
+        self._rows = _sobol(len(names), startup, seed)
+
+    @property
+    def sampler(self) -> optuna.samplers.BaseSampler:
+        """The Optuna sampler of the model phase's current trial (see :class:`StudySeededSampler`)."""
+        return getattr(self.model, "sampler", self.model)
+
+    def _starting(self, trial: FrozenTrial) -> bool:
+        return trial.number < self.startup
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.model.before_trial(study, trial)  # also seeds the model's independent draws of this trial
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {} if self._starting(trial) else self.model.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {} if self._starting(trial) else self.model.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        if self._starting(trial) and param_name in self._columns:
+            return _at(float(self._rows[trial.number, self._columns[param_name]]), param_distribution)
+        return self.model.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: optuna.trial.TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.model.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.model.reseed_rng()
+
+
+def _sobol(dimensions: int, rows: int, seed: int) -> np.ndarray:
+    """``rows × dimensions`` points of the Owen-scrambled Sobol sequence seeded ``seed``, in ``[0, 1)``."""
+    from scipy.stats import qmc
+
+    if rows == 0 or dimensions == 0:
+        return np.zeros((rows, dimensions))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "balance properties ... n = 2**m": any prefix is still a design
+        return qmc.Sobol(dimensions, scramble=True, seed=seed).random(rows)
+
+
+def _at(u: float, distribution: BaseDistribution) -> Any:
+    """The value of ``distribution`` at quantile ``u`` of its own scale (log for log ranges, equal shares of the
+    unit interval for categorical choices, rounded to a ranged step)."""
+    if isinstance(distribution, CategoricalDistribution):
+        choices = distribution.choices
+        return choices[min(int(u * len(choices)), len(choices) - 1)]
+    if not isinstance(distribution, (FloatDistribution, IntDistribution)):
+        raise TypeError(f"no space-filling value for {distribution!r}")
+    low, high = float(distribution.low), float(distribution.high)
+    if distribution.log:
+        value = math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
+    else:
+        value = low + u * (high - low)
+    if distribution.step is not None:
+        value = low + round((value - low) / distribution.step) * distribution.step
+    value = min(max(value, low), high)
+    return int(round(value)) if isinstance(distribution, IntDistribution) else value
 
 
 class StudySeededSampler(optuna.samplers.BaseSampler):
@@ -114,9 +227,10 @@ def _new_sampler(name: str, options: dict[str, Any], trials: int, grid: dict[str
     Raises:
         TypeError: an option the Optuna sampler does not accept.
     """
-    startup = max(2, min(10, trials // 4))
+    startup = startup_trials(trials)
     if name == "tpe":
-        return optuna.samplers.TPESampler(**{"n_startup_trials": startup, "multivariate": True, **options}, seed=seed)
+        return optuna.samplers.TPESampler(
+            **{"n_startup_trials": startup, "multivariate": True, "n_ei_candidates": 128, **options}, seed=seed)
     if name == "gp":
         return optuna.samplers.GPSampler(**{"n_startup_trials": startup, **options}, seed=seed)
     if name == "nsga2":
