@@ -28,22 +28,35 @@ kl_coef on 5 points, one training seed; the table takes most of the time (2 proc
     python benchmarks/search_efficiency.py [--steps 30] [--batch 8] [--seeds 5]
 
 ``--table`` (issue 16) uses the tabular benchmark (benchmarks/tabular/) instead of training: for each table file
-and sampler (the file's own, random, grid over the table's grid points without the file's seed trials), ``--seeds``
-sweeps of ``--trials`` trials run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials and
-health rules, trials served from the table, stopped trials cost their steps up to the stop). The grid knows where
-the table's points are, which no grid over a real space does: it is a lower bound on a real grid's cost.
-Target: a trial served a grid point within noise of the true best, i.e. healthy in every seed with a mean objective
-≥ best mean − best seed sd (``reference.py``).
-Cost: trial-steps until the first such trial that ends healthy (a sweep that never gets there counts all its steps,
-a lower bound). The last line gives the ratios random ÷ file's sampler and grid ÷ file's sampler of the mean cost,
-pooled over the files, with bootstrap 95 % intervals over sweeps.
+and searcher, ``--seeds`` sweeps of ``--trials`` trials (sweep seeds ``--first-seed`` on; the sweep seed is also the
+trial's training seed) run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials, health rules
+and objective stopper as the file says, ``--objective off`` without it; one trial at a time; a stopped trial costs its
+steps up to the stop). Searchers: the file's own sampler; random (the file's seed trials, then Optuna's
+RandomSampler); a grid as a user writes it for the budget (:func:`user_grid`: no seed trials, every recorded
+category, ``k`` round values per range evenly spaced in its own scale with ``k`` the largest that fits the budget,
+in GridSampler's shuffled order); and the oracle, a lower bound for any sampler (the file's seed trials, then
+straight to the answer). Two measures:
 
-    python benchmarks/search_efficiency.py --table [--trials 16] [--seeds 20] [TABLE ...]
+* single objective: trial-steps until the first trial that ends healthy at a grid point within noise of the true
+  best (healthy in every seed, mean ≥ best mean − best seed sd, ``reference.py``);
+* two objectives (the file's objective and its KL metric ↓, as ``objective: [...]`` in the file; tables with a KL
+  metric only), health a constraint as ``sweep run`` records it: trial-steps until the points of the trials that
+  ended healthy, scored by their means over the table's seeds (healthy points only), reach 95 % of the hypervolume
+  of all healthy points (reference point: the worst mean of each objective over the table).
+
+A sweep that never gets there counts all its steps (a lower bound). The last lines give, per measure, the ratios
+random ÷ file's sampler, grid ÷ file's sampler and oracle ÷ file's sampler of the mean cost pooled over the files
+(bootstrap 95 % intervals over sweeps), and random ÷ oracle: the most any sampler could show against random here.
+
+    python benchmarks/search_efficiency.py --table [--trials 16] [--seeds 20] [--first-seed 0]
+        [--objective file|off] [TABLE ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import math
 import random
 import statistics
@@ -60,6 +73,8 @@ KL_POINTS = (0.001, 0.01, 0.1, 1.0, 10.0)
 KEYS = ("actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type",
         "actor_rollout_ref.actor.loss_agg_mode")
 SAMPLERS = ("tpe", "random", "grid")
+TARGET_VOLUME = 0.95
+"""--table, two objectives: the fraction of the reference hypervolume a sweep must reach."""
 MAX_TRIALS = 100
 """Trials a search may take; its sampler is still built for the file's budget (TPE: 3 random start-up trials)."""
 
@@ -128,42 +143,201 @@ def search(name: str, seed: int, results: dict, budget: float, target: float, st
     return None
 
 
-def table_costs(table: Path, sampler: str, trials: int, seeds: int) -> tuple[list[int], list[bool]]:
-    """Per sweep seed: trial-steps until the first healthy trial at a within-noise point, and whether it got there."""
+def within_noise(ref: dict) -> list[dict]:
+    """The grid points within seed noise of the true best: healthy in every seed, mean ≥ best mean − best seed sd."""
+    best = ref["best"]
+    sign = 1.0 if ref["mode"] == "max" else -1.0
+    floor = best["mean"] - sign * (best["std"] if math.isfinite(best["std"]) else 0.0)
+    return [p["params"] for p in ref["points"] if p["healthy"] and sign * p["mean"] >= sign * floor]
+
+
+def user_grid(table: Path, trials: int) -> list[str]:
+    """Sweep-file overrides of the grid a user writes for a budget of ``trials``: every categorical value the table
+    recorded, and the same number ``k`` of values per range, evenly spaced in the range's own scale (log10 for
+    ``log_uniform_values``) from its min to its max and rounded to one significant digit as a blog table prints them,
+    with ``k`` the largest that keeps the grid within the budget (at least 2); no seed trials. Run in the order
+    Optuna's GridSampler draws (shuffled by the sweep seed)."""
+    from klsweep.spec import load_sweep
+    from klsweep.trainers.tabular import load_table, recorded_values
+
+    header = load_table(str(table)).header
+    sweep = load_sweep(REPO / header["source"])
+    sweep = load_sweep(REPO / header["source"], recorded_values(sweep, header))
+    ranges = {n: p for n, p in sweep.parameters.items() if not hasattr(p, "values") and not hasattr(p, "value")}
+    combos = math.prod(len(p.values) for p in sweep.parameters.values() if hasattr(p, "values"))
+    k = 2
+    while ranges and combos * (k + 1) ** len(ranges) <= trials:
+        k += 1
+    extra = ["seed_trials=[]"]
+    for name, p in ranges.items():
+        log = p.distribution == "log_uniform_values"
+        lo, hi = (math.log10(p.min), math.log10(p.max)) if log else (p.min, p.max)
+        values = sorted({float(f"{(10 ** x if log else x):.1g}") for x in (lo + i * (hi - lo) / (k - 1)
+                                                                          for i in range(k))})
+        extra.append(f"parameters.{name}={{values: [{', '.join(map(str, values))}]}}")
+    return extra
+
+
+def sampler_extra(table: Path, sampler: str, trials: int) -> tuple[str, ...]:
+    """The sweep-file overrides of one searcher: ``file`` (the file's own sampler), ``random``, ``grid``
+    (:func:`user_grid`)."""
+    extra = [f"budget.trials={trials}"]
+    if sampler == "grid":
+        extra += user_grid(table, trials)
+    if sampler != "file":
+        extra.append(f"sampler={sampler}")
+    return tuple(extra)
+
+
+def single_costs(table: Path, sampler: str, trials: int, seeds: range, stop: bool) -> list[int]:
+    """Per sweep seed: trial-steps until the first trial that ends healthy at a within-noise point (a sweep that
+    never gets there counts all its steps: a lower bound)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "tabular"))
     from early_stop_savings import table_sweep
     from reference import reference
 
+    good = within_noise(reference(table))
+    costs = []
+    for seed in seeds:
+        used = 0
+        for t in table_sweep(table, seed, None, sampler_extra(table, sampler, trials), objective_stop=stop):
+            used += t["used"]
+            if not t["stopped"] and t["point"] in good:
+                break
+        costs.append(used)
+    return costs
+
+
+def pareto_problem(table: Path) -> dict | None:
+    """The two-objective problem of a table (objective ↑ or ↓ as the file says, its KL metric ↓): the objective
+    override, the point means, which points are healthy in every seed, the nadir of the point means (reference
+    point) and the hypervolume of the healthy points (the reference hypervolume); None without a KL metric."""
+    import pandas as pd
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tabular"))
+    from reference import reference
+
+    from klsweep.analysis.pareto import hypervolume
+
+    ref = reference(table)
+    if ref["kl_metric"] is None:
+        return None
+    objectives = [("value", ref["mode"]), ("kl", "min")]
+    values = {json.dumps(p["params"], sort_keys=True): (p["mean"], p["kl_mean"]) for p in ref["points"]}
+    healthy = {json.dumps(p["params"], sort_keys=True) for p in ref["points"] if p["healthy"]}
+    worst = min if ref["mode"] == "max" else max
+    nadir = (worst(v for v, _ in values.values()), max(k for _, k in values.values()))
+
+    def volume(points: set[str]) -> float:
+        rows = [values[p] for p in points if p in healthy]
+        df = pd.DataFrame({"value": [v for v, _ in rows], "kl": [k for _, k in rows], "state": "COMPLETE"})
+        return hypervolume(df, objectives, nadir) if rows else 0.0
+
+    return {"objective": f"objective=[{{metric: {ref['objective']}, mode: {ref['mode']}}}, "
+                         f"{{metric: {ref['kl_metric']}, mode: min}}]",
+            "volume": volume, "reference": volume(healthy), "healthy": healthy, "nadir": nadir}
+
+
+def pareto_sweep(table: Path, seed: int, extra: tuple[str, ...], stop: bool) -> list[dict]:
+    """One two-objective sweep of the table's file (the overrides ``extra`` include the objective list), as
+    ``sweep run`` records it (:class:`klsweep.orchestrate.searcher.KlsweepSearch`): a health stop is COMPLETE with
+    its last values and the constraint ``health`` violated (FAIL without both values), an objective stop PRUNED, a
+    healthy trial COMPLETE and feasible. Per trial: ``point`` (JSON of the served grid point), ``used`` steps,
+    ``healthy``."""
+    import optuna
+
+    from klsweep.health import HealthEngine, load_ruleset
+    from klsweep.orchestrate.objective_stop import ObjectiveRule
+    from klsweep.orchestrate.samplers import build_sampler
+    from klsweep.results import HEALTH_CONSTRAINT
+    from klsweep.space import define_space, seed_params, trial_overrides
+    from klsweep.spec import load_sweep
+    from klsweep.trainers.tabular import TabularTrainer, load_table, recorded_values
+
+    header = load_table(str(table)).header
+    sweep = load_sweep(REPO / header["source"], [f"seed={seed}", *extra])
+    sweep = load_sweep(REPO / header["source"], [f"seed={seed}", *extra, *recorded_values(sweep, header)])
+    metrics_of = [(o.metric, o.mode) for o in sweep.objectives]
+    study = optuna.create_study(directions=["maximize" if m == "max" else "minimize" for _, m in metrics_of],
+                                sampler=build_sampler(sweep))
+    for params in seed_params(sweep):
+        study.enqueue_trial(params)
+    space, rules = define_space(sweep), load_ruleset(sweep.health)
+    judge = ObjectiveRule(metrics_of, sweep.budget.max_steps, sweep.stopping.objective) if (
+        stop and sweep.stopping.objective) else None
+    out = []
+    for _ in range(sweep.budget.trials):
+        trial = study.ask()
+        constants = space(trial)  # suggests: trial.params is filled only now
+        overrides = trial_overrides(sweep, {**trial.params, **constants})
+        trainer, engine = TabularTrainer(overrides, table=table), HealthEngine(rules, overrides)
+        used, kind = trainer.total_steps, None
+        while trainer.global_step < trainer.total_steps:
+            metrics = trainer.train_step()
+            if engine.update(trainer.global_step, metrics).stop:
+                used, kind = trainer.global_step, "health"
+                break
+            if judge is not None and judge.update(str(trial.number), trainer.global_step, metrics):
+                used, kind = trainer.global_step, "objective"
+                break
+        last = [next((m[k] for _, m in reversed(trainer.reports) if k in m), math.nan) for k, _ in metrics_of]
+        out.append({"point": json.dumps(trainer.point, sort_keys=True), "used": used, "healthy": kind is None})
+        finite = all(math.isfinite(v) for v in last)
+        trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if kind == "health" else -1.0)
+        try:
+            if kind == "objective":
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            elif finite:
+                study.tell(trial, last)
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except RuntimeError as e:  # GridSampler's Study.stop() once every grid point ran: the sweep is over
+            if "Study.stop" not in str(e):
+                raise
+            break
+    return out
+
+
+def pareto_costs(table: Path, problem: dict, sampler: str, trials: int, seeds: range, stop: bool) -> list[int]:
+    """Per sweep seed: trial-steps until the healthy-ended trials' points (scored by their means over the table's
+    seeds, healthy points only) reach 95 % of the reference hypervolume (else all the sweep's steps)."""
+    costs = []
+    for seed in seeds:
+        used, found = 0, set()
+        for t in pareto_sweep(table, seed, (*sampler_extra(table, sampler, trials), problem["objective"]), stop):
+            used += t["used"]
+            if t["healthy"]:
+                found.add(t["point"])
+                if problem["volume"](found) >= TARGET_VOLUME * problem["reference"]:
+                    break
+        costs.append(used)
+    return costs
+
+
+def oracle_costs(table: Path, problem: dict | None, seeds: range) -> list[int]:
+    """Per sweep seed, the least any sampler can pay: the file's seed trials (as served and stopped in that sweep)
+    then, for the single objective, one full run of a within-noise point; for two objectives (``problem``), the
+    fewest full runs of healthy points whose hypervolume reaches the target."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tabular"))
+    from early_stop_savings import table_sweep
+
     from klsweep.spec import load_sweep
     from klsweep.trainers.tabular import load_table
 
-    ref, header = reference(table), load_table(str(table)).header
-    best = ref["best"]
-    floor = best["mean"] - (best["std"] if math.isfinite(best["std"]) else 0.0)
-    sign = 1.0 if ref["mode"] == "max" else -1.0
-    good = [p["params"] for p in ref["points"] if p["healthy"] and sign * p["mean"] >= sign * floor]
-    extra = [f"budget.trials={trials}"]
-    if sampler == "grid":  # ranges become the table's grid points (a grid sampler needs values), no seed trials
-        sweep = load_sweep(REPO / header["source"])
-        extra.append("seed_trials=[]")
-        axes = header["parameters"]
-        for name, key in zip(sweep.parameters, axes):
-            if axes[key]["scale"] != "categorical":
-                extra.append(f"parameters.{name}={{values: [{', '.join(map(str, axes[key]['grid']))}]}}")
-    if sampler != "file":
-        extra.append(f"sampler={sampler}")
-    costs, reached = [], []
-    for seed in range(seeds):
-        used = 0
-        for t in table_sweep(table, seed, None, tuple(extra)):
-            used += t["used"]
-            if not t["stopped"] and t["point"] in good:
-                reached.append(True)
-                break
-        else:
-            reached.append(False)
-        costs.append(used)
-    return costs, reached
+    header = load_table(str(table)).header
+    sweep = load_sweep(REPO / header["source"])
+    runs = 1
+    if problem is not None:
+        points = sorted(problem["healthy"])
+        runs = next(n for n in range(1, len(points) + 1) if any(
+            problem["volume"](set(c)) >= TARGET_VOLUME * problem["reference"]
+            for c in itertools.combinations(points, n)))
+    costs = []
+    for seed in seeds:
+        start = sum(t["used"] for t in table_sweep(table, seed, None, (f"budget.trials={len(sweep.seed_trials)}",),
+                                                   objective_stop=False))
+        costs.append(start + runs * sweep.budget.max_steps)
+    return costs
 
 
 def ratio_interval(num: list[int], den: list[int], draws: int = 2000) -> tuple[float, float]:
@@ -174,25 +348,41 @@ def ratio_interval(num: list[int], den: list[int], draws: int = 2000) -> tuple[f
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def table_main(tables: list[Path], trials: int, seeds: int) -> None:
-    """``--table``: cost to reach a within-noise config per file and sampler; pooled ratios last."""
-    pooled: dict[str, list[int]] = {name: [] for name in ("file", "random", "grid")}
+def table_main(tables: list[Path], trials: int, seeds: range, stop: bool) -> None:
+    """``--table``: per file and searcher, the mean cost of both measures; pooled ratios with intervals last."""
+    names = ("file", "random", "grid", "oracle")
+    pooled: dict[str, dict[str, list[int]]] = {m: {n: [] for n in names} for m in ("single", "pareto")}
     for table in tables:
         start = time.perf_counter()
-        line = []
-        for name in pooled:
-            costs, reached = table_costs(table, name, trials, seeds)
-            pooled[name] += costs
-            line.append(f"{name} {statistics.fmean(costs):.0f} ({sum(reached)}/{seeds} reached)")
-        print(f"{table.name}: mean trial-steps to a within-noise config, {trials} trials: {'; '.join(line)} "
-              f"[{time.perf_counter() - start:.0f} s]")
-    ratios = {}
-    for name in ("random", "grid"):
-        ratios[name] = statistics.fmean(pooled[name]) / statistics.fmean(pooled["file"])
-        lo, hi = ratio_interval(pooled[name], pooled["file"])
-        print(f"{name} ÷ file's sampler: {ratios[name]:.2f} [{lo:.2f}, {hi:.2f}] (bootstrap 95 %)")
-    print(f"trial-steps ratio random/file-sampler {ratios['random']:.2f} (goal ≥ 3), grid/file-sampler "
-          f"{ratios['grid']:.2f} (goal ≥ 4)")
+        problem = pareto_problem(table)
+        for measure in ("single", "pareto"):
+            if measure == "pareto" and problem is None:
+                print(f"{table.name}: no KL metric, single objective only")
+                continue
+            line = []
+            for name in names:
+                if name == "oracle":
+                    costs = oracle_costs(table, problem if measure == "pareto" else None, seeds)
+                elif measure == "single":
+                    costs = single_costs(table, name, trials, seeds, stop)
+                else:
+                    costs = pareto_costs(table, problem, name, trials, seeds, stop)
+                pooled[measure][name] += costs
+                line.append(f"{name} {statistics.fmean(costs):.0f}")
+            print(f"{table.name} {measure}: mean trial-steps, {trials} trials: {'; '.join(line)} "
+                  f"[{time.perf_counter() - start:.0f} s]")
+    last = []
+    for measure, costs in pooled.items():
+        for name in ("random", "grid", "oracle"):
+            ratio = statistics.fmean(costs[name]) / statistics.fmean(costs["file"])
+            lo, hi = ratio_interval(costs[name], costs["file"])
+            print(f"{measure}: {name} ÷ file's sampler {ratio:.2f} [{lo:.2f}, {hi:.2f}] (bootstrap 95 %, "
+                  f"{len(costs['file'])} sweeps)")
+            if name != "oracle":
+                last.append(f"{measure} {name}/file {ratio:.2f}")
+        ceiling = statistics.fmean(costs["random"]) / statistics.fmean(costs["oracle"])
+        print(f"{measure}: random ÷ oracle {ceiling:.2f} (the most any sampler could show against random)")
+    print(f"trial-steps ratios {', '.join(last)} (goal: random ≥ 3, grid ≥ 4)")
 
 
 def main() -> None:
@@ -204,6 +394,9 @@ def main() -> None:
                         help="fractions of the best accuracy within budget to reach; the first is the headline")
     parser.add_argument("--table", action="store_true", help="sweeps on the tabular benchmark (issue 16)")
     parser.add_argument("--trials", type=int, default=16, help="--table: trials per sweep")
+    parser.add_argument("--first-seed", type=int, default=0, help="--table: seed of the first sweep")
+    parser.add_argument("--objective", choices=("file", "off"), default="file",
+                        help="--table: the objective stopper as the file's stopping.objective says, or off")
     parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
     import optuna
@@ -212,7 +405,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     if args.table:
         table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.trials,
-                   args.seeds)
+                   range(args.first_seed, args.first_seed + args.seeds), args.objective == "file")
         return
     start = time.perf_counter()
     results = table(args.steps, args.batch)
