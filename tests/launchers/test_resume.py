@@ -142,8 +142,8 @@ def test_a_later_start_of_the_trial_continues_its_curve(verl_standin, tmp_path, 
 @pytest.mark.slow  # two runs of the stand-in, each starting its own Ray as verl's main_ppo does
 def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_standin, tmp_path):
     """A KL runaway (the stand-in's KL = 0.5 × step × 0.01 / β) passes 0.3 at step 7, where Tune pauses the trial
-    (the remedy, issue 17); Tune restores it from its step-4 checkpoint with kl_coef = 1.5 × the coefficient logged
-    last: verl resumes from global_step_4 (resume_path, not auto: its tracker names 6), the abandoned run's
+    (the remedy, issue 17), which restarts it from step 4 with kl_coef = 1.5 × the coefficient logged last: verl
+    resumes from global_step_4 (resume_path, not auto: its tracker names 6), the abandoned run's
     checkpoint 6 is gone before the restart, Tune is told steps 5-10 again, and the KL stays below 0.3."""
     from verl.trainer.ppo import core_algos
 
@@ -163,7 +163,7 @@ def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_stan
     remedied = first[-1]["actor/reward_kl_penalty_coeff"] * 1.5
     again: list[dict] = []
     run_process_trial(runaway | {"algorithm.kl_ctrl.kl_coef": remedied}, trainer=verl_standin, trial_dir=tmp_path,
-                      report=again.append, restored_step=4)
+                      report=again.append, rewind_to=4)
     argv = _argv(attempt_dir(tmp_path, 2))
     assert "trainer.resume_mode=resume_path" in argv
     assert f"trainer.resume_from_path='{checkpoints / 'global_step_4'}'" in argv
@@ -187,8 +187,9 @@ def test_rewind_removes_the_abandoned_checkpoints_and_refuses_what_is_no_rewind(
         (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
     (tmp_path / "global_step_1").mkdir()  # a checkpoint verl removed past max_actor_ckpt_to_keep: no actor/
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("6")
-    assert rewind(tmp_path, 6) is None and rewind(tmp_path, 7) is None  # not before verl's latest
-    assert rewind(tmp_path, 5) is None and rewind(tmp_path, 1) is None  # no checkpoint there
+    assert rewind(tmp_path, 7) is None and rewind(tmp_path, 5) is None  # no checkpoint there
+    assert rewind(tmp_path, 1) is None  # removed past max_actor_ckpt_to_keep
+    assert checkpointed_step(tmp_path) == 6
     assert rewind(tmp_path, 4) == {"trainer.resume_mode": "resume_path",
                                    "trainer.resume_from_path": str(tmp_path / "global_step_4")}
     assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2",

@@ -263,3 +263,53 @@ def test_a_trial_tune_retries_resumes_from_its_checkpoint(ray_local, tmp_path):
     assert json.loads((trial_dir / "failure.json").read_text())["kind"] == "error"
     assert json.loads((attempt_dir(trial_dir, 2) / "metrics.jsonl").read_text().splitlines()[0])["step"] == 7
     assert list(rows["training_iteration"]) == list(range(1, 11))  # restored from the step-7 result: 8, 9, 10
+
+
+def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_local, tmp_path):
+    """Issue 17 on the trial process path: the stand-in's KL runs away (0.5 × step × 0.01 / β, β = kl_coef 0.1 under
+    the fixed controller) and passes 0.3 at step 7; the remedy (kl_coef ×2) restarts the same Tune trial from the
+    checkpoint before that step that verl still holds, 6 (save_freq 2, 3 kept), with resume_mode=resume_path, and the
+    trial ends healthy at step 10 (KL 0.25) with one schedule entry and each step once in result.json."""
+    import functools
+
+    from klsweep.health import HealthStopper, load_ruleset
+    from klsweep.launchers.resume import KL_COEF_KEY
+    from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler, ResultsFromCheckpoint, overrides_of
+    from klsweep.spec import load_sweep
+    from tests.orchestrate.conftest import sweep_file
+
+    from .tune_trials import verl_sweep_trial
+
+    rule = {"name": "kl_high", "metric": "actor/reward_kl_penalty", "above": 0.3, "action": "stop",
+            "kind": "diverged", "remedy": {"kl_coef": "*2"}, "max_remedies": 1}
+    embedded = load_sweep(sweep_file(tmp_path, budget={"max_steps": 10, "trials": 1},
+                                     parameters={"kl_coef": {"values": [0.1]}},
+                                     health={"preset": "none", "rules": [rule]}))
+    # the stand-in's knob rides along with the verl overrides (a sweep file refuses a key that is not verl's)
+    sweep = embedded.model_copy(update={"trainer": "verl",
+                                        "overrides": {**embedded.overrides, "kl_rise": 0.5, "trainer.save_freq": 2}})
+    scheduler = RemedyScheduler(sweep)
+    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(overrides_of, sweep),
+                            remedies=scheduler)
+    tuner = tune.Tuner(
+        tune.with_parameters(verl_sweep_trial, sweep=sweep),
+        param_space={"kl_coef": 0.1},
+        tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=1, reuse_actors=False),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="remedy", verbose=0, stop=stopper,
+                                  callbacks=[ResultsFromCheckpoint(in_process=False)],
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    (result,) = tuner.fit()
+
+    assert result.error is None and result.metrics["step"] == 10 and result.metrics["health"] == "healthy"
+    [record] = result.config[REMEDIES]
+    assert (record["step"], record["from_step"], record["key"]) == (7, 6, KL_COEF_KEY)
+    assert (record["old"], record["new"]) == (0.1, pytest.approx(0.2))
+    trial_dir = Path(result.path)
+    argv = json.loads((attempt_dir(trial_dir, 2) / "spec.json").read_text())["argv"]
+    assert f"trainer.resume_from_path='{trial_dir / 'checkpoints' / 'global_step_6'}'" in argv
+    assert "trainer.resume_mode=resume_path" in argv and "trainer.max_actor_ckpt_to_keep=3" in argv
+    rows = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert [r["actor/reward_kl_penalty_coeff"] for r in rows] == pytest.approx([0.1] * 6 + [0.2] * 4)
+    assert max(r["actor/reward_kl_penalty"] for r in rows[6:]) == pytest.approx(0.25)

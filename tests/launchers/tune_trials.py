@@ -79,6 +79,21 @@ def verl_trial(config):
 verl_trial.__mixins__ = run_trial.__mixins__
 
 
+def verl_sweep_trial(config, sweep):
+    """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``verl``), the
+    stand-in as verl's main_ppo: a remedied trial restarts it from verl's checkpoint (issue 17)."""
+    import dataclasses
+
+    from klsweep.trainers import TRAINERS
+
+    TRAINERS["verl"] = dataclasses.replace(TRAINERS["verl"], module="fake_trainer")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    run_trial(config, sweep=sweep)
+
+
+verl_sweep_trial.__mixins__ = run_trial.__mixins__
+
+
 def sweep_trial(config, sweep):
     """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``fake``), as the
     sweep's Tuner runs it; ``config`` are the trial's params (for the fake trainer: ``steps``, ``hang``, ...)."""

@@ -154,7 +154,7 @@ def run_process_trial(
     timeout_s: float | None = None,
     grace_s: float = 5.0,
     retries: int = 1,
-    restored_step: int | None = None,
+    rewind_to: int | None = None,
 ) -> None:
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
@@ -164,11 +164,10 @@ def run_process_trial(
     (a Tune retry, ``sweep resume``), resumes from the trial's own last checkpoint (``trainer.save_freq``,
     verl's ``resume_mode=auto``) with the KL controller's coefficient carried over
     (:func:`klsweep.launchers.resume.resume_overrides`); steps that the trial's earlier attempts logged are not
-    reported again, so the curve Tune sees has each step once, in order. A verl trial Tune restores from an earlier
-    step than its last checkpoint (``restored_step``: a remedy, :mod:`klsweep.orchestrate.remedy`) restarts from
-    verl's checkpoint at that step (``trainer.resume_mode=resume_path``, :func:`klsweep.launchers.resume.rewind`)
-    with ``overrides`` as they are (the remedy's coefficient, not the one logged there), and reports the steps
-    after it again.
+    reported again, so the curve Tune sees has each step once, in order. A verl trial a remedy restarts
+    (``rewind_to``, :mod:`klsweep.orchestrate.remedy`) continues from verl's checkpoint at that step
+    (``trainer.resume_mode=resume_path``, :func:`klsweep.launchers.resume.rewind`) with ``overrides`` as they are
+    (the remedy's coefficient, not the one logged there), and reports the steps after it again.
 
     Args:
         overrides: the trial's flat verl overrides.
@@ -188,7 +187,8 @@ def run_process_trial(
             reference log): size it for the whole run, not per step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
         retries: how many new attempts a retryable failure gets.
-        restored_step: the step of the Tune checkpoint the trial was restored from (None: a fresh start).
+        rewind_to: the step a remedy restarts the trial from (None: none; ignored when verl no longer holds a
+            checkpoint of it: the trial then continues as any restarted trial).
 
     Raises:
         TrialFailed: the process failed; ``.kind`` is a :data:`klsweep.launchers.failures.KINDS` entry, recorded
@@ -212,8 +212,8 @@ def run_process_trial(
     gpu_ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
-    rewound = rewind(trial_dir / "checkpoints", restored_step) if restored_step and runs_verl(trainer) else None
-    last_step = restored_step if rewound and restored_step else max(logged_steps(trial_dir), default=0)
+    rewound = rewind(trial_dir / "checkpoints", rewind_to) if rewind_to and runs_verl(trainer) else None
+    last_step = rewind_to if rewound and rewind_to else max(logged_steps(trial_dir), default=0)
     steps = _StepReports(report, last_step=last_step)
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())

@@ -111,27 +111,26 @@ def has_checkpoint(checkpoint_dir: Path, step: int) -> bool:
 
 
 def rewind(checkpoint_dir: Path, step: int) -> dict[str, Any] | None:
-    """Make verl's checkpoint at ``step`` the one a trial continues from, when Tune restores the trial from an earlier
-    step than verl's tracker names (a remedy restarting it before the finding, :mod:`klsweep.orchestrate.remedy`).
+    """Make verl's checkpoint at ``step`` the one a trial continues from: a remedy restarts it there, before the
+    finding (:mod:`klsweep.orchestrate.remedy`), and what it ran after ``step`` is superseded.
 
     The checkpoints after ``step`` belong to the run the restart abandons: they are removed and the tracker is set back
     to ``step``, so that a later retry of the restarted run (``resume_mode=auto``) never resumes from them.
 
     Args:
         checkpoint_dir: the trial's ``trainer.default_local_dir``.
-        step: the step Tune restores the trial from (its checkpoint's ``step``).
+        step: the step of the remedy's restart (its Tune checkpoint's ``step``).
 
     Returns:
         ``{"trainer.resume_mode": "resume_path", "trainer.resume_from_path": ".../global_step_<step>"}`` (verl's
-        ``_load_checkpoint`` loads exactly that folder), or None when this is no rewind: ``step`` is not before the
-        tracker's step, or verl kept no checkpoint at ``step`` (:func:`has_checkpoint`; a sweep driver killed before
-        it registered the trial's last steps: verl's own latest checkpoint is then the right one).
+        ``_load_checkpoint`` loads exactly that folder), or None when verl no longer holds a checkpoint of ``step``
+        (:func:`has_checkpoint`).
     """
     import shutil
 
     checkpoint_dir = Path(checkpoint_dir)
     folder = checkpoint_dir / f"global_step_{step}"
-    if step >= checkpointed_step(checkpoint_dir) or not has_checkpoint(checkpoint_dir, step):
+    if not has_checkpoint(checkpoint_dir, step):
         return None
     for later in checkpoint_dir.glob("global_step_*"):
         suffix = later.name[len("global_step_"):]

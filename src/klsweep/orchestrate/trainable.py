@@ -45,8 +45,9 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
 
         if remedies_on(sweep):  # the checkpoint before a finding must still be there (the trial's own value wins)
             overrides = REMEDY_CHECKPOINTS_KEPT | overrides
-        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s,
-                          restored_step=_restored_step())
+        restored = _restored_step()  # a remedy's restart when it is the step the last remedy restarts from
+        rewind_to = restored if remedies and remedies[-1]["from_step"] == restored else None
+        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s, rewind_to=rewind_to)
         return
 
     trainer = kind.in_process(sweep, overrides)
