@@ -1,5 +1,5 @@
-"""Remedy instead of kill: a stop rule with a ``remedy`` restarts its trial from the last checkpoint before the onset
-it reports, with the prescribed knobs changed, as the same Ray Tune trial (issue 17).
+"""Remedy instead of kill: a stop rule with a ``remedy`` restarts its trial from the last checkpoint before its finding
+began (:func:`trend_start`), with the prescribed knobs changed, as the same Ray Tune trial (issue 17).
 
 The restart is Ray Tune's own, the way ``PopulationBasedTraining._exploit`` (ray/tune/schedulers/pbt.py, Ray 2.60)
 continues a trial from a checkpoint with a new config: the scheduler pauses the trial without a checkpoint
@@ -13,7 +13,8 @@ restarts ``verl.trainer.main_ppo`` from verl's own checkpoint of that step (``tr
 Who decides: the health stopper (:class:`klsweep.health.HealthStopper`) sees the stop first (Tune asks the stopper
 before the scheduler, ``TuneController._process_trial_result``) and asks :meth:`RemedyScheduler.plan`; a trial whose
 rule has no remedies left (``max_remedies``), whose prescription has no live knob, or that has no checkpoint before the
-onset is stopped as before, its stop reason saying why it was not remedied.
+finding began is stopped as before, its stop reason saying why it was not remedied. ``health: {remedies: false}``
+turns remedies off (:func:`remedies_on`).
 
 The adaptive KL controller: verl builds it from ``algorithm.kl_ctrl.kl_coef`` at every start and does not checkpoint
 it (:mod:`klsweep.launchers.resume`), so a restart from the trial's initial coefficient would jump back to it; the
@@ -21,7 +22,9 @@ prescription applies to the coefficient the trial last logged (``actor/reward_kl
 
 Each remedy is recorded in the trial's Tune config (:data:`REMEDIES`, which survives ``sweep resume``: the cap counts
 from it) and in its Optuna trial's user attribute of the same name: a list of ``{"restart", "step", "rule",
-"from_step", "key", "old", "new"}`` (``restart`` numbers the trial's restarts from 1; one may change several knobs).
+"from_step", "key", "old", "new"}`` (``restart`` numbers the trial's restarts from 1; one may change several knobs),
+shown as the ``remedies`` column of trials.csv; the trial's result.json keeps the steps of its final run
+(:class:`ResultsFromCheckpoint`).
 """
 
 from __future__ import annotations
@@ -263,8 +266,8 @@ class RemedyScheduler(FIFOScheduler):
         self._pending[trial_id] = remedy
         return remedy
 
-    def _checkpoint_before(self, trial: Trial, onset: int):
-        """The trial's last checkpoint before step ``onset`` on its current line: each checkpoint's metrics carry
+    def _checkpoint_before(self, trial: Trial, start: int):
+        """The trial's last checkpoint before step ``start`` on its current line: each checkpoint's metrics carry
         the config it was trained with (Ray's ``Trainable.get_auto_filled_metrics``), so a checkpoint of a run that
         a later remedy abandoned (restarted from an earlier step) is told apart, after a ``sweep resume`` too. A verl
         trial reports a Tune checkpoint of its step at every step (``step.json``): only those of a step verl still
@@ -282,7 +285,7 @@ class RemedyScheduler(FIFOScheduler):
         usable = []
         for result in manager.best_checkpoint_results:
             step = result.metrics.get(STEP)
-            if not isinstance(step, int) or step >= onset or verl is not None and not has_checkpoint(verl, step):
+            if not isinstance(step, int) or step >= start or verl is not None and not has_checkpoint(verl, step):
                 continue
             config = result.metrics.get("config") or {}
             done = len(_restarts(config.get(REMEDIES, ())))
