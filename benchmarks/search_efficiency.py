@@ -27,15 +27,15 @@ kl_coef on 5 points, one training seed; the table takes most of the time (2 proc
 
     python benchmarks/search_efficiency.py [--steps 30] [--batch 8] [--seeds 5]
 
-``--table`` (issue 16) uses the tabular benchmark (benchmarks/tabular/) instead of training: for each table file
-and searcher, ``--seeds`` sweeps of ``--trials`` trials (sweep seeds ``--first-seed`` on; the sweep seed is also the
-trial's training seed) run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials, health rules
-and objective stopper as the file says, ``--objective off`` without it; one trial at a time; a stopped trial costs its
-steps up to the stop). Searchers: the file's own sampler; random (the file's seed trials, then Optuna's
-RandomSampler); a grid as a user writes it for the budget (:func:`user_grid`: no seed trials, every recorded
-category, ``k`` round values per range evenly spaced in its own scale with ``k`` the largest that fits the budget,
-in GridSampler's shuffled order); and the oracle, a lower bound for any sampler (the file's seed trials, then
-straight to the answer). Two measures:
+``--table`` (issue 16) uses the tabular benchmark (benchmarks/tabular/) instead of training: for each table file and
+searcher, ``--seeds`` sweeps of ``--trials`` trials (sweep seeds ``--first-seed`` on; the sweep seed is also the
+trial's training seed) run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials, health
+rules and objective stopper as the file says, ``--objective on`` with its defaults, ``off`` without it; one trial at
+a time; a stopped trial costs its steps up to the stop). Searchers: the file's own sampler; random (the file's seed
+trials, then Optuna's RandomSampler); a grid as a user writes it for the budget (:func:`user_grid`: no seed trials,
+every recorded category, ``k`` round values per range evenly spaced in its own scale with ``k`` the largest that
+fits the budget, in GridSampler's shuffled order); and the oracle, a lower bound for any sampler (the file's seed
+trials, then straight to the answer). Two measures:
 
 * single objective: trial-steps until the first trial that ends healthy at a grid point within noise of the true
   best (healthy in every seed, mean ≥ best mean − best seed sd, ``reference.py``);
@@ -49,7 +49,7 @@ random ÷ file's sampler, grid ÷ file's sampler and oracle ÷ file's sampler of
 (bootstrap 95 % intervals over sweeps), and random ÷ oracle: the most any sampler could show against random here.
 
     python benchmarks/search_efficiency.py --table [--trials 16] [--seeds 20] [--first-seed 0]
-        [--objective file|off] [TABLE ...]
+        [--objective file|on|off] [TABLE ...]
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 from _bench import REPO, machine
 
@@ -189,7 +190,7 @@ def sampler_extra(table: Path, sampler: str, trials: int) -> tuple[str, ...]:
     return tuple(extra)
 
 
-def single_costs(table: Path, sampler: str, trials: int, seeds: range, stop: bool) -> list[int]:
+def single_costs(table: Path, sampler: str, trials: int, seeds: range, stop: Any) -> list[int]:
     """Per sweep seed: trial-steps until the first trial that ends healthy at a within-noise point (a sweep that
     never gets there counts all its steps: a lower bound)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "tabular"))
@@ -238,7 +239,7 @@ def pareto_problem(table: Path) -> dict | None:
             "volume": volume, "reference": volume(healthy), "healthy": healthy, "nadir": nadir}
 
 
-def pareto_sweep(table: Path, seed: int, extra: tuple[str, ...], stop: bool) -> list[dict]:
+def pareto_sweep(table: Path, seed: int, extra: tuple[str, ...], stop: Any) -> list[dict]:
     """One two-objective sweep of the table's file (the overrides ``extra`` include the objective list), as
     ``sweep run`` records it (:class:`klsweep.orchestrate.searcher.KlsweepSearch`): a health stop is COMPLETE with
     its last values and the constraint ``health`` violated (FAIL without both values), an objective stop PRUNED, a
@@ -263,8 +264,8 @@ def pareto_sweep(table: Path, seed: int, extra: tuple[str, ...], stop: bool) -> 
     for params in seed_params(sweep):
         study.enqueue_trial(params)
     space, rules = define_space(sweep), load_ruleset(sweep.health)
-    judge = ObjectiveRule(metrics_of, sweep.budget.max_steps, sweep.stopping.objective) if (
-        stop and sweep.stopping.objective) else None
+    settings = sweep.stopping.objective if stop is True else (stop or None)
+    judge = ObjectiveRule(metrics_of, sweep.budget.max_steps, settings) if settings else None
     out = []
     for _ in range(sweep.budget.trials):
         trial = study.ask()
@@ -298,7 +299,7 @@ def pareto_sweep(table: Path, seed: int, extra: tuple[str, ...], stop: bool) -> 
     return out
 
 
-def pareto_costs(table: Path, problem: dict, sampler: str, trials: int, seeds: range, stop: bool) -> list[int]:
+def pareto_costs(table: Path, problem: dict, sampler: str, trials: int, seeds: range, stop: Any) -> list[int]:
     """Per sweep seed: trial-steps until the healthy-ended trials' points (scored by their means over the table's
     seeds, healthy points only) reach 95 % of the reference hypervolume (else all the sweep's steps)."""
     costs = []
@@ -348,8 +349,9 @@ def ratio_interval(num: list[int], den: list[int], draws: int = 2000) -> tuple[f
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def table_main(tables: list[Path], trials: int, seeds: range, stop: bool) -> None:
-    """``--table``: per file and searcher, the mean cost of both measures; pooled ratios with intervals last."""
+def table_main(tables: list[Path], trials: int, seeds: range, stop: Any) -> None:
+    """``--table``: per file and searcher, the mean cost of both measures; pooled ratios with intervals last.
+    ``stop``: True (the objective stopper as each file says), False (off) or an ``ObjectiveStop`` (those knobs)."""
     names = ("file", "random", "grid", "oracle")
     pooled: dict[str, dict[str, list[int]]] = {m: {n: [] for n in names} for m in ("single", "pareto")}
     for table in tables:
@@ -395,17 +397,21 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="sweeps on the tabular benchmark (issue 16)")
     parser.add_argument("--trials", type=int, default=16, help="--table: trials per sweep")
     parser.add_argument("--first-seed", type=int, default=0, help="--table: seed of the first sweep")
-    parser.add_argument("--objective", choices=("file", "off"), default="file",
-                        help="--table: the objective stopper as the file's stopping.objective says, or off")
+    parser.add_argument("--objective", choices=("file", "on", "off"), default="file",
+                        help="--table: the objective stopper as the file's stopping.objective says, with its "
+                             "defaults, or off")
     parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
     import optuna
+
+    from klsweep.spec.schema import ObjectiveStop
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     print(f"machine: {machine()}")
     if args.table:
         table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.trials,
-                   range(args.first_seed, args.first_seed + args.seeds), args.objective == "file")
+                   range(args.first_seed, args.first_seed + args.seeds),
+                   {"file": True, "on": ObjectiveStop(), "off": False}[args.objective])
         return
     start = time.perf_counter()
     results = table(args.steps, args.batch)
