@@ -63,9 +63,10 @@ def test_plan_prints_seed_first_then_sampler_trials_with_verl_commands():
     assert plan(str(REPO / "sweeps" / "grpo_kl.yaml"), ["budget.trials=4"], n=3, out=out) == 0
     text = out.getvalue()
     headers = re.findall(r"^trial (\d) \((.*?)\): (.*)$", text, flags=re.M)
-    # budget.trials=4: TPE draws max(2, min(10, 4 // 4)) = 2 trials at random, seed trial included (samplers.py)
+    # budget.trials=4: TPE starts with max(2, min(10, 4 // 16)) = 2 space-filling trials, seed trial included
+    # (samplers.py)
     assert [(i, origin) for i, origin, _ in headers] == [
-        ("0", "seed trial 1"), ("1", "tpe random draw, as sweep run draws it"),
+        ("0", "seed trial 1"), ("1", "tpe space-filling start, as sweep run draws it"),
         ("2", "tpe proposes it from results; shown: a random start-up draw")]
     assert "note: from trial 2 on, sweep run's tpe sampler proposes each trial from the results" in text
     commands = [line.strip() for line in text.splitlines() if line.startswith("  python3 -m verl.trainer.main_ppo")]
@@ -83,13 +84,14 @@ def test_plan_prints_seed_first_then_sampler_trials_with_verl_commands():
 
 def test_plans_random_draws_are_the_ones_a_sweep_draws_before_results_guide_the_sampler():
     # sweep run asks the same sampler (build_sampler: seeded per trial number) and tells each result: the first
-    # n_startup_trials trials (seed trial included) are random draws, identical to the plan's; later ones use results
+    # n_startup_trials trials (seed trial included) are the space-filling start, identical to the plan's; later ones
+    # use results
     import optuna
 
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.space import define_space, seed_params
 
-    sweep = load_sweep(REPO / "sweeps" / "aggressive.yaml", ["budget.trials=12"])  # TPE start-up: 12 // 4 = 3
+    sweep = load_sweep(REPO / "sweeps" / "aggressive.yaml", ["budget.trials=12"])  # TPE start-up: 2 (seed + 1)
     study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
     for seed in seed_params(sweep):
         study.enqueue_trial(seed)
@@ -100,8 +102,8 @@ def test_plans_random_draws_are_the_ones_a_sweep_draws_before_results_guide_the_
         ran.append(dict(trial.params))
         study.tell(trial, -trial.params["algorithm.kl_ctrl.kl_coef"])  # any result: TPE then prefers small kl_coef
     planned = planned_params(sweep, 5)
-    assert planned[:3] == ran[:3]
-    assert planned[3:] != ran[3:]
+    assert planned[:2] == ran[:2]
+    assert planned[2:] != ran[2:]
 
 
 def test_planned_trials_are_reproducible_from_the_sweep_seed():

@@ -106,7 +106,11 @@ def test_each_sampler_name_is_optunas_sampler_with_klsweeps_settings(tmp_path, n
     sweep = load_sweep(sweep_file(tmp_path, parameters=RANGES, sampler=name, seed=7, budget={"trials": 16}))
     study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
     first = _ask(study, sweep, 1)[0]
-    inner = study.sampler.sampler  # the Optuna sampler StudySeededSampler built for the trial
+    outer = study.sampler
+    if name in ("tpe", "gp"):  # SpaceFillingStart: 2 Sobol trials (seed trials included), then the model
+        assert outer.startup == 2
+        outer = outer.model
+    inner = outer.sampler  # the Optuna sampler StudySeededSampler built for the trial
     assert type(inner) is sampler_class
     assert {attribute: getattr(inner, attribute) for attribute in settings} == settings  # private in Optuna 5.0
     if name in ("random", "nsga2"):  # CMA-ES draws from its own initial distribution; tpe and gp: see below

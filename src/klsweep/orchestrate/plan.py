@@ -137,6 +137,7 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     random start-up draw of that trial number, and labelled so. The commands are the ones ``sweep run`` and
     ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines`).
     """
+    from klsweep.orchestrate.samplers import MODEL_BASED
     from klsweep.space import seed_params, trial_overrides
     from klsweep.trainers import reproduce_lines
     from klsweep.verl.preflight import preflight
@@ -157,7 +158,7 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
         elif name == "grid":
             origin = "grid point"
         elif startup is None or i < startup:
-            origin = f"{name} random draw, as sweep run draws it"
+            origin = f"{name} {'space-filling start' if name in MODEL_BASED else 'random draw'}, as sweep run draws it"
         else:
             origin, guided = f"{name} proposes it from results; shown: a random start-up draw", True
         shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "(no parameters)"
@@ -175,14 +176,16 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
 
 
 def _random_start(sweep: Sweep) -> int | None:
-    """How many trials (seed trials counted) the sweep's sampler draws at random before it uses results (Optuna's
-    ``n_startup_trials`` of TPE, GP and CMA-ES, NSGA-II's first ``population_size``); None for ``random``, which
-    never uses results."""
+    """How many trials (seed trials counted) the sweep's sampler proposes before it uses results (the space-filling
+    start of TPE and GP, Optuna's ``n_startup_trials`` of CMA-ES, NSGA-II's first ``population_size``); None for
+    ``random``, which never uses results."""
     import optuna
 
-    from klsweep.orchestrate.samplers import build_sampler
+    from klsweep.orchestrate.samplers import SpaceFillingStart, build_sampler
 
     sampler = build_sampler(sweep)
+    if isinstance(sampler, SpaceFillingStart):  # tpe, gp: a Sobol design, then the model
+        return sampler.startup
     inner = getattr(sampler, "sampler", sampler)  # StudySeededSampler wraps the Optuna sampler
     if isinstance(inner, optuna.samplers.RandomSampler):
         return None

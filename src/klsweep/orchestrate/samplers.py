@@ -104,11 +104,6 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         self._columns = {name: i for i, name in enumerate(names)}
         self._rows = _sobol(len(names), startup, seed)
 
-    @property
-    def sampler(self) -> optuna.samplers.BaseSampler:
-        """The Optuna sampler of the model phase's current trial (see :class:`StudySeededSampler`)."""
-        return getattr(self.model, "sampler", self.model)
-
     def _starting(self, trial: FrozenTrial) -> bool:
         return trial.number < self.startup
 
