@@ -67,3 +67,30 @@ def test_summary_prints_compute_saved_per_stop_reason(tmp_path):
     rows = {line.split("│")[0].strip(): [c.strip() for c in line.split("│")[1:]] for line in lines if "│" in line}
     assert rows["health: kl_runaway"] == ["1", "10", "30", "25.0%", "0.0556", "0.167"]
     assert rows["scheduler"] == ["1", "30", "10", "8.3%", "0.167", "0.0556"]  # 300 s x 2 used, 10 x 10 s x 2 saved
+
+
+def test_summary_reruns_a_remedied_best_trial_as_its_schedule(tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from klsweep.orchestrate.summary import print_summary
+    from klsweep.spec import load_sweep
+    from tests.orchestrate.conftest import sweep_file
+
+    sweep = load_sweep(sweep_file(tmp_path, budget={"max_steps": 40}))
+    kl = "algorithm.kl_ctrl.kl_coef"
+    remedies = [{"restart": 1, "step": 30, "rule": "kl_runaway", "from_step": 20, "key": kl, "old": 0.01, "new": 0.015}]
+    df = pd.DataFrame({
+        "number": [0], "trial_id": ["a"], "state": ["COMPLETE"], "health": ["healthy"], "steps": [40],
+        "wall_s": [400.0], "stop_reason": [""], "stop_kind": [""], "value/val-core/arith/acc/mean@1": [0.6],
+        f"config/{kl}": [0.01], "config/algorithm.use_kl_in_reward": [True], "remedies": [json.dumps(remedies)],
+    })
+    out = io.StringIO()
+    print_summary(sweep, df, tmp_path, console=Console(file=out, width=400))
+    lines = out.getvalue().splitlines()
+    verl = [line for line in lines if line.startswith("python3 -m verl.trainer.main_ppo")]
+    assert len(verl) == 2 and f"{kl}=0.01 " in verl[0] + " " and "resume" not in verl[0]
+    assert f"{kl}=0.015 " in verl[1] and "global_step_20" in verl[1]
+    assert any(line.startswith("segment 2 of 2 (steps 21 to the end; resumes from step 20") for line in lines)

@@ -38,7 +38,7 @@ from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.errors import KlsweepError, ResultsError
 from klsweep.results import REPORT_DIR, SweepRecord
-from klsweep.trainers import trainer_kind
+from klsweep.trainers import reproduce_commands
 
 REPORT = "report.html"
 
@@ -157,7 +157,8 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
     commands = []
     for _, row in front.iterrows():
         commands.append(f"<p>trial {row['number']}:</p>")
-        for label, command in trainer_kind(info["sweep"].get("trainer", "verl")).reproduce(overrides_of(row)):
+        for label, command in reproduce_commands(info["sweep"].get("trainer", "verl"), overrides_of(row),
+                                                  row.get("remedies")):
             commands.append((f"<p>{html.escape(label)}</p>" if label else "") + f"<pre>{html.escape(command)}</pre>")
     if front.empty and front.attrs.get("least_infeasible"):
         front_block = "<p>No feasible trial: the least infeasible, by steps survived: " + html.escape(

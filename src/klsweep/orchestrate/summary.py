@@ -16,7 +16,7 @@ from klsweep._format import short
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.load import overrides_of
 from klsweep.orchestrate import confirm
-from klsweep.trainers import trainer_kind
+from klsweep.trainers import reproduce_commands
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
@@ -109,7 +109,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         has_kl = isinstance(row.get("kl_metric"), str)
         kl = f", {row['kl_metric']} last={short(row.get('last/ref_kl'))}" if has_kl else ""
         console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
-        for label, command in trainer_kind(sweep.trainer).reproduce(overrides_of(row)):
+        for label, command in reproduce_commands(sweep.trainer, overrides_of(row), row.get("remedies")):
             if label:
                 console.print(label, highlight=False)
             console.print(command, **_PLAIN)

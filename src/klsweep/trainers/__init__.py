@@ -162,19 +162,77 @@ TRAINERS: dict[str, TrainerKind] = {
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
 
 
-def reproduce_lines(trainer: str, overrides: Mapping[str, Any]) -> list[str]:
-    """The lines that rerun a trial, as ``sweep run``, ``sweep status``, ``sweep plan``, the report and the notebook
-    print them: each label of ``TrainerKind.reproduce`` (when not empty) followed by its command. For the embedded
-    trainer: its own command, then verl's without the embedded sizes (8-token responses, batch 16).
+def remedy_schedule(value: Any) -> list[dict[str, Any]]:
+    """A trial's remedies as ``trials.csv``'s ``remedies`` column holds them (a JSON list, empty or NaN when none)
+    or as its Tune config does (a list): ``[{"restart", "step", "rule", "from_step", "key", "old", "new"}, ...]``.
+
+    Raises:
+        ValueError: ``value`` is a string that is not a JSON list.
+    """
+    import json
+
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else []
+        if not isinstance(value, list):
+            raise ValueError(f"the remedies column holds {value!r}, not a JSON list of remedies")
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any = None) -> list[tuple[str, str]]:
+    """``[(label, command)]`` that rerun a trial, the one builder of what ``sweep run``, ``sweep status``,
+    ``sweep plan``, the report and the notebook print: ``TrainerKind.reproduce`` of the trial's overrides.
+
+    A remedied trial (issue 17) reruns as its schedule: one segment per run, each command resuming from the
+    checkpoint the next remedy restarted from, as the launcher restarted it (:func:`klsweep.launchers.resume.rewind`:
+    ``trainer.resume_mode=resume_path trainer.resume_from_path=${trainer.default_local_dir}/global_step_N``,
+    an interpolation verl's Hydra config resolves) with the knobs the remedies changed so far. Segments after the
+    first keep only verl's commands (the embedded trainer's command line does not resume).
 
     Args:
         trainer: the sweep's ``trainer:`` name.
-        overrides: the trial's full flat verl overrides.
+        overrides: the trial's full flat verl overrides as proposed (``config/`` columns of trials.csv).
+        remedies: its schedule (:func:`remedy_schedule` reads it); None or empty: one run.
 
     Raises:
         ValueError: ``trainer`` is not a trainer (the message lists the valid names).
     """
-    return [line for label, command in trainer_kind(trainer).reproduce(overrides) for line in (label, command) if line]
+    kind = trainer_kind(trainer)
+    restarts: dict[int, list[dict[str, Any]]] = {}
+    for record in remedy_schedule(remedies):
+        restarts.setdefault(int(record["restart"]), []).append(record)
+    if not restarts:
+        return kind.reproduce(overrides)
+    runs = [restarts[n] for n in sorted(restarts)]
+    out: list[tuple[str, str]] = []
+    current = dict(overrides)
+    for i in range(len(runs) + 1):
+        first = 1 if i == 0 else runs[i - 1][0]["from_step"] + 1
+        until = f"-{runs[i][0]['step']}, where {runs[i][0]['rule']} fired" if i < len(runs) else " to the end"
+        head = f"segment {i + 1} of {len(runs) + 1} (steps {first}{until}"
+        resume: dict[str, Any] = {}
+        if i:
+            step = runs[i - 1][0]["from_step"]
+            changed = ", ".join(f"{r['key']}={r['new']:.6g}" for r in runs[i - 1])
+            head += f"; resumes from step {step} with {changed}"
+            current.update({r["key"]: r["new"] for r in runs[i - 1]})
+            resume = {"trainer.resume_mode": "resume_path",
+                      "trainer.resume_from_path": f"${{trainer.default_local_dir}}/global_step_{step}"}
+        for label, command in kind.reproduce({**current, **resume}):
+            if i and not command.startswith(f"python3 -m {VERL_MODULE}"):
+                continue
+            out.append((f"{head}){': ' + label if label else ':'}", command))
+    return out
+
+
+def reproduce_lines(trainer: str, overrides: Mapping[str, Any], remedies: Any = None) -> list[str]:
+    """:func:`reproduce_commands` as lines: each label (when not empty) followed by its command. For the embedded
+    trainer: its own command, then verl's without the embedded sizes (8-token responses, batch 16).
+
+    Raises:
+        ValueError: ``trainer`` is not a trainer (the message lists the valid names).
+    """
+    return [line for label, command in reproduce_commands(trainer, overrides, remedies) for line in (label, command)
+            if line]
 
 
 def runs_verl(name: str) -> bool:
