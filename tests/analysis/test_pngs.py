@@ -117,3 +117,14 @@ def test_frontier_draws_attainment_surfaces_over_seeds(synthetic_sweep):
     assert data.surfaces[2].y == pytest.approx([1.2, 0.2 + 3 ** 0.5 * (1 - 0.25 * np.log(3))])
     lines = [line for line in render(data).axes[0].lines if "attainment" in line.get_label()]
     assert len(lines) == 3 and all(line.get_drawstyle() == "steps-post" for line in lines)
+
+
+def test_front_png_marks_remedied_trials_as_the_plotly_front_does(synthetic_sweep):
+    from .test_report import remedied_specs
+
+    df = load(synthetic_sweep(remedied_specs()))
+    data = front_data(df, OBJECTIVES)
+    ax = render(data).axes[0]
+    [ring] = [c for c in ax.collections if c.get_label() == "remedied (2)"]
+    assert [tuple(map(float, p)) for p in ring.get_offsets()] == list(zip(data.remedied.x, data.remedied.y))
+    assert sorted(t.get_text() for t in ax.texts) == ["R1", "R2"]

@@ -144,3 +144,54 @@ def test_report_on_a_directory_that_is_not_a_sweep(tmp_path):
     with pytest.raises(ResultsError, match="sweep.json is missing"):
         write_report(tmp_path)
     assert main(["report", str(tmp_path)]) == 2
+
+
+def remedied_specs() -> list[dict]:
+    """Four trials of a sweep that remedies (issue 17): 0 rescued by one kl_runaway remedy; 1 remedied twice, then
+    stopped at the cap; 2 stopped by reward_hacking without a checkpoint to restart from; 3 never flagged."""
+    kl = "algorithm.kl_ctrl.kl_coef"
+
+    def remedy(restart, step, from_step, old, new):
+        return {"restart": restart, "step": step, "rule": "kl_runaway", "from_step": from_step, "key": kl,
+                "old": old, "new": new}
+
+    specs = [trial_spec(i, 10) for i in (0, 1, 2, 4)]
+    specs[0].update(remedies=[remedy(1, 6, 4, 0.01, 0.015)])
+    specs[1].update(remedies=[remedy(1, 5, 4, 0.01, 0.015), remedy(2, 7, 4, 0.015, 0.0225)], health="stopped",
+                    steps=9, state="PRUNED", stop_reason="diverged at step 9 by kl_runaway: KL 2 > 1 (not remedied: "
+                                                         "max_remedies 2 of kl_runaway reached)")
+    specs[2].update(health="stopped", steps=5, state="PRUNED",
+                    stop_reason="hacked at step 5 by reward_hacking: score up, KL up (not remedied: no checkpoint "
+                                "before step 2, where the finding began)")
+    return specs
+
+
+def test_report_counts_remedies_per_rule_and_marks_remedied_points_on_the_front(tmp_path):
+    from klsweep.analysis.accounting import remedy_outcomes
+    from klsweep.analysis.figures import front_data
+    from klsweep.analysis.load import load
+
+    run_dir = make_sweep(tmp_path / "rem", remedied_specs())
+    df = load(run_dir)
+    table = remedy_outcomes(df).set_index("rule")
+    assert table.to_dict("index") == {
+        "kl_runaway": {"flagged": 2, "remedied": 2, "rescued": 1, "stopped_at_cap": 1, "stopped_unremedied": 0},
+        "reward_hacking": {"flagged": 1, "remedied": 0, "rescued": 0, "stopped_at_cap": 0, "stopped_unremedied": 1},
+    }
+    front = front_data(df, [("critic/score/mean", "max"), ("actor/kl_loss", "min")])
+    assert front.remedied is not None and front.remedied.name == "remedied (2)"
+    assert front.remedied.text == ["R1", "R2"]  # trial 0 restarted once, trial 1 twice
+    rows = df.set_index("number")
+    assert front.remedied.y == [rows.loc[0, "value/critic/score/mean"], rows.loc[1, "last/critic/score/mean"]]
+    assert "kl_runaway at step 6 → from step 4, algorithm.kl_ctrl.kl_coef 0.01 → 0.015" in front.remedied.hover[0]
+
+    assert write_report(run_dir, tmp_path / "out", pngs=False) == 0
+    html_text = (tmp_path / "out" / "report.html").read_text()
+    page = Page()
+    page.feed(html_text)
+    assert "remedies" in page.ids
+    cells = re.findall(r"<td>([^<]*)</td>", html_text.split('id="remedies"')[1].split("<h2")[0])
+    assert cells == ["kl_runaway", "2", "2", "1", "1", "0", "reward_hacking", "1", "0", "0", "0", "1"]
+    data, _ = plotted(next(s["text"] for s in page.scripts if "fig-front" in s["text"]), "fig-front")
+    marked = [t for t in data if t["name"] == "remedied (2)"]
+    assert len(marked) == 1 and marked[0]["text"] == ["R1", "R2"] and marked[0]["marker"]["symbol"] == "diamond-open"

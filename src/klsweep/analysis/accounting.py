@@ -91,6 +91,51 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
     return grouped.reset_index().rename(columns={"index": by})
 
 
+def schedules(df: pd.DataFrame) -> pd.Series:
+    """Each trial's remedies (issue 17) as a list of ``{"restart", "step", "rule", "from_step", "key", "old",
+    "new"}`` (:func:`klsweep.trainers.remedy_schedule` of trials.csv's ``remedies`` column; empty when none)."""
+    from klsweep.trainers import remedy_schedule
+
+    if "remedies" not in df:
+        return pd.Series([[] for _ in df.index], index=df.index, dtype=object)
+    return df["remedies"].map(remedy_schedule)
+
+
+def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:
+    """Per health rule, what its findings came to when the sweep remedies (issue 17).
+
+    Args:
+        df: the trials table (:func:`klsweep.analysis.load.load`: ``state``, ``health``, ``stop_reason``,
+            ``remedies``).
+
+    Returns:
+        One row per rule that fired (named in a remedy or in a health stop's reason, ``_RULE``), sorted by name:
+        ``rule``; ``flagged`` (trials the rule fired on: remedied for it, or stopped by it); ``remedied`` (trials
+        restarted for it at least once); ``rescued`` (of those, the ones that ended feasible:
+        :func:`klsweep.analysis.pareto.feasible`, COMPLETE and not stopped); ``stopped_at_cap`` (stopped by it with
+        its ``max_remedies`` used up); ``stopped_unremedied`` (stopped by it for another reason: no checkpoint
+        before the finding, a knob without effect, remedies off). Empty (those columns) when no rule fired.
+    """
+    from klsweep.analysis.pareto import feasible
+
+    columns = ["rule", "flagged", "remedied", "rescued", "stopped_at_cap", "stopped_unremedied"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    ok = feasible(df)
+    reason = _text(df, "stop_reason")
+    stopped_by = reason.str.extract(_RULE, expand=False).where(_text(df, "health") == "stopped")
+    at_cap = reason.str.contains("not remedied: max_remedies", regex=False)
+    remedied_for = schedules(df).map(lambda rs: {r["rule"] for r in rs})
+    rules = sorted(set().union(*remedied_for, set(stopped_by.dropna())))
+    rows = []
+    for rule in rules:
+        remedied = remedied_for.map(lambda names: rule in names).astype(bool)
+        stopped = stopped_by == rule
+        rows.append([rule, int((remedied | stopped).sum()), int(remedied.sum()), int((remedied & ok).sum()),
+                     int((stopped & at_cap).sum()), int((stopped & ~at_cap).sum())])
+    return pd.DataFrame(rows, columns=columns)
+
+
 def _column(df: pd.DataFrame, name: str, fill: float) -> pd.Series:
     if name not in df:
         return pd.Series(fill, index=df.index, dtype=float)

@@ -62,6 +62,7 @@ class FrontData:
     least_infeasible: Points | None  # with an empty front: the closest trials, labelled ``#rank``
     scales: list[str]  # the KL scale(s) plotted
     notes: list[str]  # the notes of :func:`klsweep.analysis.pareto.pareto_front`
+    remedied: Points | None = None  # trials a health rule's remedy restarted (issue 17), labelled ``R<restarts>``
 
     @property
     def title(self) -> str:
@@ -292,8 +293,12 @@ def front_data(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | N
     Feasible trials are grouped by how KL acts (``kl_loss_type / loss_agg_mode``, or ``kl_penalty`` with KL in the
     reward), infeasible ones kept apart (at their last reported values), the front in x order. With no feasible
     trial the least infeasible five carry their rank instead (a sweep where every trial was stopped still gets a
-    plot that says which came closest).
+    plot that says which came closest). Trials a health rule's remedy restarted (issue 17: their values are those of
+    their last run) are also drawn as their own series, ``remedied (n)``, each labelled ``R<restarts>`` and its hover
+    naming the schedule, so they are never mixed silently with trials that ran as proposed.
     """
+    from klsweep.analysis.accounting import schedules
+
     axes = front_objectives(df, objectives)
     (y, y_mode), (x, x_mode) = axes[0], (axes[1] if len(axes) > 1 else ("number", ""))
     if front is None:
@@ -318,13 +323,29 @@ def front_data(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | N
     else:
         ranked = least_infeasible(df).head(5)
         least = points("least infeasible (rank)", ranked, text=[f"#{r}" for r in ranked["infeasible_rank"]])
+    schedule = schedules(df)
+    fixed = df[schedule.map(len) > 0]
+    restarts = schedule[fixed.index].map(lambda rs: len({r["restart"] for r in rs}))
+    remedied = Points(f"remedied ({len(fixed)})", xs[fixed.index].tolist(), ys[fixed.index].tolist(),
+                      [f"{_hover(r, [x, y])}<br>remedied: {_schedule_text(schedule[i])}" for i, r in fixed.iterrows()],
+                      [f"R{n}" for n in restarts])
     return FrontData(
-        x=x, x_mode=x_mode, y=y, y_mode=y_mode,
+        x=x, x_mode=x_mode, y=y, y_mode=y_mode, remedied=remedied if len(fixed) else None,
         infeasible=points("infeasible (stopped, pruned or failed)", bad) if len(bad) else None,
         groups=groups, front=best, least_infeasible=least,
         scales=list(front.attrs.get("kl_scale") or sorted(set(kl_scale(df[ok])))),
         notes=list(front.attrs.get("notes", [])),
     )
+
+
+def _schedule_text(remedies: list[dict[str, Any]]) -> str:
+    """``"kl_runaway at step 47 → from step 32, algorithm.kl_ctrl.kl_coef 0.002 → 0.003"``, one per restart."""
+    restarts: dict[int, list[dict[str, Any]]] = {}
+    for r in remedies:
+        restarts.setdefault(r["restart"], []).append(r)
+    return "; ".join(f"{rs[0]['rule']} at step {rs[0]['step']} → from step {rs[0]['from_step']}, "
+                     + ", ".join(f"{r['key']} {r['old']:.4g} → {r['new']:.4g}" for r in rs)
+                     for rs in restarts.values())
 
 
 def _plotted(df: pd.DataFrame, column: str) -> pd.Series:

@@ -73,6 +73,12 @@ def _front(data: FrontData) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=p.x, y=p.y, mode="markers+text", name=p.name, text=p.text, textposition="top center",
             marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(color="firebrick", width=2))))
+    if data.remedied is not None:
+        p = data.remedied
+        fig.add_trace(go.Scatter(
+            x=p.x, y=p.y, mode="markers+text", name=p.name, text=p.text, textposition="bottom center",
+            hovertext=p.hover, hoverinfo="text",
+            marker=dict(size=16, symbol="diamond-open", color="darkorange", line=dict(width=2))))
     subtitle = _wrap(f"KL plotted: {'; '.join(data.scales) or 'n/a'}")
     if data.notes:
         subtitle += "<br>⚠ " + "<br>⚠ ".join(_wrap(n) for n in data.notes)

@@ -96,6 +96,11 @@ def _front(data: FrontData, width_in: float) -> Figure:
         ax.scatter(p.x, p.y, s=180, facecolors="none", edgecolors="firebrick", linewidths=2, label=p.name)
         for x, y, text in zip(p.x, p.y, p.text):
             ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=9)
+    if data.remedied is not None:
+        p = data.remedied
+        ax.scatter(p.x, p.y, marker="D", s=160, facecolors="none", edgecolors="darkorange", linewidths=2, label=p.name)
+        for x, y, text in zip(p.x, p.y, p.text):
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)
     ax.set_xlabel(data.x)
     ax.set_ylabel(data.y)
     ax.grid(alpha=0.3)

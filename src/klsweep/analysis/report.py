@@ -3,7 +3,8 @@
 Sections: summary, Pareto front (with the verl command of each front trial), the KL frontier (Gao et al. 2022 laws
 fitted to the feasible trials, :func:`klsweep.analysis.frontier.sweep_frontier`), curves of the objectives (with the
 reference policy's score, :mod:`klsweep.analysis.baseline`) and of KL, entropy and score with health bands, parameter
-importance (with a caveat when it rests on few trials), KL knobs, stop reasons, compute accounting. PNGs:
+importance (with a caveat when it rests on few trials), KL knobs, stop reasons, remedies per health rule (issue 17),
+compute accounting. PNGs:
 ``summary``, ``front``, ``frontier``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``,
 ``accounting``, drawn by matplotlib (no browser needed) from the same data as the interactive figures of the page
 (:mod:`klsweep.analysis.figures`).
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from klsweep.analysis.accounting import compute_accounting
+from klsweep.analysis.accounting import compute_accounting, remedy_outcomes
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.figures import (
     SliceData,
@@ -78,6 +79,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     stops = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
     stops = stops[[c for c in ("number", "trial_id", "state", "health", "steps", "stop_reason") if c in df]]
     accounting = compute_accounting(df, max_steps, gpu, by="reason")
+    remedies = remedy_outcomes(df)
     value_cols = [c for c, _ in axes]
     front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]
     history = load_history(run_dir)
@@ -103,7 +105,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-                 frontier.summary())
+                 frontier.summary(), remedies)
     _atomic_write(out_dir / REPORT, page)
     if not pngs:
         print(f"report: {out_dir / REPORT}")
@@ -132,6 +134,16 @@ def _accounting_title(accounting: pd.DataFrame, max_steps: int, gpu: float) -> s
             f"{max_steps} steps ({gpu:g} GPU per trial)")
 
 
+def _remedies_block(remedies: pd.DataFrame) -> str:
+    """The report's per-rule remedy counts (:func:`klsweep.analysis.accounting.remedy_outcomes`), or a line."""
+    if remedies.empty:
+        return "<p>No health rule fired.</p>"
+    return ("<p>Per health rule: trials it fired on (flagged), restarted with its remedy (remedied), of those the ones"
+            " that ended healthy (rescued), stopped with its max_remedies used up (stopped_at_cap) and stopped"
+            " without a remedy (stopped_unremedied: no checkpoint before the finding, a knob without effect, remedies"
+            " off; the stop reason says which).</p>" + _table(remedies))
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -144,7 +156,7 @@ def _table(df: pd.DataFrame) -> str:
 
 
 def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-          frontier: str) -> str:
+          frontier: str, remedies: pd.DataFrame) -> str:
     from plotly.offline import get_plotlyjs
 
     def fig(name: str) -> str:
@@ -186,6 +198,7 @@ rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <h2 id="importance">Parameter importance</h2>{fig('importance')}
 <h2 id="knobs">KL knobs</h2>{fig('knobs')}{fig('slice')}
 <h2 id="stops">Stop reasons</h2>{_table(stops) if len(stops) else '<p>No trial was stopped.</p>'}
+<h2 id="remedies">Remedies</h2>{_remedies_block(remedies)}
 <h2 id="compute">Compute</h2>
 <p>{int(total['steps_used'])} trial-steps, {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
 GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
