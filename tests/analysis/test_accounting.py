@@ -81,3 +81,39 @@ def test_accounting_by_outcome_counts_objective_stops_apart_from_the_scheduler()
     assert table.loc["total", "gpu_h_saved_share"] == 0  # a CPU sweep reserves no GPU-hours
     with pytest.raises(ValueError, match="use 'outcome' or 'reason'"):
         compute_accounting(df, 40, 0.0, by="rule")
+
+
+def test_steps_a_remedy_ran_again_count_as_used():
+    """A restart decided at step s from the checkpoint of step f ran steps f+1..s again: s - f more steps used, at the
+    trial's own seconds per step (issue 17)."""
+    import json
+
+    kl = "algorithm.kl_ctrl.kl_coef"
+
+    def remedy(restart, step, from_step, key=kl):
+        return {"restart": restart, "step": step, "rule": "kl_runaway", "from_step": from_step, "key": key,
+                "old": 0.01, "new": 0.015}
+
+    df = pd.DataFrame({
+        "state": ["COMPLETE", "COMPLETE", "PRUNED"],
+        "health": ["healthy", "healthy", "stopped"],
+        "steps": [40, 40, 15],
+        "wall_s": [400.0, 200.0, 150.0],
+        "stop_reason": ["", "", "diverged at step 15 by kl_runaway: KL 2 > 1 (not remedied: max_remedies 1 of "
+                                "kl_runaway reached)"],
+        # trial 0: restart 1 (two knobs, one restart) at 30 from 20, restart 2 at 35 from 28; trial 2: at 12 from 8
+        "remedies": [json.dumps([remedy(1, 30, 20), remedy(1, 30, 20, "actor_rollout_ref.actor.optim.lr"),
+                                 remedy(2, 35, 28)]), float("nan"), json.dumps([remedy(1, 12, 8)])],
+    })
+    table = compute_accounting(df, max_steps=40, gpu=2.0, by="reason").set_index("reason")
+    assert table.loc["full budget", "steps_rerun"] == 17  # 10 + 7, the two-knob restart counted once
+    assert table.loc["full budget", "steps_used"] == 40 + 17 + 40
+    assert table.loc["full budget", "wall_h_used"] == pytest.approx((400 + 17 * 10 + 200) / 3600)
+    assert table.loc["health: kl_runaway", "steps_used"] == 15 + 4
+    assert table.loc["health: kl_runaway", "steps_saved"] == 25  # the budget left is that of the last run
+    assert table.loc["total", "steps_rerun"] == 21 and table.loc["total", "steps_used"] == 116
+    assert table.loc["total", "gpu_h_used"] == pytest.approx((770 + 190) * 2 / 3600)  # (400 + 170 + 200) + (150 + 40) s
+    assert table.loc["total", "saved_share"] == pytest.approx(25 / (116 + 25))
+    # without remedies nothing is run again
+    plain = compute_accounting(df.drop(columns="remedies"), 40, 2.0).set_index("outcome")
+    assert plain.loc["total", "steps_rerun"] == 0 and plain.loc["total", "steps_used"] == 95

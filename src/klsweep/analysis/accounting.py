@@ -1,16 +1,19 @@
 """Compute accounting of a sweep: trial-steps and GPU-hours used, and saved by stopping trials early.
 
-"Saved" compares with running every trial to ``budget.max_steps``: a trial stopped after ``s`` steps saved
-``max_steps − s`` steps (its remaining budget), costed at that trial's own seconds per step (``wall_s / steps``) ×
-``budget.resources.gpu``. Grouped by how trials ended (``by="outcome"``, the report's table) or by what stopped them
-(``by="reason"``: each health rule by name, the objective stopper, the scheduler; ``sweep status`` and the end of
-``sweep run``).
+"Saved" compares with running every trial to ``budget.max_steps``: a trial stopped after ``s`` steps saved ``max_steps −
+s`` steps (its remaining budget), costed at that trial's own seconds per step (``wall_s / steps``) ×
+``budget.resources.gpu``. A remedied trial (issue 17) also used the steps its restarts ran again: a restart decided at
+step ``s`` from the checkpoint of step ``f`` threw away steps ``f+1..s`` and ran them again, so ``s − f`` steps count as
+used (``steps_rerun``), costed at the trial's seconds per step too (its ``wall_s``, Tune's ``time_total_s``, continues
+from the checkpoint's and leaves the thrown-away run out). Grouped by how trials ended (``by="outcome"``, the report's
+table) or by what stopped them (``by="reason"``: each health rule by name, the objective stopper, the scheduler; ``sweep
+status`` and the end of ``sweep run``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -40,12 +43,13 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
             ``full budget``, ``running``.
 
     Returns:
-        One row per group present, then ``total``; first column ``outcome`` or ``reason`` (as ``by``), then
-        ``trials``, ``steps_used``, ``steps_saved``, ``saved_share`` (the group's steps saved ÷ (steps used +
-        steps saved) of the whole sweep, so the groups' shares add up to the total's), ``wall_h_used``,
-        ``wall_h_saved``, ``gpu_h_used``, ``gpu_h_saved``, ``gpu_h_saved_share`` (as ``saved_share``, in GPU-hours;
-        0 when nothing was used), hours: saved = missing steps × the trial's seconds per step × gpu / 3600; a trial
-        with no step or no wall time saves steps but no measurable hours. A running trial saves nothing yet.
+        One row per group present, then ``total``; first column ``outcome`` or ``reason`` (as ``by``), then ``trials``,
+        ``steps_used`` (the steps of each trial's last run plus ``steps_rerun``), ``steps_saved``, ``saved_share`` (the
+        group's steps saved ÷ (steps used + steps saved) of the whole sweep, so the groups' shares add up to the
+        total's), ``wall_h_used``, ``wall_h_saved``, ``gpu_h_used``, ``gpu_h_saved``, ``gpu_h_saved_share`` (as
+        ``saved_share``, in GPU-hours; 0 when nothing was used), ``steps_rerun`` (steps remedies ran again,
+        :func:`rerun_steps`), hours: saved = missing steps × the trial's seconds per step × gpu / 3600; a trial with no
+        step or no wall time saves steps but no measurable hours. A running trial saves nothing yet.
 
     Raises:
         ValueError: ``by`` is neither ``"outcome"`` nor ``"reason"``.
@@ -67,6 +71,7 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
     outcome[df["state"] == "RUNNING"] = "running"
     outcome[stopped] = "health stop"
     missing[outcome == "running"] = 0  # not stopped yet: nothing saved
+    rerun = rerun_steps(df).astype(float)
     if by == "outcome":
         group, order = outcome, _OUTCOMES
     else:
@@ -76,8 +81,8 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         group[stopped] = health_group[stopped]
         order = sorted(g for g in set(group) if g.startswith("health: ")) + _LAST
     table = pd.DataFrame({
-        by: group, "trials": 1, "steps_used": steps, "steps_saved": missing,
-        "wall_h_used": wall / 3600, "wall_h_saved": missing * per_step / 3600,
+        by: group, "trials": 1, "steps_used": steps + rerun, "steps_saved": missing,
+        "wall_h_used": (wall + rerun * per_step) / 3600, "wall_h_saved": missing * per_step / 3600,
     })
     table["gpu_h_used"] = table["wall_h_used"] * gpu
     table["gpu_h_saved"] = table["wall_h_saved"] * gpu
@@ -86,7 +91,8 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
     total = grouped.loc["total"]
     grouped.insert(3, "saved_share", _share(grouped["steps_saved"], total["steps_used"] + total["steps_saved"]))
     grouped["gpu_h_saved_share"] = _share(grouped["gpu_h_saved"], total["gpu_h_used"] + total["gpu_h_saved"])
-    for column in ("trials", "steps_used", "steps_saved"):
+    grouped["steps_rerun"] = rerun.groupby(group).sum().reindex(grouped.index[:-1]).tolist() + [rerun.sum()]
+    for column in ("trials", "steps_used", "steps_saved", "steps_rerun"):
         grouped[column] = grouped[column].astype(int)
     return grouped.reset_index().rename(columns={"index": by})
 
@@ -99,6 +105,17 @@ def schedules(df: pd.DataFrame) -> pd.Series:
     if "remedies" not in df:
         return pd.Series([[] for _ in df.index], index=df.index, dtype=object)
     return df["remedies"].map(remedy_schedule)
+
+
+def rerun_steps(df: pd.DataFrame) -> pd.Series:
+    """Steps each trial ran again because a remedy restarted it (issue 17): per restart, the step the remedy was
+    decided at less the step of the checkpoint it restarted from (``step − from_step`` of its schedule); 0 for a
+    trial never restarted. Integers, indexed as ``df``."""
+
+    def rerun(remedies: list[dict[str, Any]]) -> int:
+        return sum(r["step"] - r["from_step"] for r in {r["restart"]: r for r in remedies}.values())
+
+    return schedules(df).map(rerun).astype(int)
 
 
 def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:

@@ -200,7 +200,8 @@ rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <h2 id="stops">Stop reasons</h2>{_table(stops) if len(stops) else '<p>No trial was stopped.</p>'}
 <h2 id="remedies">Remedies</h2>{_remedies_block(remedies)}
 <h2 id="compute">Compute</h2>
-<p>{int(total['steps_used'])} trial-steps, {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
+<p>{int(total['steps_used'])} trial-steps ({int(total['steps_rerun'])} of them run again after remedies restarted
+their trials from a checkpoint), {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
 GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
 and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {max_steps} steps (saved steps are costed
 at each trial's own seconds per step), per stop reason: a health rule, the objective stopper, the

@@ -126,12 +126,15 @@ def _print_savings(sweep, df: pd.DataFrame, console: Console) -> None:
     table = compute_accounting(df, sweep.budget.max_steps, gpu, by="reason")
     total = table.set_index("reason").loc["total"]
     used, saved = int(total["steps_used"]), int(total["steps_saved"])
+    rerun = int(total["steps_rerun"])
+    rerun_note = f" (of which {rerun} run again after remedies)" if rerun else ""
     hours, unit = ("gpu_h", "GPU-h") if gpu > 0 else ("wall_h", "trial-h")
     if not saved:
-        console.print(f"compute: {used} trial-steps used, none saved (no trial stopped early)",
+        console.print(f"compute: {used} trial-steps used{rerun_note}, none saved (no trial stopped early)",
                       highlight=False)
         return
-    console.print(f"compute: {used} trial-steps used, {saved} saved ({total['saved_share']:.1%} of {used + saved}); "
+    console.print(f"compute: {used} trial-steps used{rerun_note}, {saved} saved ({total['saved_share']:.1%} of "
+                  f"{used + saved}); "
                   f"{total[f'{hours}_used']:.3g} {unit} used, {total[f'{hours}_saved']:.3g} saved"
                   + (f" ({total['gpu_h_saved_share']:.1%})" if gpu > 0 else " (a CPU sweep: no GPU-hours)"),
                   highlight=False)
