@@ -358,3 +358,44 @@ def test_sigkill_of_the_driver_around_a_restart_then_resume_loses_and_duplicates
         assert [r["step"] for r in results] == list(range(1, steps + 1))
         assert [r[KL_COEFF_METRIC] for r in results] == pytest.approx([0.05] * 3 + [0.005] * (steps - 3))
         assert json.loads(trials.loc[trial.user_attrs["ray_trial_id"], "remedies"]) == [record]
+
+
+def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
+    """sweeps/drgrpo_vs_grpo.yaml has no KL to the reference (kl_placement none): the default preset's kl_coef *1.5
+    can apply to none of its trials. A flagged trial is stopped, its reason saying so, though a checkpoint before the
+    finding exists; and its trials keep the sweep's checkpoint cadence (no denser one for remedies)."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+
+    from klsweep.health import HealthStopper
+    from klsweep.orchestrate.remedy import RemedyScheduler, cannot_apply, overrides_of
+    from klsweep.results import STOP_REASON
+
+    sweep = load_sweep("sweeps/drgrpo_vs_grpo.yaml")
+    hacking = next(r for r in load_ruleset(sweep.health).rules if r.name == "reward_hacking")
+    why = "kl_coef *1.5: alias 'kl_coef' has no effect with kl_placement none (no KL to the reference)"
+    assert cannot_apply(hacking, "none") == why and cannot_apply(hacking, "reward") == ""
+    assert remedies_on(sweep) and checkpoint_every(sweep, {"trainer.total_training_steps": 80}) == 16  # not 4
+    kl_sweep = load_sweep("sweeps/conservative.yaml")
+    assert checkpoint_every(kl_sweep, {"trainer.total_training_steps": 80}) == REMEDY_SAVE_FREQ
+
+    scheduler = RemedyScheduler(sweep)
+    trial = Trial("run_trial", config={"algorithm.norm_adv_by_std_in_grpo": False, "loss_agg_mode": "token-mean",
+                                       "actor_rollout_ref.actor.optim.lr": 0.0003}, stub=True)
+    scheduler.on_trial_add(None, trial)
+    (tmp_path / "c").mkdir()
+    trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
+        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")), metrics={STEP: 2, "config": dict(trial.config)}))
+    planned = scheduler.plan(trial.trial_id, hacking, StopReason("reward_hacking", "diverged", 30), {STEP: 30})
+    assert planned == f"its remedy cannot apply: {why}"
+    assert trial.trial_id not in scheduler._pending
+
+    # through the stopper: a rule with that remedy firing at step 2 stops the trial, the reason saying why
+    rule = Rule.model_validate({"name": "loss_high", "metric": "actor/pg_loss", "above": 1.0, "action": "stop",
+                                "kind": "diverged", "remedy": {"kl_coef": "*1.5"}})
+    ruleset = load_ruleset(sweep.health.model_copy(update={"preset": "none", "rules": [rule]}))
+    stopper = HealthStopper(ruleset, run_config_of=lambda c: overrides_of(sweep, c), remedies=scheduler)
+    result = {STEP: 1, "actor/pg_loss": 2.0, "config": dict(trial.config)}
+    assert stopper(trial.trial_id, result) is True
+    assert result[STOP_REASON].endswith(f"(not remedied: its remedy cannot apply: {why})")

@@ -74,14 +74,45 @@ def remedies_on(sweep) -> bool:
 
 def checkpoint_every(sweep, overrides: Mapping[str, Any]) -> int:
     """Steps between an in-process trial's checkpoints: the trial's ``trainer.save_freq`` when it sets one, else
-    :data:`REMEDY_SAVE_FREQ` when the sweep remedies (:func:`remedies_on`) and that is denser than
+    :data:`REMEDY_SAVE_FREQ` when the sweep remedies (:func:`remedies_on`), a rule's remedy can apply to its trials
+    (:func:`cannot_apply`: not ``kl_coef`` alone under ``kl_placement: none``) and that is denser than
     :func:`klsweep.launchers.resume.save_freq` (a fifth of the run, or the validation cadence), else that."""
     from klsweep.launchers.resume import SAVE_FREQ_KEY, save_freq
 
     every = save_freq(overrides)
-    if SAVE_FREQ_KEY in overrides or not remedies_on(sweep):
+    if SAVE_FREQ_KEY in overrides or not remedies_on(sweep) or not _some_remedy_applies(sweep):
         return every
     return REMEDY_SAVE_FREQ if every <= 0 else min(every, REMEDY_SAVE_FREQ)
+
+
+def cannot_apply(rule: Rule, placement: str) -> str:
+    """Why ``rule``'s remedy can apply to no trial of a sweep with ``kl_placement`` ``placement``, or ``""``: every
+    knob it prescribes is an alias without a live key there (:func:`klsweep.verl.presets.resolve_key`), e.g. the
+    presets' ``kl_coef: "*1.5"`` in a sweep without KL to the reference (``kl_placement: none``)."""
+    from klsweep.verl.presets import resolve_key
+
+    why = []
+    for name, operation in rule.remedy.items():
+        try:
+            resolve_key(name, placement)
+        except ValueError as e:
+            why.append(_alias_problem(name, operation, e))
+            continue
+        return ""
+    return "; ".join(why)
+
+
+def _alias_problem(name: str, operation: str, error: ValueError) -> str:
+    """``"kl_coef *1.5: alias 'kl_coef' has no effect with kl_placement none (no KL to the reference)"``: the
+    :func:`~klsweep.verl.presets.resolve_key` error without its advice on the sweep's parameters."""
+    return f"{name} {operation}: {str(error).split(': ', 1)[0]}"
+
+
+def _some_remedy_applies(sweep) -> bool:
+    """Whether a rule of the sweep's rule set has a remedy that :func:`cannot_apply` does not rule out."""
+    from klsweep.health import load_ruleset
+
+    return any(rule.remedy and not cannot_apply(rule, sweep.placement) for rule in load_ruleset(sweep.health).rules)
 
 
 @dataclass(frozen=True)
@@ -161,7 +192,7 @@ def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Ma
         try:
             key = resolve_key(name, placement)
         except ValueError as e:
-            skipped.append(str(e))
+            skipped.append(_alias_problem(name, operation, e))
             continue
         inert = inert_reason(key, overrides)
         if inert:
@@ -228,7 +259,10 @@ class RemedyScheduler(FIFOScheduler):
         """A restart of ``trial_id`` for ``rule``'s finding ``reason``, or why there is none (a sentence).
 
         The checkpoint is the trial's last one at a step before :func:`trend_start` (among those of the current run
-        of the trial: a checkpoint of a run abandoned by an earlier remedy is never used).
+        of the trial: a checkpoint of a run abandoned by an earlier remedy is never used). A prescription that
+        changes no knob of the trial (:func:`prescribe`: an alias without a live key under the sweep's
+        ``kl_placement``, an inert knob) is a stop whose reason starts "its remedy cannot apply: ", decided before
+        the checkpoint is looked for.
         """
         from klsweep.space import trial_overrides
         from klsweep.trainers import runs_verl, trainer_kind
@@ -242,16 +276,16 @@ class RemedyScheduler(FIFOScheduler):
         done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
         if len(_restarts(done)) >= rule.max_remedies:
             return f"max_remedies {rule.max_remedies} of {rule.name} reached"
+        config = {k: v for k, v in trial.config.items() if k != REMEDIES}
+        overrides = trial_overrides(self._sweep, config)
+        changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
+        if not changes:  # decided before any checkpoint is looked for: no restart would change the trial
+            return "its remedy cannot apply: " + ("; ".join(skipped) or "it changes nothing")
         start = trend_start(rule, reason)
         checkpoint = self._checkpoint_before(trial, start)
         if checkpoint is None:
             return (f"no checkpoint before step {start}, where the finding began (checkpoints every "
                     "trainer.save_freq steps)")
-        config = {k: v for k, v in trial.config.items() if k != REMEDIES}
-        overrides = trial_overrides(self._sweep, config)
-        changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
-        if not changes:
-            return "; ".join(skipped) or "the remedy changes nothing"
         from klsweep.verl.presets import resolve_key
 
         for key, (_, new) in changes.items():
