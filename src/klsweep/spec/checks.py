@@ -82,6 +82,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                              "Add a `when` condition so it is only sampled where it acts"))
     errors.extend(_negative_kl(sweep, params))
     errors.extend(_remedy_problems(sweep, fixed))
+    errors.extend(_table_problems(sweep, params, resolved))
     if sweep.scheduler.type == "asha":
         warnings.extend((("health", "rules", i, "remedy"), f"rule {rule.name!r} has a remedy but scheduler is asha: "
                          "ASHA's scheduler takes the place of the one that restarts trials, so the rule stops the "
@@ -399,3 +400,26 @@ def _remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
             inert = inert_reason(key, fixed)
             if inert:
                 yield path, f"the remedy changes {key}, which has no effect: {inert}"
+
+
+def _table_problems(sweep: Sweep, params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    """For ``trainer: tabular``: each searched categorical value the table did not record (its header's ``grid``);
+    the trainer refuses such a trial at run time (:meth:`klsweep.trainers.tabular.Table.nearest`)."""
+    if sweep.trainer != "tabular" or sweep.tabular is None:
+        return
+    from klsweep.trainers.tabular import load_table
+
+    axes = load_table(sweep.tabular.table).header["parameters"]
+    for key, p in params.items():
+        axis = axes.get(key, {})
+        grid = axis.get("grid", axis.get("values"))
+        if not isinstance(p, Choice) or axis.get("scale") != "categorical" or grid is None:
+            continue
+        lacking = [v for v in p.values if v not in grid]
+        if lacking:
+            name = names[key]
+            yield ("parameters", name), (
+                f"{_label(name, key)} searches {lacking}, which the table {sweep.tabular.table} did not record (it "
+                f"holds {grid}): those trials would fail. Search only the recorded values (add the override "
+                f"'parameters.{name}={{values: [{', '.join(map(str, (v for v in p.values if v in grid)))}]}}') or "
+                "generate a table with them (benchmarks/tabular/README.md)")
