@@ -21,14 +21,25 @@ def test_accounting_by_hand():
     assert table.loc["health stop", "gpu_h_saved"] == pytest.approx(150 * 2 / 3600)
     # scheduler stop: trial 2 ran 10 steps at 30 s/step, 10 saved -> 300 s
     assert table.loc["scheduler stop", "wall_h_saved"] == pytest.approx(300 / 3600)
-    # failed at step 0: 20 steps not run, no seconds per step to cost them
-    assert table.loc["failed", "steps_saved"] == 20 and table.loc["failed", "wall_h_saved"] == 0
+    # failed at step 0: its 20 steps not run were lost, not saved
+    assert table.loc["failed", "steps_saved"] == 0 and table.loc["failed", "wall_h_saved"] == 0
     assert table.loc["full budget", "trials"] == 2 and table.loc["full budget", "steps_saved"] == 0
     assert table.loc["total", "steps_used"] == 55
     assert table.loc["total", "gpu_h_used"] == pytest.approx(950 * 2 / 3600)
-    assert table.loc["total", "steps_saved"] == 45
+    assert table.loc["total", "steps_saved"] == 25
     assert table.loc["total", "gpu_h_saved"] == pytest.approx((150 + 300) * 2 / 3600)
 
+
+def test_a_failure_is_not_a_saving():
+    """11 of 16 trials failing at step 0 once showed as 880 steps saved (82.5 %); a failure after 30 of 80 steps
+    counts its 30 steps as used and its 50 missing ones as neither used nor saved."""
+    df = pd.DataFrame({"state": ["FAIL"] * 11 + ["FAIL", "COMPLETE"],
+                       "health": ["healthy"] * 13, "steps": [0] * 11 + [30, 80], "wall_s": [0.0] * 11 + [60.0, 80.0]})
+    table = compute_accounting(df, max_steps=80, gpu=1.0).set_index("outcome")
+    assert table.loc["failed", "trials"] == 12 and table.loc["failed", "steps_saved"] == 0
+    assert table.loc["failed", "steps_used"] == 30 and table.loc["failed", "gpu_h_saved"] == 0
+    assert table.loc["total", "steps_saved"] == 0 and table.loc["total", "saved_share"] == 0
+    assert table.loc["total", "gpu_h_used"] == pytest.approx(140 / 3600)
 
 
 def test_accounting_by_stop_reason_by_hand():
@@ -59,13 +70,13 @@ def test_accounting_by_stop_reason_by_hand():
     # the objective stopper: 25 steps at 4 s/step, 15 left -> 60 s
     assert table.loc["objective stopper", "steps_saved"] == 15
     assert table.loc["objective stopper", "gpu_h_saved"] == pytest.approx(60 * 0.5 / 3600)
-    # failed at step 0: 40 steps not run; running: nothing saved yet
-    assert table.loc["failed", "steps_saved"] == 40 and table.loc["failed", "wall_h_saved"] == 0
+    # failed at step 0: 40 steps lost, none saved; running: nothing saved yet
+    assert table.loc["failed", "steps_saved"] == 0 and table.loc["failed", "wall_h_saved"] == 0
     assert table.loc["running", "steps_saved"] == 0 and table.loc["running", "steps_used"] == 12
-    # the whole sweep: used 40+10+20+30+25+0+12+5 = 142, saved 30+20+10+15+40+35 = 150
-    assert table.loc["total", "steps_used"] == 142 and table.loc["total", "steps_saved"] == 150
-    assert table.loc["health: kl_runaway", "saved_share"] == pytest.approx(40 / 292)
-    assert table.loc["total", "saved_share"] == pytest.approx(150 / 292)
+    # the whole sweep: used 40+10+20+30+25+0+12+5 = 142, saved 30+20+10+15+35 = 110 (the failure saved nothing)
+    assert table.loc["total", "steps_used"] == 142 and table.loc["total", "steps_saved"] == 110
+    assert table.loc["health: kl_runaway", "saved_share"] == pytest.approx(40 / 252)
+    assert table.loc["total", "saved_share"] == pytest.approx(110 / 252)
     # GPU-hours: used 1039 s, saved 150 + 400 + 20 + 60 + 35 = 665 s (the failed trial has no s/step)
     assert table.loc["total", "gpu_h_saved_share"] == pytest.approx(665 / (1039 + 665))
     assert table.loc["health: entropy_collapse", "gpu_h_saved_share"] == pytest.approx(400 / (1039 + 665))

@@ -2,12 +2,13 @@
 
 "Saved" compares with running every trial to ``budget.max_steps``: a trial stopped after ``s`` steps saved ``max_steps −
 s`` steps (its remaining budget), costed at that trial's own seconds per step (``wall_s / steps``) ×
-``budget.resources.gpu``. A remedied trial (issue 17) also used the steps its restarts ran again: a restart decided at
-step ``s`` from the checkpoint of step ``f`` threw away steps ``f+1..s`` and ran them again, so ``s − f`` steps count as
-used (``steps_rerun``), costed at the trial's seconds per step too (its ``wall_s``, Tune's ``time_total_s``, continues
-from the checkpoint's and leaves the thrown-away run out). Grouped by how trials ended (``by="outcome"``, the report's
-table) or by what stopped them (``by="reason"``: each health rule by name, the objective stopper, the scheduler; ``sweep
-status`` and the end of ``sweep run``).
+``budget.resources.gpu``. A failed trial (state FAIL without a health stop: an error) saved nothing: its missing steps
+were lost, not saved, and count neither as used nor as saved. A remedied trial (issue 17) also used the steps its
+restarts ran again: a restart decided at step ``s`` from the checkpoint of step ``f`` threw away steps ``f+1..s`` and
+ran them again, so ``s − f`` steps count as used (``steps_rerun``), costed at the trial's seconds per step too (its
+``wall_s``, Tune's ``time_total_s``, continues from the checkpoint's and leaves the thrown-away run out). Grouped by how
+trials ended (``by="outcome"``, the report's table) or by what stopped them (``by="reason"``: each health rule by name,
+the objective stopper, the scheduler; ``sweep status`` and the end of ``sweep run``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         total's), ``wall_h_used``, ``wall_h_saved``, ``gpu_h_used``, ``gpu_h_saved``, ``gpu_h_saved_share`` (as
         ``saved_share``, in GPU-hours; 0 when nothing was used), ``steps_rerun`` (steps remedies ran again,
         :func:`rerun_steps`), hours: saved = missing steps × the trial's seconds per step × gpu / 3600; a trial with no
-        step or no wall time saves steps but no measurable hours. A running trial saves nothing yet.
+        step or no wall time saves steps but no measurable hours. A running trial saves nothing yet, a failed one
+        nothing at all (a failure is not a saving).
 
     Raises:
         ValueError: ``by`` is neither ``"outcome"`` nor ``"reason"``.
@@ -70,7 +72,7 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
     outcome[df["state"] == "FAIL"] = "failed"
     outcome[df["state"] == "RUNNING"] = "running"
     outcome[stopped] = "health stop"
-    missing[outcome == "running"] = 0  # not stopped yet: nothing saved
+    missing[outcome.isin(["running", "failed"])] = 0  # not stopped yet; an error lost its steps, it saved none
     rerun = rerun_steps(df).astype(float)
     if by == "outcome":
         group, order = outcome, _OUTCOMES
