@@ -59,7 +59,8 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
 
     Each trial spec: ``params`` (verl overrides searched), ``steps``, ``health``, ``stop_reason``, optional
     ``state`` (default COMPLETE), ``metrics`` (a function of (params, step) → dict; default :func:`curve`) and
-    ``remedies`` (the schedule :class:`klsweep.orchestrate.remedy.RemedyScheduler` records, a list of dicts).
+    ``remedies`` (the schedule :class:`klsweep.orchestrate.remedy.RemedyScheduler` records, a list of dicts) and
+    ``confirm_of`` (a confirmation re-run of that trial number, with ``params["data.seed"]`` its seed).
     Trials' told values are their last reported objectives (what KlsweepSearch tells Optuna); PRUNED/FAIL get none.
     """
     specs = [trial_spec(i, max_steps) for i in range(trials)] if isinstance(trials, int) else trials
@@ -89,7 +90,9 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
             user_attrs={"ray_trial_id": trial_id, "health": spec["health"], "stop_reason": spec["stop_reason"],
                         "steps": spec["steps"], "constraint": 1.0 if spec["health"] == "stopped" else -1.0,
                         "verl_overrides": json.dumps({**FIXED, **spec["params"]}),
-                        **({"remedies": json.dumps(spec["remedies"])} if spec.get("remedies") else {})},
+                        **({"remedies": json.dumps(spec["remedies"])} if spec.get("remedies") else {}),
+                        **({"confirm_of": spec["confirm_of"], "confirm_seed": spec["params"]["data.seed"]}
+                           if "confirm_of" in spec else {})},
         ))
     study.add_trials(frozen)
     sweep = {"name": root.name, "algorithm": "grpo", "trainer": "embedded", "overrides": FIXED,

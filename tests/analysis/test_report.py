@@ -16,7 +16,7 @@ from klsweep.analysis.report import write_report
 from klsweep.cli import main
 from klsweep.errors import ResultsError
 
-from .conftest import make_sweep, trial_spec
+from .conftest import curve, make_sweep, trial_spec
 
 PNGS = ("summary", "front", "frontier", "curves", "importance", "knobs", "slice", "stop_reasons", "accounting")
 FIGURES = ("front", "frontier", "curves", "importance", "knobs", "slice")
@@ -195,3 +195,37 @@ def test_report_counts_remedies_per_rule_and_marks_remedied_points_on_the_front(
     data, _ = plotted(next(s["text"] for s in page.scripts if "fig-front" in s["text"]), "fig-front")
     marked = [t for t in data if t["name"] == "remedied (2)"]
     assert len(marked) == 1 and marked[0]["text"] == ["R1", "R2"] and marked[0]["marker"]["symbol"] == "diamond-open"
+
+
+def confirmed_specs() -> list[dict]:
+    """Four search trials (seed 0) and two confirmation re-runs of trial 0 (seeds 1, 2) whose score is the search
+    run's plus 0.1 per seed: trial 0's mean over seeds is its search score + 0.1."""
+    def shifted(seed):
+        def metrics(params, step):
+            out = curve(params, step)
+            return {**out, "critic/score/mean": out["critic/score/mean"] + 0.1 * seed}
+        return metrics
+
+    specs = [trial_spec(i, 10) for i in (0, 1, 2, 4)]
+    for spec in specs:
+        spec["params"] = {**spec["params"], "data.seed": 0}
+    for seed in (1, 2):
+        specs.append({**specs[0], "params": {**specs[0]["params"], "data.seed": seed}, "confirm_of": 0,
+                      "metrics": shifted(seed)})
+    return specs
+
+
+def test_report_counts_re_runs_apart_keeps_them_off_the_front_and_ranks_by_mean(tmp_path):
+    run_dir = make_sweep(tmp_path / "conf", confirmed_specs())
+    assert write_report(run_dir, tmp_path / "out", pngs=False) == 0
+    html_text = (tmp_path / "out" / "report.html").read_text()
+    assert "4 search trials, 4 feasible; 2 confirmation re-runs, 2 feasible" in html_text
+    front_cells = html_text.split('id="front"')[1].split("<h3")[1].split("<h2")[0]
+    numbers = {int(n) for n in re.findall(r"<tr>\s*<td>(\d+)</td>", front_cells)}
+    assert numbers and numbers <= {0, 1, 2, 3}  # the re-runs are trials 4 and 5
+    search_score = curve(confirmed_specs()[0]["params"], 10)["critic/score/mean"]
+    section = html_text.split('id="confirmation"')[1].split("<h2")[0]
+    cells = re.findall(r"<td>([^<]*)</td>", section)
+    assert cells[:6] == ["0", "False", "3", "3", "3", "[0, 1, 2]"]
+    assert float(cells[6]) == pytest.approx(search_score + 0.1, abs=1e-3)  # mean of s, s + 0.1, s + 0.2
+    assert float(cells[8]) == pytest.approx(0.1, abs=1e-3)  # sample sd of 0, 0.1, 0.2

@@ -22,6 +22,7 @@ import pandas as pd
 
 from klsweep.analysis.accounting import compute_accounting, remedy_outcomes
 from klsweep.analysis.baseline import reference_scores
+from klsweep.analysis.confirm import is_search, ranking
 from klsweep.analysis.figures import (
     SliceData,
     curves_data,
@@ -68,14 +69,17 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     gpu = float(budget.get("resources", {}).get("gpu", 0.0))
     objectives = [(o["metric"], o["mode"]) for o in info["objectives"]]
     axes = front_objectives(df, objectives)
+    search = df[is_search(df)]  # the front is of search trials: a confirmation re-run is no config of its own
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        front = pareto_front(df, axes)
+        front = pareto_front(search, axes)
     ruleset = _ruleset(sweep.get("health"))
     study = study_of(run_dir)
 
-    counts = (df.assign(health=df.get("health", pd.Series(index=df.index, dtype=object)).fillna("—"))
-              .groupby(["state", "health"]).size().rename("trials").reset_index())
+    counts = (df.assign(health=df.get("health", pd.Series(index=df.index, dtype=object)).fillna("—"),
+                        phase=is_search(df).map({True: "search", False: "confirmation"}))
+              .groupby(["phase", "state", "health"]).size().rename("trials").reset_index())
+    confirmed = ranking(df, objectives, seed_trials=bool(sweep.get("seed_trials")))
     stops = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
     stops = stops[[c for c in ("number", "trial_id", "state", "health", "steps", "stop_reason") if c in df]]
     accounting = compute_accounting(df, max_steps, gpu, by="reason")
@@ -88,9 +92,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
 
     # what each figure shows, drawn twice: plotly for the page, matplotlib for the PNGs
     views = {
-        "summary": table_data(counts, f"{info.get('name', run_dir.name)}: {len(df)} trials, "
-                                      f"{int(feasible(df).sum())} feasible"),
-        "front": front_data(df, axes, front),
+        "summary": table_data(counts, f"{info.get('name', run_dir.name)}: {_trial_counts(df)}"),
+        "front": front_data(search, axes, front),
         "frontier": frontier_data(frontier),
         "curves": curves_data(history, df, ruleset, objectives=objectives, baselines=baselines),
         "importance": importance_data(study, info["objectives"]),
@@ -105,7 +108,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-                 frontier.summary(), remedies)
+                 frontier.summary(), remedies, confirmed)
     _atomic_write(out_dir / REPORT, page)
     if not pngs:
         print(f"report: {out_dir / REPORT}")
@@ -134,6 +137,26 @@ def _accounting_title(accounting: pd.DataFrame, max_steps: int, gpu: float) -> s
             f"{max_steps} steps ({gpu:g} GPU per trial)")
 
 
+def _trial_counts(df: pd.DataFrame) -> str:
+    """``N search trials, F feasible`` plus ``; R confirmation re-runs, G feasible`` when the sweep has re-runs."""
+    search = is_search(df)
+    line = f"{int(search.sum())} search trials, {int(feasible(df[search]).sum())} feasible"
+    if (~search).any():
+        line += f"; {int((~search).sum())} confirmation re-runs, {int(feasible(df[~search]).sum())} feasible"
+    return line
+
+
+def _confirmation_block(table: pd.DataFrame) -> str:
+    """The report's confirmation section: the ranking by mean over seeds
+    (:func:`klsweep.analysis.confirm.ranking`), or a line when no search trial was re-run."""
+    if table.empty:
+        return "<p>No confirmation re-runs (budget.confirm off or not reached).</p>"
+    return ("<p>The confirmed search trials by their mean over seeds (the search run counts as one seed): runs in"
+            " the study, finished, ok (finished and healthy), their data.seed, the mean of each objective and the"
+            " first one's sample sd, min and max. A trial with a run stopped by a health rule or failed ranks after"
+            " the others.</p>" + _table(table))
+
+
 def _remedies_block(remedies: pd.DataFrame) -> str:
     """The report's per-rule remedy counts (:func:`klsweep.analysis.accounting.remedy_outcomes`), or a line."""
     if remedies.empty:
@@ -156,7 +179,7 @@ def _table(df: pd.DataFrame) -> str:
 
 
 def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-          frontier: str, remedies: pd.DataFrame) -> str:
+          frontier: str, remedies: pd.DataFrame, confirmed: pd.DataFrame) -> str:
     from plotly.offline import get_plotlyjs
 
     def fig(name: str) -> str:
@@ -188,11 +211,13 @@ text-align:left}} pre{{white-space:pre-wrap;background:#f4f4f4;padding:6px;font-
 <body>
 <h1>klsweep report: {name}</h1>
 <p>Algorithm {html.escape(str(info.get('sweep', {}).get('algorithm', '?')))}; objectives {objectives};
-health rules {preset}; {len(df)} trials, {int(feasible(df).sum())} feasible (COMPLETE and not stopped by a health
+health rules {preset}; {_trial_counts(df)} (feasible: COMPLETE and not stopped by a health
 rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 <h2 id="summary">Summary</h2>{_table(counts)}
-<h2 id="front">Pareto front</h2><p>KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
+<h2 id="front">Pareto front</h2><p>Search trials only (confirmation re-runs are in the next section).
+KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
 <h3>Front trials and the command that reruns each</h3>{front_block}
+<h2 id="confirmation">Confirmation: ranking by mean over seeds</h2>{_confirmation_block(confirmed)}
 <h2 id="frontier">KL frontier</h2><p>{html.escape(frontier)}</p>{fig('frontier')}
 <h2 id="curves">Curves</h2>{fig('curves')}
 <h2 id="importance">Parameter importance</h2>{fig('importance')}

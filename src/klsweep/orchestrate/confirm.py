@@ -36,6 +36,8 @@ import optuna
 import pandas as pd
 from ray.tune.search import Searcher
 
+from klsweep.analysis.confirm import confirm_of, is_search
+from klsweep.analysis.confirm import ranking as rank_by_mean
 from klsweep.orchestrate.searcher import KlsweepSearch
 from klsweep.results import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED
 from klsweep.space import SEED_KEY
@@ -66,20 +68,6 @@ class Phase:
 
     def __len__(self) -> int:
         return len(self.runs) + len(self.adopt)
-
-
-def confirm_of(df: pd.DataFrame) -> pd.Series:
-    """The ``confirm_of`` column of a :func:`klsweep.analysis.load.load` frame (or of ``trials.csv``) as floats: the
-    search trial a confirmation run re-runs, NaN on search trials (all NaN when the column is absent)."""
-    if "confirm_of" not in df:
-        return pd.Series(math.nan, index=df.index, dtype=float)
-    return pd.to_numeric(df["confirm_of"], errors="coerce").astype(float)
-
-
-def is_search(df: pd.DataFrame) -> pd.Series:
-    """Boolean Series over a :func:`klsweep.analysis.load.load` frame: the trial is a search trial (no
-    ``confirm_of``)."""
-    return confirm_of(df).isna()
 
 
 def search_trial_count(study) -> int:
@@ -183,49 +171,9 @@ class ConfirmSearch(KlsweepSearch):
 
 
 def ranking(sweep, df: pd.DataFrame) -> pd.DataFrame:
-    """The confirmed leaders ranked by their mean over seeds (see the module docstring).
-
-    Args:
-        df: a :func:`klsweep.analysis.load.load` frame of the sweep (search trials and confirmation runs).
-
-    Returns:
-        One row per search trial with at least one confirmation run, best first: ``trial``, ``preset`` (it is the
-        seed preset, trial 0 of a sweep with seed trials), ``runs`` (its search run and re-runs in the study),
-        ``finished``, ``ok`` (finished COMPLETE and healthy, with a value), ``seeds`` (the ``data.seed`` of the ok
-        runs), then for each objective ``mean/<metric>``, and for the first ``sd``, ``min``, ``max`` (``sd`` NaN
-        below 2 ok runs). Empty when nothing was confirmed.
-    """
-    from klsweep.analysis.pareto import feasible
-
-    columns = [f"value/{o.metric}" for o in sweep.objectives]
-    if df.empty or "confirm_of" not in df or any(c not in df for c in columns):
-        return pd.DataFrame()
-    ok = feasible(df) & df[columns].notna().all(axis=1)
-    finished = df["state"].isin(["COMPLETE", "PRUNED", "FAIL"])
-    of = confirm_of(df)
-    rows = []
-    for number in sorted({int(n) for n in of.dropna()}):
-        group = df[(df["number"] == number) & of.isna() | (of == number)]
-        values = group[ok.loc[group.index]]
-        first = pd.to_numeric(values[columns[0]], errors="coerce") if len(values) else pd.Series(dtype=float)
-        seed_column = f"config/{SEED_KEY}"
-        row: dict[str, Any] = {
-            "trial": number, "preset": bool(sweep.seed_trials) and number == 0, "runs": len(group),
-            "finished": int(finished.loc[group.index].sum()), "ok": len(values),
-            "seeds": [int(s) for s in values[seed_column]] if seed_column in values else [],
-        }
-        for column, objective in zip(columns, sweep.objectives):
-            row[f"mean/{objective.metric}"] = pd.to_numeric(values[column], errors="coerce").mean()
-        row.update(sd=first.std(ddof=1) if len(first) >= 2 else math.nan, min=first.min(), max=first.max())
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    if table.empty:
-        return table
-    mean = table[f"mean/{sweep.objectives[0].metric}"]
-    table["_bad"] = (table["ok"] < table["finished"]) | mean.isna()
-    table["_key"] = -mean if sweep.objectives[0].mode == "max" else mean
-    table = table.sort_values(["_bad", "_key", "trial"]).drop(columns=["_bad", "_key"])
-    return table.reset_index(drop=True)
+    """The sweep's confirmed leaders ranked by their mean over seeds: :func:`klsweep.analysis.confirm.ranking` on
+    the sweep's objectives and seed trials (see there for the columns)."""
+    return rank_by_mean(df, [(o.metric, o.mode) for o in sweep.objectives], seed_trials=bool(sweep.seed_trials))
 
 
 def within_noise(a: pd.Series, b: pd.Series, pooled_sd: float, metric: str) -> tuple[bool | None, float, float]:
