@@ -29,8 +29,9 @@ def args_of(command: str) -> dict[str, str]:
 def test_a_remedied_verl_trial_reruns_as_one_command_per_segment():
     pairs = reproduce_commands("verl", PROPOSED, json.dumps(SCHEDULE))  # as trials.csv holds it
     assert [label for label, _ in pairs] == [
-        "segment 1 of 3 (steps 1-47, where kl_runaway fired):",
-        f"segment 2 of 3 (steps 33-60, where kl_runaway fired; resumes from step 32 with {KL}=0.003, {LR}=5e-07):",
+        "segment 1 of 3 (steps 1-47, where kl_runaway fired; saves the checkpoint of step 32):",
+        f"segment 2 of 3 (steps 33-60, where kl_runaway fired; resumes from step 32 with {KL}=0.003, {LR}=5e-07; "
+        "saves the checkpoint of step 52):",
         f"segment 3 of 3 (steps 53 to the end; resumes from step 52 with {KL}=0.006):",
     ]
     first, second, third = (args_of(command) for _, command in pairs)
@@ -40,9 +41,17 @@ def test_a_remedied_verl_trial_reruns_as_one_command_per_segment():
     assert (second[KL], second[LR], second["trainer.resume_mode"]) == ("0.003", "5e-07", "resume_path")
     assert second["trainer.resume_from_path"] == "'${trainer.default_local_dir}/global_step_32'"
     assert (third[KL], third[LR]) == ("0.006", "5e-07")  # the lr of restart 1 is kept
+    assert {first["trainer.save_freq"], second["trainer.save_freq"]} == {"4"}  # 4 saves steps 32 and 52 already
     assert third["trainer.resume_from_path"] == "'${trainer.default_local_dir}/global_step_52'"
     # lines: label, command per segment
     assert reproduce_lines("verl", PROPOSED, SCHEDULE) == [line for pair in pairs for line in pair]
+
+
+def test_a_segment_saves_the_checkpoint_the_next_one_resumes_from():
+    """Without a cadence that saves it (none set; 5 does not divide 32), a segment gets save_freq = that step."""
+    for proposed, last in (({KL: 0.001}, None), ({KL: 0.001, "trainer.save_freq": 5}, "5")):
+        commands = [args_of(c) for _, c in reproduce_commands("verl", proposed, SCHEDULE)]
+        assert [c.get("trainer.save_freq") for c in commands] == ["32", "52", last]  # the last segment: its own
 
 
 def test_the_embedded_trainer_resumes_on_verl_only_and_an_unremedied_trial_is_one_run():

@@ -185,8 +185,10 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
     A remedied trial (issue 17) reruns as its schedule: one segment per run, each command resuming from the
     checkpoint the next remedy restarted from, as the launcher restarted it (:func:`klsweep.launchers.resume.rewind`:
     ``trainer.resume_mode=resume_path trainer.resume_from_path=${trainer.default_local_dir}/global_step_N``,
-    an interpolation verl's Hydra config resolves) with the knobs the remedies changed so far. Segments after the
-    first keep only verl's commands (the embedded trainer's command line does not resume).
+    an interpolation verl's Hydra config resolves) with the knobs the remedies changed so far. A segment whose
+    checkpoint the next one resumes from gets ``trainer.save_freq`` = that step unless its own cadence saves it (the
+    embedded trainer's denser cadence of a remedy sweep is no override). Segments after the first keep only verl's
+    commands (the embedded trainer's command line does not resume).
 
     Args:
         trainer: the sweep's ``trainer:`` name.
@@ -209,15 +211,20 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
         first = 1 if i == 0 else runs[i - 1][0]["from_step"] + 1
         until = f"-{runs[i][0]['step']}, where {runs[i][0]['rule']} fired" if i < len(runs) else " to the end"
         head = f"segment {i + 1} of {len(runs) + 1} (steps {first}{until}"
-        resume: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
         if i:
             step = runs[i - 1][0]["from_step"]
             changed = ", ".join(f"{r['key']}={r['new']:.6g}" for r in runs[i - 1])
             head += f"; resumes from step {step} with {changed}"
             current.update({r["key"]: r["new"] for r in runs[i - 1]})
-            resume = {"trainer.resume_mode": "resume_path",
-                      "trainer.resume_from_path": f"${{trainer.default_local_dir}}/global_step_{step}"}
-        for label, command in kind.reproduce({**current, **resume}):
+            extra = {"trainer.resume_mode": "resume_path",
+                     "trainer.resume_from_path": f"${{trainer.default_local_dir}}/global_step_{step}"}
+        if i < len(runs):  # the next segment resumes from this one's checkpoint of that step: it must be saved
+            keep, every = runs[i][0]["from_step"], current.get("trainer.save_freq")
+            if not (isinstance(every, int) and every > 0 and keep % every == 0):
+                extra["trainer.save_freq"] = keep
+            head += f"; saves the checkpoint of step {keep}"
+        for label, command in kind.reproduce({**current, **extra}):
             if i and not command.startswith(f"python3 -m {VERL_MODULE}"):
                 continue
             out.append((f"{head}){': ' + label if label else ':'}", command))
