@@ -399,3 +399,52 @@ def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
     result = {STEP: 1, "actor/pg_loss": 2.0, "config": dict(trial.config)}
     assert stopper(trial.trial_id, result) is True
     assert result[STOP_REASON].endswith(f"(not remedied: its remedy cannot apply: {why})")
+
+
+def test_a_finding_at_the_last_steps_stops_the_trial_instead_of_restarting_it(tmp_path):
+    """reward_hacking at step 80 of 80 restarted a trial from 60 (20 steps run again, none rescued) and the trial
+    ended "healthy" below the reference policy: a finding fewer than the rule's ``for`` steps before the end stops."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+
+    from klsweep.orchestrate.remedy import Remedy, RemedyScheduler
+    from klsweep.results import TOTAL_STEPS
+
+    trial = Trial("run_trial", config={KL_COEF_KEY: 0.05}, stub=True)
+    for step in (40, 60):
+        (tmp_path / f"c{step}").mkdir()
+        trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
+            checkpoint=Checkpoint.from_directory(str(tmp_path / f"c{step}")),
+            metrics={STEP: step, "config": dict(trial.config)}))
+    scheduler = RemedyScheduler(load_sweep(sweep_file(tmp_path)))
+    scheduler.on_trial_add(None, trial)
+
+    def plan(rule: Rule, step: int):
+        reason = StopReason(rule.name, "diverged", step, {}, "", f"x = 1 over step {step} (x > 0)")
+        return scheduler.plan(trial.trial_id, rule, reason, {KL_COEFF_METRIC: 0.08, TOTAL_STEPS: 80})
+
+    once = _rule(remedy={"kl_coef": "*1.5"})  # for: 1
+    assert plan(once, 80) == ("the finding is at step 80 of 80: a restart would only run again steps the trial has "
+                              "run, with fewer than 1 (the rule's for) left after it to rescue")
+    remedy = plan(once, 79)
+    assert isinstance(remedy, Remedy) and remedy.from_step == 60
+    assert remedy.config[KL_COEF_KEY] == pytest.approx(0.12)
+    scheduler._pending.clear()
+    streak = _rule(remedy={"kl_coef": "*1.5"}, **{"for": 3})  # fired at 78: onset 76, 2 steps left < 3
+    assert plan(streak, 78).startswith("the finding is at step 78 of 80:")
+    assert plan(streak, 77).from_step == 60  # onset 75, 3 steps left
+
+
+def test_the_schedule_line_lists_every_restart_in_order():
+    from klsweep.orchestrate.remedy import schedule_line
+
+    first = {"restart": 1, "step": 43, "rule": "kl_runaway", "from_step": 28, "key": KL_COEF_KEY, "old": 0.0023633,
+             "new": 0.0035449}
+    lr = {**first, "key": "actor_rollout_ref.actor.optim.lr", "old": 3e-4, "new": 1.5e-4}
+    second = {"restart": 2, "step": 80, "rule": "reward_hacking", "from_step": 60, "key": KL_COEF_KEY, "old": 0.004,
+              "new": 0.006}
+    assert schedule_line(json.dumps([first, lr, second])) == (
+        "2× kl_runaway@43 from 28 kl_coef 0.002363→0.003545, lr 0.0003→0.00015; "
+        "reward_hacking@80 from 60 kl_coef 0.004→0.006")
+    assert schedule_line(float("nan")) == schedule_line("") == schedule_line([]) == ""

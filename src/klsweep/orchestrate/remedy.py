@@ -45,7 +45,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from klsweep.health.rules import Rule, parse_operation
 from klsweep.health.verdict import StopReason
 from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
-from klsweep.results import ATTR_REMEDIES, STEP
+from klsweep.results import ATTR_REMEDIES, STEP, TOTAL_STEPS
 
 #: The trial config key (and Optuna user attribute) holding a trial's remedies so far, oldest first; the trainable
 #: drops it before building the trial's verl overrides.
@@ -262,7 +262,10 @@ class RemedyScheduler(FIFOScheduler):
         of the trial: a checkpoint of a run abandoned by an earlier remedy is never used). A prescription that
         changes no knob of the trial (:func:`prescribe`: an alias without a live key under the sweep's
         ``kl_placement``, an inert knob) is a stop whose reason starts "its remedy cannot apply: ", decided before
-        the checkpoint is looked for.
+        the checkpoint is looked for. A finding fewer than the rule's ``for`` steps before the trial's last step
+        (``total_steps`` in ``result``; a reward_hacking at step 80 of 80) stops the trial as without remedies: a
+        restart would run steps 61-80 again and rescue no step after them, and the finding would be forgotten (on
+        sweeps/conservative.yaml one such trial ended "healthy" at 0.574, below the reference policy's 0.582).
         """
         from klsweep.space import trial_overrides
         from klsweep.trainers import runs_verl, trainer_kind
@@ -276,6 +279,10 @@ class RemedyScheduler(FIFOScheduler):
         done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
         if len(_restarts(done)) >= rule.max_remedies:
             return f"max_remedies {rule.max_remedies} of {rule.name} reached"
+        total = result.get(TOTAL_STEPS)
+        if isinstance(total, int) and total - reason.step < rule.for_:
+            return (f"the finding is at step {reason.step} of {total}: a restart would only run again steps the trial "
+                    f"has run, with fewer than {rule.for_} (the rule's for) left after it to rescue")
         config = {k: v for k, v in trial.config.items() if k != REMEDIES}
         overrides = trial_overrides(self._sweep, config)
         changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
@@ -439,3 +446,20 @@ def _step_of(line: str, default: int) -> int:
     except (json.JSONDecodeError, AttributeError):
         return default
     return step if isinstance(step, int) else default
+
+
+def schedule_line(remedies: Any) -> str:
+    """A trial's whole remedy schedule on one line, for the trial lines of ``sweep run`` and ``sweep status``:
+    ``"2× kl_runaway@46 from 32 kl_coef 0.002363→0.003545; kl_runaway@46 from 32 kl_coef 0.003788→0.005682"``
+    (restarts, then per restart: the rule, the step it fired at, the step restarted from, each knob changed by its
+    last key component, old → new); ``""`` for none. ``remedies``: the :data:`REMEDIES` list, or trials.csv's JSON
+    column (:func:`klsweep.trainers.remedy_schedule`; raises ``ValueError`` for a string that is not a JSON list)."""
+    from klsweep.trainers import remedy_schedule
+
+    restarts: dict[int, list[dict[str, Any]]] = {}
+    for record in remedy_schedule(remedies):
+        restarts.setdefault(int(record["restart"]), []).append(record)
+    parts = [f"{rs[0]['rule']}@{rs[0]['step']} from {rs[0]['from_step']} "
+             + ", ".join(f"{r['key'].rsplit('.', 1)[-1]} {r['old']:.4g}→{r['new']:.4g}" for r in rs)
+             for _, rs in sorted(restarts.items())]
+    return f"{len(parts)}× " + "; ".join(parts) if parts else ""
