@@ -138,3 +138,35 @@ def test_status_forecast_scores_d0_with_the_reference_policy_as_the_report_does(
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("KL frontier")]
     assert line.startswith(f"KL frontier (Gao {'RL' if best.form == 'rl' else 'best-of-n'} form, 5 trials): "
                            f"KL* = {best.kl_star:.3g} nats/sequence")
+
+
+def test_status_shows_each_remedied_trials_whole_schedule_beside_its_proposed_parameters(tmp_path):
+    """Issue 17: a remedied trial ends "healthy"; its row says so and, in the remedies column, every restart (two
+    here), while kl_coef stays the proposed value (the study's), not the one the last remedy set."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from klsweep.orchestrate.status import trials_table
+
+    key = "algorithm.kl_ctrl.kl_coef"
+    first = {"restart": 1, "step": 43, "rule": "kl_runaway", "from_step": 28, "key": key, "old": 0.0023633,
+             "new": 0.0035449}
+    second = {"restart": 2, "step": 80, "rule": "reward_hacking", "from_step": 60, "key": key, "old": 0.004,
+              "new": 0.006}
+    df = pd.DataFrame([{"number": 0, "state": "COMPLETE", f"config/{key}": 0.002, "steps": 80, "health": "healthy",
+                        "remedies": json.dumps([first, second])},
+                       {"number": 1, "state": "COMPLETE", f"config/{key}": 0.05, "steps": 80, "health": "healthy"}])
+    wide = Console(file=io.StringIO(), width=400)
+    wide.print(trials_table(load_sweep(sweep_file(tmp_path)), df))
+    header, _, remedied, plain = [line.rstrip() for line in wide.file.getvalue().splitlines()[:4]]
+    assert [c.strip() for c in header.split("┃")][-2:] == ["health", "remedies"]
+    assert [c.strip() for c in remedied.split("│")][:3] == ["0", "COMPLETE", "0.002"]
+    assert [c.strip() for c in remedied.split("│")][-2:] == [
+        "healthy", "2× kl_runaway@43 from 28 kl_coef 0.002363→0.003545; reward_hacking@80 from 60 kl_coef 0.004→0.006"]
+    assert [c.strip() for c in plain.split("│")][-2:] == ["healthy", ""]
+    # no trial remedied: no remedies column
+    header = Console(file=io.StringIO(), width=400)
+    header.print(trials_table(load_sweep(sweep_file(tmp_path)), df.drop(columns="remedies")))
+    assert "remedies" not in header.file.getvalue()

@@ -74,7 +74,10 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
     trial's verl overrides; with confirmation runs, ``confirms``, the trial a run re-runs, and its ``seed``), the last
     reported step, reference KL, entropy and training score (``kl_metric``,
     ``actor/entropy``, ``critic/score/mean``: running trials included, from their Tune result files), each
-    objective's last value and the health verdict."""
+    objective's last value, the health verdict and, when a trial was remedied (issue 17), its whole schedule
+    (:func:`klsweep.orchestrate.remedy.schedule_line`) in a ``remedies`` column. The parameters are the proposed
+    ones, as the Optuna trial keeps them; the values remedies changed them to are in the schedule beside them."""
+    from klsweep.orchestrate.remedy import schedule_line
     from klsweep.space import SEED_KEY, parameters
 
     keys = list(parameters(sweep))
@@ -84,11 +87,15 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
                **{f"config/{k}": label for k, label in param_labels(keys).items()},
                "steps": "step", "last/ref_kl": "KL", "last/entropy": "entropy", "last/score": "score",
                **{f"last/{m}": m for m in objectives}, "health": "health"}
+    schedules = df["remedies"].map(schedule_line) if "remedies" in df else pd.Series("", index=df.index)
+    if schedules.astype(bool).any():
+        columns["remedies"] = "remedies"
     table = Table(show_edge=False, pad_edge=False)
     for label in columns.values():
         table.add_column(label)
-    for _, row in df.iterrows():
-        table.add_row(*(Text(short(_cell(row.get(column)))) for column in columns))
+    for i, row in df.iterrows():
+        table.add_row(*(Text(schedules[i] if column == "remedies" else short(_cell(row.get(column))))
+                        for column in columns))
     return table
 
 
