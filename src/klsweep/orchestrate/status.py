@@ -93,8 +93,8 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
     table = Table(show_edge=False, pad_edge=False)
     for label in columns.values():
         table.add_column(label)
-    for i, row in df.iterrows():
-        table.add_row(*(Text(schedules[i] if column == "remedies" else short(_cell(row.get(column))))
+    for schedule, (_, row) in zip(schedules, df.iterrows()):
+        table.add_row(*(Text(schedule if column == "remedies" else short(_cell(row.get(column))))
                         for column in columns))
     return table
 
