@@ -307,3 +307,58 @@ def test_sweep_frontier_fits_running_paths_and_leaves_out_negative_kl_steps(synt
     assert sorted(result.points["kl_seq"]) == pytest.approx([1.0, 4.0, 9.0, 16.0, 25.0])  # finished trials' ends
     assert f.best.kl_star == pytest.approx(math.e**2, rel=1e-6)  # every fitted step lies on the law
     assert result.summary().startswith("KL frontier (Gao RL form, 5 trials + 1 running): KL* = 7.39 nats/sequence")
+
+
+def test_confirmation_re_runs_are_resampled_with_the_config_they_confirm(synthetic_sweep):
+    """4 search trials on the Gao law plus 2 re-runs of trial 3 (confirm_of 3, seeds 1 and 2, a score 0.3 lower at
+    their last step): the fit has 4 configs and 6 runs, and its bootstrap and held-out error treat trial 3 and its
+    re-runs as one unit (as fit_frontier with labels 0, 1, 2, 3, 3, 3 does; labels per run give other intervals)."""
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, GAO_REFERENCE, frontier_specs, gao_metrics
+
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0], seeds={i: 0 for i in range(4)})
+    for seed in (1, 2):
+        specs.append({**specs[3], "params": {**specs[3]["params"], "data.seed": seed}, "confirm_of": 3,
+                      "metrics": gao_metrics(16.0, 5, score=1.0)})
+    result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=200,
+                            references={FRONTIER_OBJECTIVES[0]["metric"]: GAO_REFERENCE})
+    f = result.frontier
+    assert f is not None and f.n == 4 and f.n_points == 30
+    assert result.summary().startswith("KL frontier (Gao RL form, 4 configs, 6 runs): KL* = ")
+    paths = result.paths
+    labels = paths["trial_id"].map({f"t{i:05d}": min(i, 3) for i in range(6)}).to_numpy()
+    by_config = fit_frontier(paths["kl_seq"], paths["score"], GAO_REFERENCE, trials=labels, n_boot=200)
+    by_run = fit_frontier(paths["kl_seq"], paths["score"], GAO_REFERENCE, trials=paths["trial_id"], n_boot=200)
+    assert f.best.intervals == by_config.best.intervals != by_run.best.intervals
+    d, gain = np.sqrt(paths["kl_seq"].to_numpy()), paths["score"].to_numpy() - GAO_REFERENCE
+    assert f.best.loo_rmse == pytest.approx(loo_rmse("rl", d, gain, labels))
+    assert f.best.loo_rmse != pytest.approx(loo_rmse("rl", d, gain, paths["trial_id"].to_numpy()))
+
+
+def test_a_fit_without_an_interior_peak_says_so_in_words(synthetic_sweep):
+    """Scores rising faster than linearly in d = sqrt(KL) (gain 0.5 d + 0.05 d**2): the RL form fits beta < 0, no
+    peak; the summary says the gain still rises at the largest KL seen (16 nats/sequence) and prints no inf."""
+    from klsweep.analysis.frontier import sweep_frontier
+
+    from .conftest import FRONTIER_OBJECTIVES, GAO_REFERENCE, RESPONSE_TOKENS, frontier_specs
+
+    def rising(final_kl):
+        def metrics(params, step):
+            kl = final_kl * (step - 1) / 4
+            d = math.sqrt(kl)
+            return {"actor/kl_loss": kl / RESPONSE_TOKENS, "response_length/mean": RESPONSE_TOKENS,
+                    FRONTIER_OBJECTIVES[0]["metric"]: GAO_REFERENCE + 0.5 * d + 0.05 * d * d,
+                    "actor/entropy": 1.0, "critic/score/mean": 0.5}
+        return metrics
+
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0])
+    for spec, kl in zip(specs, [1.0, 4.0, 9.0, 16.0]):
+        spec["metrics"] = rising(kl)
+    result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=50,
+                            references={FRONTIER_OBJECTIVES[0]["metric"]: GAO_REFERENCE})
+    assert result.frontier is not None and result.frontier.best.beta < 0
+    line = result.summary()
+    assert line.startswith("KL frontier (Gao RL form, 4 trials): no interior peak: the fitted gain still rises at "
+                           "the largest KL seen (16 nats/sequence; ")
+    assert "inf" not in line.replace("interior", "")

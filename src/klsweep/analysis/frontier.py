@@ -414,23 +414,45 @@ class SweepFrontier:
     def summary(self) -> str:
         """One line: ``KL frontier (Gao RL form, N trials[ + k running]): KL* = x nats/sequence [lo, hi] (80 %), peak
         score y [lo, hi]``, then a warning when the KL* interval is too wide (relative width > 1) or the peak is
-        extrapolated (beyond the largest KL reached); or the reason there is no fit."""
+        extrapolated (beyond the largest KL reached); or the reason there is no fit. With confirmation re-runs the
+        count is of configs (``N configs, R runs``: a re-run is one more seed of the config it confirms). A fit with
+        no finite peak says so in words (never ``inf``): the gain still rises at the largest KL seen, or never rises;
+        an interval bound no resample reached is ``unbounded``."""
         f = self.frontier
         if f is None:
             return f"KL frontier: not fitted: {self.reason}"
         b, pct = f.best, f"{f.level * 100:g} %"
         (kl_lo, kl_hi), (p_lo, p_hi) = b.intervals["kl_star"], b.intervals["peak_score"]
-        trials = f"{f.n - self.running} trials" + (f" + {self.running} running" if self.running else "")
-        line = (f"KL frontier ({FORM_NAMES[b.form]}, {trials}): KL* = {b.kl_star:.3g} nats/sequence "
-                f"[{kl_lo:.3g}, {kl_hi:.3g}] ({pct}), peak score {b.peak_score:.3g} [{p_lo:.3g}, {p_hi:.3g}]")
+        runs = int(self.paths["trial_id"].nunique()) if len(self.paths) else f.n
+        if runs > f.n:
+            trials = f"{f.n} configs, {runs} runs" + (f" of which {self.running} running" if self.running else "")
+        else:
+            trials = f"{f.n - self.running} trials" + (f" + {self.running} running" if self.running else "")
+        head = f"KL frontier ({FORM_NAMES[b.form]}, {trials}): "
+        if not math.isfinite(b.kl_star):
+            return head + (f"no interior peak: the fitted gain still rises at the largest KL seen "
+                           f"({f.d_max ** 2:.3g} nats/sequence; alpha {b.alpha:.3g}, beta {b.beta:.3g} <= 0 or "
+                           "a peak beyond any float): run trials with a weaker KL penalty to find where it turns")
+        if b.kl_star == 0:
+            return head + ("no gain: the fitted score never rises above the reference policy's "
+                           f"({f.reference:.3g}) at any KL")
+        line = (f"{head}KL* = {b.kl_star:.3g} nats/sequence [{_bound(kl_lo)}, {_bound(kl_hi)}] ({pct}), peak score "
+                f"{b.peak_score:.3g} [{_bound(p_lo)}, {_bound(p_hi)}]")
         warnings = []
         width = f.interval_width()
-        if width > 1:
+        if not math.isfinite(width):
+            warnings.append("interval unbounded (some resamples have no interior peak): run more trials")
+        elif width > 1:
             warnings.append(f"interval too wide to act on (relative width {width:.3g} > 1): run more trials")
         if f.extrapolated:
             warnings.append(f"extrapolated: the peak lies beyond the largest KL reached ({f.d_max ** 2:.3g} "
                             "nats/sequence)")
         return line + "".join(f"; ⚠ {w}" for w in warnings)
+
+
+def _bound(value: float) -> str:
+    """An interval bound for :meth:`SweepFrontier.summary`: ``unbounded`` when not finite, else 3 digits."""
+    return f"{value:.3g}" if math.isfinite(value) else "unbounded"
 
 
 def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
@@ -455,7 +477,10 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     """Fit the KL frontier of a sweep on the paths (every validation step, :func:`frontier_paths`) of its feasible
     trials (COMPLETE, not stopped by a health rule) and of its running ones (their steps so far: the forecast while
     the sweep runs; one whose searched KL estimator or aggregation no finished trial ran is left out), once
-    :data:`MIN_POINTS` feasible trials have a point. The KL scales are checked on the finished trials.
+    :data:`MIN_POINTS` feasible configs have a point. The KL scales are checked on the finished trials. The unit of
+    the bootstrap and of the held-out error is the config: a confirmation re-run (``confirm_of``) differs from the
+    search trial it confirms only in its training seed, so its points are resampled and left out together with that
+    trial's (:func:`klsweep.analysis.confirm.config_of`), and ``Frontier.n`` counts configs.
 
     Args:
         source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.load.load`,
@@ -476,6 +501,7 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     Raises:
         ResultsError: ``source`` is not a sweep directory.
     """
+    from klsweep.analysis.confirm import config_of
     from klsweep.analysis.load import load, load_history, sweep_info
     from klsweep.analysis.pareto import feasible
 
@@ -518,17 +544,20 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         else:
             reference = paths.attrs["reference"]
             reference_source = f"the fitted trials' median {metric} at the earliest step they logged it"
-    if reason is None and len(points) < MIN_POINTS:
+    configs = config_of(df).set_axis(df["trial_id"])  # a confirmation re-run belongs to the trial it confirms
+    n_configs = int(configs.loc[points["trial_id"]].nunique()) if len(points) else 0
+    if reason is None and n_configs < MIN_POINTS:
         reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
-                  f"{RESPONSE_LENGTH} and {metric} at one step; {len(points)} so far")
+                  f"{RESPONSE_LENGTH} and {metric} at one step; {n_configs} so far"
+                  + (" (a confirmation re-run counts with the trial it confirms)" if len(points) > n_configs else ""))
     negative = int((paths["kl_seq"] < 0).sum()) if len(paths) else 0
     if len(paths):
         paths = paths[paths["kl_seq"] >= 0].reset_index(drop=True)
     frontier = None
     if reason is None:
         try:
-            frontier = fit_frontier(paths["kl_seq"], paths["score"], reference, trials=paths["trial_id"],
-                                    level=level, n_boot=n_boot)
+            frontier = fit_frontier(paths["kl_seq"], paths["score"], reference,
+                                    trials=configs.loc[paths["trial_id"]].to_numpy(), level=level, n_boot=n_boot)
         except ResultsError as e:  # every step of some trials below 0: too few trials left
             reason = str(e)
     n_running = int(fitted.loc[running, "trial_id"].isin(paths["trial_id"]).sum()) if len(paths) else 0
