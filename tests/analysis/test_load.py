@@ -32,3 +32,26 @@ def test_overrides_of_gives_verl_ready_values():
     assert overrides_of(row) == {"actor_rollout_ref.actor.ppo_epochs": 1, "algorithm.kl_ctrl.kl_coef": 0.05,
                                  "trainer.logger": ["console", "file"]}
     assert isinstance(overrides_of(row)["actor_rollout_ref.actor.ppo_epochs"], int)
+
+
+def test_confirmation_columns_are_integers_in_trials_csv(synthetic_sweep):
+    """Three search trials (seed 0) and a re-run of trial 2 with seed 3: confirm_of 2 and confirm_seed 3 on it,
+    empty on the others, written '2' and '3' to trials.csv (a float64 column wrote '2.0')."""
+    import csv
+
+    from klsweep.orchestrate.progress import write_trials_csv
+
+    from .conftest import trial_spec
+
+    specs = [trial_spec(i, 10) for i in range(3)]
+    for spec in specs:
+        spec["params"] = {**spec["params"], "data.seed": 0}
+    specs.append({**specs[2], "params": {**specs[2]["params"], "data.seed": 3}, "confirm_of": 2})
+    run_dir = synthetic_sweep(specs)
+    df = load(run_dir)
+    assert str(df["confirm_of"].dtype) == "Int64" and str(df["confirm_seed"].dtype) == "Int64"
+    assert df["confirm_of"].tolist()[3] == 2 and df["confirm_seed"].tolist()[3] == 3
+    assert df["confirm_of"].isna().tolist() == [True, True, True, False]
+    write_trials_csv(run_dir)
+    rows = list(csv.DictReader((run_dir / "trials.csv").open()))
+    assert [(r["confirm_of"], r["confirm_seed"]) for r in rows] == [("", "")] * 3 + [("2", "3")]

@@ -21,7 +21,8 @@ Columns of :func:`load` (the same as ``trials.csv``):
   (``critic/score/mean``);
 - ``stop_kind``: the kind of a stop (a health rule's ``diverged``, ``collapsed``, ..., or ``objective``; empty when
   none); ``confirm_of``: on a confirmation run (``budget.confirm``), the number of the search trial it re-runs with a
-  new training seed (``config/data.seed``), empty on search trials.
+  new training seed (``config/data.seed``), and ``confirm_seed``: that seed; both integers (pandas ``Int64``), empty
+  on search trials.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import pandas as pd
 from klsweep.errors import ResultsError
 from klsweep.results import (
     ATTR_CONFIRM_OF,
+    ATTR_CONFIRM_SEED,
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
     ATTR_REMEDIES,
@@ -177,13 +179,17 @@ def load(path: str | Path) -> pd.DataFrame:
                              ("remedies", ATTR_REMEDIES)):
             if attrs.get(attr) is not None:
                 row[column] = attrs[attr]
-        if attrs.get(ATTR_CONFIRM_OF) is not None:
-            row["confirm_of"] = attrs[ATTR_CONFIRM_OF]
+        for column, attr in (("confirm_of", ATTR_CONFIRM_OF), ("confirm_seed", ATTR_CONFIRM_SEED)):
+            if attrs.get(attr) is not None:
+                row[column] = attrs[attr]
         values = trial.values or []
         for objective, value in zip(objectives, values):
             row[f"value/{objective.metric}"] = value
         rows.append(row)
     df = pd.DataFrame(rows)
+    for column in ("confirm_of", "confirm_seed"):  # integers, empty on search trials (float64 wrote "2.0")
+        if column in df:
+            df[column] = pd.to_numeric(df[column]).astype("Int64")
     if "wall_s" in df:
         df["gpu_s"] = df["wall_s"] * float(record.sweep.get("budget", {}).get("resources", {}).get("gpu", 0.0))
     return df
