@@ -129,7 +129,7 @@ def test_dumped_config_validates_back_and_a_sweep_file_can_be_the_rules_file(tmp
         ({"remedy": {"data.seed": "+1"}}, "remedy data.seed: the seed cannot be prescribed"),
         ({"remedy": {"seed": "=3"}}, "remedy seed: the seed cannot be prescribed"),
         ({"remedy": {"kl_coef": 1.5}}, "Input should be a valid string"),
-        ({"remedy": {"kl_coef": "x1.5"}}, "remedy kl_coef: 'x1.5' is not an operation on the knob's value"),
+        ({"remedy": {"kl_coef": "x1.5"}}, "kl_coef\n  Value error, 'x1.5' is not an operation on the knob's"),
         ({"remedy": {"kl_coef": "*1.5"}, "max_remedies": -1}, "greater than or equal to 0"),
     ],
 )

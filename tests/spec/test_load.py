@@ -299,3 +299,14 @@ def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_sp
     assert "search_space: no file 'no_such_space' (looked in " in text and str(tmp_path) in text
     assert "copy the search space next to the sweep file" in text
     assert "this sweep has no parameters" in text  # the seed trial's knock-on, not 'Parameters: ' and nothing
+
+
+def test_every_bad_prescription_of_a_remedy_in_one_run(sweep_file):
+    """An unknown key, a bad operation and the seed: three problems, one validate (issue 17)."""
+    rule = ('health.rules=[{name: r1, metric: actor/ppo_kl, above: 1, action: stop, '
+            'remedy: {kl_coeff: "*1.5", target_kl: "x2", seed: "=3", kl_coef: "*1.5"}}]')
+    problems = _problems(sweep_file(), [rule])
+    assert len(problems) == 3
+    assert "health.rules.0.remedy.target_kl: 'x2' is not an operation" in problems[0]
+    assert "health.rules.0.remedy.seed: remedy seed: the seed cannot be prescribed" in problems[1]
+    assert "'kl_coeff' is not a key of verl 0.9.1's ppo_trainer config" in problems[2]

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 Action = Literal["stop", "warn", "advise"]
 Kind = Literal["diverged", "no_signal", "collapsed", "misconfigured", "nonfinite", "unhealthy"]
@@ -64,12 +64,36 @@ def parse_operation(key: str, operation: Any) -> tuple[str, float]:
         except ValueError:
             number = None
     if match is None or number is None or not math.isfinite(number) or (match.group(1) == "/" and number == 0):
-        raise ValueError(
-            f"remedy {key}: {operation!r} is not an operation on the knob's value: write an operator "
-            f"({', '.join(OPERATORS)}) and a finite number as a quoted string, e.g. '*1.5' (raise by 50 %), "
-            f"'*0.7', '/2' or '=0.005'"
-        )
+        raise ValueError(f"remedy {key}: {_not_an_operation(operation)}")
     return match.group(1), number
+
+
+def _not_an_operation(operation: Any) -> str:
+    return (f"{operation!r} is not an operation on the knob's value: write an operator ({', '.join(OPERATORS)}) "
+            "and a finite number as a quoted string, e.g. '*1.5' (raise by 50 %), '*0.7', '/2' or '=0.005'")
+
+
+def _prescribable(key: str) -> str:
+    """A remedy's knob (a dict key of ``Rule.remedy``): anything but the seed."""
+    if key in UNPRESCRIBABLE:
+        raise ValueError(f"remedy {key}: the seed cannot be prescribed (a trial restarted with another seed is another "
+                         "trial, not a remedied one); prescribe a KL or learning-rate knob, e.g. kl_coef: '*1.5'")
+    return key
+
+
+def _operation(operation: str) -> str:
+    """A remedy's operation (a dict value of ``Rule.remedy``), checked by :func:`parse_operation`."""
+    try:
+        parse_operation("", operation)
+    except ValueError:
+        raise ValueError(_not_an_operation(operation)) from None
+    return operation
+
+
+#: Each entry of a remedy is validated on its own, so that pydantic reports every bad entry at once (its key in the
+#: error's location), not the first one only.
+_Knob = Annotated[str, AfterValidator(_prescribable)]
+_Operation = Annotated[str, AfterValidator(_operation)]
 
 
 class _Condition(BaseModel):
@@ -199,24 +223,12 @@ class Rule(BaseModel):
     kind: Kind = Field("unhealthy", description="what a stop means: diverged, no_signal, collapsed, ...")
     advice: str = Field("", description="the remedy shown with the verdict")
     source: str = Field("", description="where the threshold comes from (seed table, public log, calibration)")
-    remedy: dict[str, str] = Field(
+    remedy: dict[_Knob, _Operation] = Field(
         default_factory=dict,
         description="stop rules only: the knobs to change (verl key or alias → '*1.5', '/2', '+0.01', '-0.01', "
         "'=0.005') when the trial restarts from its last checkpoint before the onset instead of stopping",
     )
     max_remedies: int = Field(2, ge=0, description="remedies of this rule per trial; the next firing stops the trial")
-
-    @field_validator("remedy")
-    @classmethod
-    def _prescriptions(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, operation in value.items():
-            if key in UNPRESCRIBABLE:
-                raise ValueError(
-                    f"remedy {key}: the seed cannot be prescribed (a trial restarted with another seed is another "
-                    f"trial, not a remedied one); prescribe a KL or learning-rate knob, e.g. kl_coef: '*1.5'"
-                )
-            parse_operation(key, operation)
-        return value
 
     @model_validator(mode="after")
     def _remedy_replaces_a_stop(self) -> Rule:

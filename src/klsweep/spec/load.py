@@ -196,10 +196,21 @@ def _remove(data: dict, paths: list[tuple[str, ...]]) -> list[tuple[str, ...]] |
                 for entry in [*seeds, *whens]:
                     if isinstance(entry, dict):
                         entry.pop(path[1], None)
+        elif path[:2] == ("health", "rules") and len(path) >= 5 and path[3] == "remedy" and _pop_remedy(data, path):
+            removed.append(path[:5])  # one prescription: the rule's other ones are still checked (issue 17)
         else:  # an optional field (seed_trials as a whole: one round reports every seed trial's problems)
             data.pop(field, None)
             removed.append((field,))
     return removed
+
+
+def _pop_remedy(data: dict, path: tuple[str, ...]) -> bool:
+    """Remove the prescription ``health.rules.I.remedy.KEY`` at ``path`` from ``data``; False when it is not there."""
+    rules = data["health"].get("rules") if isinstance(data.get("health"), dict) else None
+    i = int(path[2]) if path[2].isdigit() else -1
+    rule = rules[i] if isinstance(rules, list) and 0 <= i < len(rules) else None
+    remedy = rule.get("remedy") if isinstance(rule, dict) else None
+    return isinstance(remedy, dict) and remedy.pop(path[4], None) is not None
 
 
 def _line(sweep: Sweep, path: tuple, message: str) -> str:
