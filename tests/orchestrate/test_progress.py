@@ -159,3 +159,34 @@ def test_live_view_says_when_the_forecast_interval_is_too_wide(tmp_path):
     line = _render(progress)
     assert f"KL frontier (Gao RL form, 4 trials): KL* = {kl_star:.3g} nats/sequence [" in line
     assert "⚠ interval too wide to act on (relative width " in line
+
+
+def test_a_remedied_trial_shows_its_proposed_parameters_and_whole_schedule():
+    """Issue 17: after two kl_runaway restarts (kl_coef 0.002363 → 0.003545, 0.003788 → 0.005682) a trial's line
+    printed 0.003545 (the live view's row began after restart 1, on a resumed sweep) and only the last remedy; it
+    shows the proposed 0.002 and both restarts."""
+    from klsweep.orchestrate.remedy import REMEDIES
+
+    key = PARAMS[0]
+    first = {"restart": 1, "step": 46, "rule": "kl_runaway", "from_step": 32, "key": key, "old": 0.0023633,
+             "new": 0.0035449}
+    second = {**first, "restart": 2, "old": 0.0037882, "new": 0.0056823}
+    trial = Trial("run_trial", config={key: 0.0035449, REMEDIES: [first]}, trial_id="092898f5", stub=True,
+                  evaluated_params={key: 0.002})
+    out = io.StringIO()
+    progress = SweepProgress(2, [VAL], params=[key], console=Console(file=out))
+    progress.setup()
+    progress.on_trial_result(1, [trial], trial, {"training_iteration": 40, "health": "healthy"})
+    trial.set_config({key: 0.0056823, REMEDIES: [first, second]})  # as RemedyScheduler.on_trial_result does
+    trial.run_metadata.last_result = {"training_iteration": 80, "step": 80, "total_steps": 80, VAL: 0.5,
+                                      "health": "healthy", "stop_reason": "remedied: kl_runaway at step 46: ..."}
+    progress.on_trial_complete(2, [trial], trial)
+    schedule = ("2× kl_runaway@46 from 32 kl_coef 0.002363→0.003545; kl_runaway@46 from 32 kl_coef "
+                "0.003788→0.005682")
+    assert out.getvalue() == f"[1/2] 092898f5 TERMINATED kl_coef=0.002 step=80 {VAL}=0.5 (remedied {schedule})\n"
+    wide = Console(file=io.StringIO(), width=300)
+    wide.print(progress._table())
+    header, _, row = wide.file.getvalue().splitlines()[:3]
+    assert [c.strip() for c in header.split("┃")][-2:] == ["health", "remedies"]
+    assert [c.strip() for c in row.split("│")][2] == "0.002"
+    assert [c.strip() for c in row.split("│")][-1] == schedule

@@ -28,6 +28,7 @@ from rich.text import Text
 
 from klsweep._format import param_labels, short
 from klsweep.analysis.frontier import RESPONSE_LENGTH
+from klsweep.orchestrate.remedy import REMEDIES, schedule_line
 from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, TRIALS_CSV
 from klsweep.verl.metrics import resolve
 
@@ -50,6 +51,10 @@ class SweepProgress(Callback):
     The forecast is refitted when a trial starts or ends, and on a terminal every :data:`FORECAST_EVERY_S` seconds
     while trials report, from the sweep directory the trial's Tune experiment is in (the finished trials and the
     running ones' steps so far); a forecast that cannot be made is said on its line, never raised into the sweep.
+
+    A trial's parameters are those the searcher proposed (Tune's ``Trial.evaluated_params``, which a remedy's
+    ``set_config`` leaves alone and a restored experiment keeps), as ``sweep status`` and the study show them; a
+    remedied trial's whole schedule (:func:`klsweep.orchestrate.remedy.schedule_line`) is beside them (issue 17).
     """
 
     def __init__(self, total_trials: int, objectives: list[str], *, params: list[str] | None = None,
@@ -87,8 +92,10 @@ class SweepProgress(Callback):
     def _row(self, trial, result: Mapping[str, Any], status: str) -> dict[str, Any]:
         row = self._rows.setdefault(trial.trial_id, {"trial": trial.trial_id})
         row["status"] = status
+        proposed = {**trial.config, **trial.evaluated_params}
         for key in self._params:
-            row.setdefault(key, trial.config.get(key))
+            row[key] = proposed.get(key)
+        row["remedies"] = schedule_line(trial.config.get(REMEDIES))
         row["step"] = result.get("training_iteration", row.get("step"))
         for column in _COLUMNS:
             key = resolve(result, column)
@@ -138,7 +145,9 @@ class SweepProgress(Callback):
         else:
             params = "".join(f" {label}={short(row.get(key))}" for key, label in self._params.items())
             objectives = " ".join(f"{name}={short(row.get(name))}" for name in self._objectives)
-            reason = f" ({row['stop_reason']})" if row.get("stop_reason") else ""
+            stop_reason = str(row.get("stop_reason") or "")
+            reason = f" ({stop_reason})" if stop_reason and not stop_reason.startswith("remedied:") else ""
+            reason += f" (remedied {row['remedies']})" if row.get("remedies") else ""
             self._console.print(
                 f"[{self._done}/{self._total}] {trial.trial_id} {row['status']}{params} step={short(row.get('step'))} "
                 f"{objectives}{reason}",
@@ -173,14 +182,17 @@ class SweepProgress(Callback):
 
     def _table(self) -> Table:
         table = Table(expand=False, show_edge=False, pad_edge=False)
+        rows = list(self._rows.values())[-20:]
+        remedied = any(row.get("remedies") for row in rows)
         headers = ["trial", "status", *self._params.values(), "step", "KL", "entropy", "score", *self._objectives,
-                   "health"]
+                   "health", *(["remedies"] if remedied else [])]
         for header in headers:
             table.add_column(header.rsplit("/", 3)[-3] if header.count("/") >= 3 else header, overflow="fold")
-        for row in list(self._rows.values())[-20:]:
+        for row in rows:
             cells = [row["trial"], row["status"], *(short(row.get(k)) for k in self._params), short(row.get("step")),
                      *(short(row.get(c)) for c in _COLUMNS),
-                     *(short(row.get(n)) for n in self._objectives), str(row.get("health", ""))]
+                     *(short(row.get(n)) for n in self._objectives), str(row.get("health", "")),
+                     *([row.get("remedies", "")] if remedied else [])]
             table.add_row(*(Text(cell) for cell in cells))
         return table
 
