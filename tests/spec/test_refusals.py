@@ -254,3 +254,14 @@ def test_a_seed_trial_may_leave_parameters_to_the_sampler(sweep_file):
     sweep = load_sweep(sweep_file("parameters:\n  kl_coef: {values: [0.01, 0.02]}\n"
                                   "  entropy_coeff: {values: [0.0, 0.001]}\nseed_trials:\n  - {kl_coef: 0.02}\n"))
     assert sweep.seed_trials == [{"kl_coef": 0.02}]
+
+
+def test_confirm_top_above_the_trial_budget_is_a_warning_that_names_the_field_and_the_fix(sweep_file):
+    sweep = load_sweep(sweep_file("parameters:\n  kl_coef: {values: [0.01, 0.02]}\n"
+                                  "budget:\n  trials: 3\n  confirm: {top: 5, seeds: 2}\n"))
+    (warning,) = sweep.warnings
+    assert "budget.confirm.top: top 5 is more than budget.trials (3): at most 3 search trials can be re-run" in warning
+    assert warning.endswith("Lower budget.confirm.top to 3 or less, or raise budget.trials")
+    ok = load_sweep(sweep_file("parameters:\n  kl_coef: {values: [0.01, 0.02]}\n"
+                               "budget:\n  trials: 3\n  confirm: {top: 3, seeds: 2}\n", name="ok.yaml"))
+    assert not ok.warnings

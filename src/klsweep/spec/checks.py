@@ -95,6 +95,11 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         warnings.append((("stopping", "objective"), f"can never stop a trial: it waits for "
                          f"min_peers ({stop.min_peers}) other trials at a step and budget.trials is "
                          f"{sweep.budget.trials}. Lower min_peers or raise budget.trials"))
+    confirm = sweep.budget.confirm
+    if confirm is not None and confirm.top > sweep.budget.trials:
+        warnings.append((("budget", "confirm", "top"), f"top {confirm.top} is more than budget.trials "
+                         f"({sweep.budget.trials}): at most {sweep.budget.trials} search trials can be re-run. Lower "
+                         f"budget.confirm.top to {sweep.budget.trials} or less, or raise budget.trials"))
     n = fixed.get("actor_rollout_ref.rollout.n")
     if (fixed.get("algorithm.adv_estimator") == "grpo" and "actor_rollout_ref.rollout.n" not in params
             and n is not None and n < 2):
