@@ -310,3 +310,12 @@ def test_every_bad_prescription_of_a_remedy_in_one_run(sweep_file):
     assert "health.rules.0.remedy.target_kl: 'x2' is not an operation" in problems[0]
     assert "health.rules.0.remedy.seed: remedy seed: the seed cannot be prescribed" in problems[1]
     assert "'kl_coeff' is not a key of verl 0.9.1's ppo_trainer config" in problems[2]
+
+
+def test_a_trainer_section_with_its_own_error_is_not_also_reported_missing(sweep_file):
+    table = REPO / "benchmarks/tabular/aggressive.jsonl.gz"
+    problems = _problems(sweep_file(), ["trainer=tabular", f"tabular={{table: {table}}}", "tabular.speed=0.05"])
+    assert len(problems) == 1 and "tabular.speed: unknown field — Valid fields here: table" in problems[0]
+    # without the section at all, it is missing
+    [missing] = _problems(sweep_file(), ["trainer=tabular"])
+    assert "trainer tabular needs the table to serve: add `tabular: {table: PATH}`" in missing

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from klsweep.errors import SweepFileError
 from klsweep.spec.checks import check_keys, check_sweep
-from klsweep.spec.schema import Parameter, Sweep
+from klsweep.spec.schema import _SECTION_HINT, Parameter, Sweep
 
 Lines = dict[tuple[str, ...], str]
 
@@ -134,7 +134,7 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
         try:
             sweep = Sweep.model_validate(data)
         except ValidationError as e:
-            found = _explain(e, data, lines, str(path))
+            found = [f for f in _explain(e, data, lines, str(path)) if not _missing_echo(f, reported)]
         except RecursionError:
             return None, problems + [f"{path}:1: the file nests too deeply to be a sweep file"]
         else:
@@ -156,6 +156,14 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
             return None, problems
         reported.update(removed)  # what is checked next is the default there, not the user's value
     return None, problems
+
+
+def _missing_echo(problem: tuple[tuple[str, ...], str], reported: set[tuple[str, ...]]) -> bool:
+    """Whether ``problem`` is the schema's "trainer T needs SECTION" for a trainer section that an earlier round
+    reported and removed for its own errors (it is not missing: it failed to parse)."""
+    path, message = problem
+    return not path and any((section,) in reported and f"needs {hint}" in message
+                            for section, hint in _SECTION_HINT.items())
 
 
 def _under(path: tuple[str, ...], done: set[tuple[str, ...]]) -> bool:
