@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from klsweep.cli import main
-from klsweep.orchestrate.confirm import leaders, planned, ranking, run_counts, verdicts, within_noise
+from klsweep.orchestrate.confirm import leaders, nothing_to_run, planned, ranking, run_counts, verdicts, within_noise
 from klsweep.spec import load_sweep
 from tests.conftest import REPO
 from tests.orchestrate.conftest import sweep_file
@@ -227,3 +227,18 @@ def test_resume_of_a_sweep_killed_during_its_confirmation_phase(tmp_path):
     ray_ids = [t.user_attrs["ray_trial_id"] for t in study.trials]
     assert len(set(ray_ids)) == len(ray_ids)  # each Tune trial told once
     assert "by mean over seeds" in resumed.stdout
+
+
+def test_a_resume_with_every_run_held_says_there_is_nothing_to_run(tmp_path):
+    sweep = _sweep(tmp_path, {"top": 2, "seeds": 2}, seed_trials=[{"kl_coef": 0.001}])
+    # leaders 1 and 5 and the seed preset 0, each with seeds 1 and 2 (planned's order)
+    reruns = [(6 + k, "COMPLETE", "healthy", 0.6, of, seed) for k, (of, seed) in
+              enumerate([(1, 1), (1, 2), (5, 1), (5, 2), (0, 1), (0, 2)])]
+    df = _frame(SEARCH + reruns)
+    assert nothing_to_run(sweep, df) == ("nothing to run: the top 2 and the seed preset (trial 0) are already "
+                                         "confirmed with 2 seeds")
+    assert nothing_to_run(sweep, _frame(SEARCH + reruns[:-1])) is None  # (0, 2) still to run
+    one = _sweep(tmp_path, {"top": 1, "seeds": 1, "preset": False})
+    assert nothing_to_run(one, _frame(SEARCH + reruns[:1])) == ("nothing to run: the top 1 are already confirmed "
+                                                                "with 1 seed")
+    assert nothing_to_run(_sweep(tmp_path, None), df) is None

@@ -113,6 +113,25 @@ def planned(sweep, df: pd.DataFrame) -> list[tuple[int, int]]:
     return [(number, sweep.seed + k) for number in chosen for k in range(1, confirm.seeds + 1)]
 
 
+def nothing_to_run(sweep, df: pd.DataFrame) -> str | None:
+    """``nothing to run: the top 3 are already confirmed with 2 seeds`` when every run :func:`planned` wants is in
+    ``df`` already (a confirmation row with that ``confirm_of`` and ``config/data.seed``), e.g. a ``sweep resume`` of
+    a confirmed sweep; None when ``budget.confirm`` is off, no run is planned, or one is still missing."""
+    confirm = sweep.budget.confirm
+    wanted = planned(sweep, df)
+    if confirm is None or not wanted:
+        return None
+    runs = df[~is_search(df)]
+    seeds = runs[f"config/{SEED_KEY}"] if f"config/{SEED_KEY}" in runs else pd.Series(math.nan, index=runs.index)
+    held = {(int(o), int(s)) for o, s in zip(confirm_of(runs), pd.to_numeric(seeds, errors="coerce")) if s == s}
+    if not set(wanted) <= held:
+        return None
+    top = len(leaders(sweep, df, confirm.top))
+    preset = " and the seed preset (trial 0)" if any(of == 0 for of, _ in wanted[top * confirm.seeds:]) else ""
+    seeds_word = "seed" if confirm.seeds == 1 else "seeds"
+    return f"nothing to run: the top {top}{preset} are already confirmed with {confirm.seeds} {seeds_word}"
+
+
 def confirmation_phase(sweep, out_dir: str | Path) -> Phase:
     """The runs of :func:`planned` the study of the sweep in ``out_dir`` does not hold yet, and its confirmation
     trials left RUNNING (their Tune trials are gone once every Tuner of this driver has ended)."""

@@ -378,10 +378,14 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
 def _confirm(sweep, record: SweepRecord, out_dir: Path, *, quiet: bool) -> bool:
     """The confirmation phase (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): a Tuner of the leaders'
     re-runs the study does not hold yet, when there are any. True when Ctrl-C ended it."""
-    from klsweep.orchestrate.confirm import confirmation_phase
+    from klsweep.analysis.load import load
+    from klsweep.orchestrate.confirm import confirmation_phase, nothing_to_run
 
     phase = confirmation_phase(sweep, out_dir)
     if not len(phase):
+        note = nothing_to_run(sweep, load(out_dir))
+        if note and not quiet:
+            print(f"confirmation: {note}")
         return False
     _record_samples(record, out_dir, len(phase))
     return _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=len(phase), seed_trials=False, quiet=quiet,
