@@ -171,7 +171,7 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
         metrics = {STEP: step, "config": {KL_COEF_KEY: 0.05, REMEDIES: remedies}}
         trial.run_metadata.checkpoint_manager.register_checkpoint(
             _TrainingResult(checkpoint=Checkpoint.from_directory(str(folder)), metrics=metrics))
-    scheduler = RemedyScheduler(load_sweep(sweep_file(tmp_path)))
+    scheduler = RemedyScheduler(load_sweep(sweep_file(tmp_path, budget={"max_steps": 80})))
     scheduler.on_trial_add(None, trial)
     rule = _rule(remedy={"kl_coef": "*1.5"})
 
@@ -197,7 +197,8 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     # a restored experiment unpickles the stopper's copy apart from the scheduler's: both see the live trials
     assert cloudpickle.loads(cloudpickle.dumps(scheduler))._trials[trial.trial_id] is trial
     # a verl trial restarts only from a step verl still holds a checkpoint of (global_step_N/actor in its folder)
-    verl = RemedyScheduler(load_sweep(sweep_file(tmp_path)).model_copy(update={"trainer": "verl"}))
+    verl = RemedyScheduler(load_sweep(sweep_file(tmp_path, budget={"max_steps": 80})).model_copy(
+        update={"trainer": "verl"}))
     trial.set_config({KL_COEF_KEY: 0.05})
     trial.storage = SimpleNamespace(trial_fs_path=str(tmp_path / "trial"))  # the trial's folder in the results dir
     (tmp_path / "trial" / "checkpoints" / "global_step_20" / "actor").mkdir(parents=True)
@@ -434,6 +435,10 @@ def test_a_finding_at_the_last_steps_stops_the_trial_instead_of_restarting_it(tm
     streak = _rule(remedy={"kl_coef": "*1.5"}, **{"for": 3})  # fired at 78: onset 76, 2 steps left < 3
     assert plan(streak, 78).startswith("the finding is at step 78 of 80:")
     assert plan(streak, 77).from_step == 60  # onset 75, 3 steps left
+    # a verl trial's reports carry no total_steps: the trial's trainer.total_training_steps (budget.max_steps 4)
+    scheduler._pending.clear()
+    reason = StopReason("kl_runaway", "diverged", 4, {}, "", "x = 1 over step 4 (x > 0)")
+    assert scheduler.plan(trial.trial_id, once, reason, {}).startswith("the finding is at step 4 of 4:")
 
 
 def test_the_schedule_line_lists_every_restart_in_order():

@@ -263,7 +263,8 @@ class RemedyScheduler(FIFOScheduler):
         changes no knob of the trial (:func:`prescribe`: an alias without a live key under the sweep's
         ``kl_placement``, an inert knob) is a stop whose reason starts "its remedy cannot apply: ", decided before
         the checkpoint is looked for. A finding fewer than the rule's ``for`` steps before the trial's last step
-        (``total_steps`` in ``result``; a reward_hacking at step 80 of 80) stops the trial as without remedies: a
+        (``total_steps`` in ``result``, else the trial's ``trainer.total_training_steps``; a reward_hacking at step
+        80 of 80) stops the trial as without remedies: a
         restart would run steps 61-80 again and rescue no step after them, and the finding would be forgotten (on
         sweeps/conservative.yaml one such trial ended "healthy" at 0.574, below the reference policy's 0.582).
         """
@@ -279,12 +280,12 @@ class RemedyScheduler(FIFOScheduler):
         done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
         if len(_restarts(done)) >= rule.max_remedies:
             return f"max_remedies {rule.max_remedies} of {rule.name} reached"
-        total = result.get(TOTAL_STEPS)
+        config = {k: v for k, v in trial.config.items() if k != REMEDIES}
+        overrides = trial_overrides(self._sweep, config)
+        total = result.get(TOTAL_STEPS, overrides.get("trainer.total_training_steps"))  # verl's reports lack it
         if isinstance(total, int) and total - reason.step < rule.for_:
             return (f"the finding is at step {reason.step} of {total}: a restart would only run again steps the trial "
                     f"has run, with fewer than {rule.for_} (the rule's for) left after it to rescue")
-        config = {k: v for k, v in trial.config.items() if k != REMEDIES}
-        overrides = trial_overrides(self._sweep, config)
         changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
         if not changes:  # decided before any checkpoint is looked for: no restart would change the trial
             return "its remedy cannot apply: " + ("; ".join(skipped) or "it changes nothing")
