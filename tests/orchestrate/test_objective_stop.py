@@ -127,7 +127,7 @@ def test_a_restart_drops_the_rungs_after_it_and_the_stopper_writes_the_reason():
     assert stopper("t", {"step": 10, "actor/pg_loss": 0.1}) is False  # another report of step 10 keeps its rung
     assert [s for s, _ in stopper.rule._rungs["t"]] == [10]
     # the health stopper planned a remedy on this report: the trial restarts from a checkpoint, not judged here
-    assert stopper("t", {"step": 20, VAL: 0.30, "stop_reason": "remedied: reward_hacking at step 20: ..."}) is False
+    assert stopper("t", {"step": 20, VAL: 0.30, "remedy_note": "remedied: reward_hacking at step 20: ..."}) is False
     result = {"step": 20, VAL: 0.30}
     assert stopper("t", result) is True
     assert result["stop_kind"] == "objective" and str(result["stop_reason"]).startswith("objective: at step 20")

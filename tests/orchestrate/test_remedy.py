@@ -236,7 +236,8 @@ def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_
     rows = _results(out, rescued.user_attrs["ray_trial_id"])
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, 5, 6]  # step 4 flagged, then 4-6 again from step 3
     assert [r[KL_COEFF_METRIC] for r in rows] == [0.05] * 4 + [pytest.approx(0.005)] * 3
-    assert rows[3]["stop_reason"].startswith("remedied: beta_high at step 4: restarted from step 3 with")
+    assert rows[3]["remedy_note"].startswith("remedied: beta_high at step 4: restarted from step 3 with")
+    assert [r["stop_reason"] for r in rows if isinstance(r["stop_reason"], str)] == []  # a remedy is no stop
 
     assert capped.state == optuna.trial.TrialState.PRUNED
     assert "(not remedied: max_remedies 1 of beta_high reached)" in capped.user_attrs["stop_reason"]
@@ -284,8 +285,9 @@ def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_fr
     from ray.tune.experiment import Trial
 
     from klsweep.health import HealthStopper, load_ruleset
+    from klsweep.health.stopper import REMEDY_NOTE
     from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler, overrides_of
-    from klsweep.results import HEALTH, STOP_REASON, TOTAL_STEPS
+    from klsweep.results import HEALTH, STOP_KIND, STOP_REASON, TOTAL_STEPS
 
     sweep = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": [BETA_REMEDY]}))
     scheduler = RemedyScheduler(sweep)
@@ -304,8 +306,9 @@ def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_fr
     assert [report(step, 0.05)[0] for step in (1, 2, 3)] == [False] * 3  # after: 3
     stopped, result = report(4, 0.05)  # β > 0.01 at step 4: remedied from the checkpoint at step 2
     assert not stopped and result[HEALTH] == "warned"
-    assert result[STOP_REASON] == ("remedied: beta_high at step 4: restarted from step 2 with "
+    assert result[REMEDY_NOTE] == ("remedied: beta_high at step 4: restarted from step 2 with "
                                    "algorithm.kl_ctrl.kl_coef 0.05 → 0.005")
+    assert result[STOP_REASON] == "" and result[STOP_KIND] == ""
     assert [s for s, _ in stopper._history[trial.trial_id]] == [1, 2]
     # what the scheduler does with the trial (RemedyScheduler.on_trial_result) needs a running Tune; the config:
     trial.set_config(scheduler._pending.pop(trial.trial_id).config)

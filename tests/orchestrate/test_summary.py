@@ -97,3 +97,31 @@ def test_summary_reruns_a_remedied_best_trial_as_its_schedule(tmp_path):
     # the restart at step 30 from 20 ran 10 steps again: 40 + 10 used
     assert "compute: 50 trial-steps used (of which 10 run again after remedies), none saved (no trial stopped early)" \
         in lines
+
+
+def test_stopped_trials_are_neither_running_nor_remedied(tmp_path):
+    """After Ctrl-C a running trial, and one whose last report planned a remedy, are not listed as stopped."""
+    import io
+
+    from rich.console import Console
+
+    from klsweep.orchestrate.summary import print_summary
+    from klsweep.spec import load_sweep
+    from tests.orchestrate.conftest import sweep_file
+
+    sweep = load_sweep(sweep_file(tmp_path, budget={"max_steps": 80}))
+    df = pd.DataFrame({
+        "number": [0, 1, 2], "trial_id": ["a", "b", "c"], "state": ["RUNNING", "RUNNING", "PRUNED"],
+        "health": ["warned", "healthy", "stopped"], "steps": [43, 20, 50], "wall_s": [43.0, 20.0, 50.0],
+        "stop_reason": ["remedied: kl_runaway at step 43: restarted from step 28 with kl_coef 0.001 → 0.0015", "",
+                        "hacked at step 50 by reward_hacking: score up, KL up"],
+        "stop_kind": ["", "", "hacked"], "value/val-core/arith/acc/mean@1": [None, None, None],
+    })
+    out = io.StringIO()
+    print_summary(sweep, df, tmp_path, console=Console(file=out, width=300), ended=False)
+    text = out.getvalue()
+    table = text[text.index("stopped trials"):]
+    rows = [line for line in table.splitlines() if "│" in line and "stop_reason" not in line]
+    assert [r.split("│")[0].strip() for r in rows][:1] == ["2"]
+    assert "remedied:" not in text.split("saved by stop reason")[0]
+    assert "hacked at step 50 by reward_hacking" in table

@@ -18,6 +18,11 @@ from klsweep.health.verdict import StopReason
 from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_REASON, TOTAL_STEPS
 from klsweep.verl.metrics import flat_verl_config
 
+#: The result key of the note on a result where a restart was planned ("remedied: RULE at step N: restarted from step
+#: F with KEY OLD → NEW"), "" otherwise. A remedy is no stop: the note is kept out of ``stop_reason``, and the
+#: schedule itself is the trial's ``remedies`` (:data:`klsweep.orchestrate.remedy.REMEDIES`).
+REMEDY_NOTE = "remedy_note"
+
 
 class RemedyPlanner(Protocol):
     """What the stopper asks before it stops a trial for a rule with a ``remedy``."""
@@ -32,7 +37,8 @@ class HealthStopper(Stopper):
 
     On every result it writes ``result["health"]`` (healthy | warned | stopped), ``result["stop_reason"]`` (the
     stop reason's text, "" when none) and ``result["stop_kind"]`` (diverged, no_signal, nonfinite, ...; "" when
-    none): Tune keeps them in ``result.json`` and the results dataframe.
+    none) and ``result["remedy_note"]`` (:data:`REMEDY_NOTE`): Tune keeps them in ``result.json`` and the results
+    dataframe.
 
     Args:
         ruleset: from :func:`~klsweep.health.load_ruleset`.
@@ -66,12 +72,14 @@ class HealthStopper(Stopper):
         verdict = engine.update(step, result)
         reason = verdict.reason
         stop_reason = reason.text() if reason else ""
+        result[REMEDY_NOTE] = ""
         if verdict.stop and reason is not None and self.remedies is not None and reason.rule in self._rules:
             remedy = self.remedies.plan(trial_id, self._rules[reason.rule], reason, result)
             if not isinstance(remedy, str):
                 self.engines.pop(trial_id)
                 self._history[trial_id] = [(s, m) for s, m in history or () if _at_or_before(s, remedy.from_step)]
-                result[HEALTH], result[STOP_REASON], result[STOP_KIND] = "warned", f"remedied: {remedy.text()}", ""
+                result[HEALTH], result[STOP_REASON], result[STOP_KIND] = "warned", "", ""
+                result[REMEDY_NOTE] = f"remedied: {remedy.text()}"
                 return False
             stop_reason += f" (not remedied: {remedy})"
         result[HEALTH] = verdict.health

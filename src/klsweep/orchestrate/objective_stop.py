@@ -36,11 +36,11 @@ from typing import Any
 
 from ray.tune.stopper import Stopper
 
+from klsweep.health.stopper import REMEDY_NOTE
 from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
 from klsweep.spec.schema import ObjectiveStop
 
 _MAD_TO_SD = 1.4826  # σ of a normal distribution ÷ its median absolute deviation
-_REMEDIED = "remedied:"  # how HealthStopper's stop_reason says it planned a restart (klsweep.orchestrate.remedy)
 
 
 class ObjectiveRule:
@@ -155,12 +155,12 @@ class ObjectiveStopper(Stopper):
     def __call__(self, trial_id: str, result: dict) -> bool:
         """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial.
 
-        A result on which the health stopper planned a remedy (its ``stop_reason`` starts ``remedied:``) is not
+        A result on which the health stopper planned a remedy (its ``remedy_note`` is set) is not
         judged: the trial restarts from an earlier checkpoint with other settings, and its rungs after that
         checkpoint are dropped when it reports from there.
         """
         step = result.get(STEP, result.get("training_iteration"))
-        if not isinstance(step, (int, float)) or str(result.get(STOP_REASON) or "").startswith(_REMEDIED):
+        if not isinstance(step, (int, float)) or result.get(REMEDY_NOTE):
             return False
         reason = self.rule.update(trial_id, step, result)
         if reason is None:

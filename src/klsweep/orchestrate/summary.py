@@ -72,7 +72,10 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     counts = df["state"].value_counts().to_dict() if len(df) else {}
     console.print(f"\n[bold]{sweep.name}[/bold]: {len(df)} trials — "
                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
-    stopped = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
+    reasons = df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str)
+    # a running trial is not stopped, nor is one a remedy restarted ("remedied: ..." in sweeps recorded before the
+    # note had its own field, klsweep.health.stopper.REMEDY_NOTE)
+    stopped = df[(reasons != "") & ~reasons.str.startswith("remedied:") & (df["state"] != "RUNNING")]
     if len(stopped):
         table = Table(title="stopped trials", show_edge=False)
         for col in ("number", "state", "steps", "stop_reason"):
