@@ -319,3 +319,10 @@ def test_a_trainer_section_with_its_own_error_is_not_also_reported_missing(sweep
     # without the section at all, it is missing
     [missing] = _problems(sweep_file(), ["trainer=tabular"])
     assert "trainer tabular needs the table to serve: add `tabular: {table: PATH}`" in missing
+
+
+def test_objective_stopper_fields_given_flat_are_told_to_nest(sweep_file):
+    [problem] = _problems(sweep_file(), ["stopping={margin: 4, grace: 0.3}"])
+    assert ("stopping: grace, margin belong to the objective stopper: nest them under `objective:`, e.g. "
+            "stopping: {objective: {grace: 0.3, margin: 4}}") in problem
+    assert load_sweep(sweep_file(), ["stopping={objective: {margin: 4, grace: 0.3}}"]).stopping.objective.margin == 4

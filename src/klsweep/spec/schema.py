@@ -268,6 +268,16 @@ class Stopping(BaseModel):
             return None
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nested(cls, data: Any) -> Any:
+        flat = sorted(set(data) & set(ObjectiveStop.model_fields)) if isinstance(data, dict) else []
+        if flat:
+            given = ", ".join(f"{k}: {data[k]}" for k in flat)
+            raise ValueError(f"{', '.join(flat)} belong to the objective stopper: nest them under `objective:`, "
+                             f"e.g. stopping: {{objective: {{{given}}}}}")
+        return data
+
 
 class Resources(BaseModel):
     """What Ray reserves for one trial."""
