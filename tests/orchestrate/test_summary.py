@@ -125,3 +125,37 @@ def test_stopped_trials_are_neither_running_nor_remedied(tmp_path):
     assert [r.split("│")[0].strip() for r in rows][:1] == ["2"]
     assert "remedied:" not in text.split("saved by stop reason")[0]
     assert "hacked at step 50 by reward_hacking" in table
+
+
+def test_a_failed_trial_shows_the_exception_it_raised(tmp_path):
+    """The stopped-trials line of a failed trial is its exception's message, read from Ray Tune's error.txt."""
+    import io
+
+    from rich.console import Console
+
+    from klsweep.orchestrate.summary import error_line, print_summary
+    from klsweep.spec import load_sweep
+    from tests.orchestrate.conftest import sweep_file
+
+    trial_dir = tmp_path / "tune" / "run_trial_2511a940_7_kl_coef=0.6337_2026-12-01_07-31-06"
+    trial_dir.mkdir(parents=True)
+    message = "loss_agg_mode='token-sum' was not recorded in t.jsonl.gz (its grid holds ['token-mean'])"
+    (trial_dir / "error.txt").write_text(  # Trial.handle_error's layout: a header, then str(RayTaskError)
+        "Failure # 1 (occurred at 2026-12-01_07-31-10)\nray::ImplicitFunc.train() (pid=16737)\n"
+        '  File "/x/tabular.py", line 141, in nearest\n    raise OverrideError(\n'
+        f"klsweep.errors.OverrideError: {message}\n")
+    assert error_line(tmp_path, "2511a940") == f"OverrideError: {message}"
+    assert error_line(tmp_path, "09d5b825") == ""  # no error.txt: the summary keeps the recorded reason
+
+    sweep = load_sweep(sweep_file(tmp_path, budget={"max_steps": 80}))
+    generic = "trial raised an error (see its error.txt in the Tune directory)"
+    df = pd.DataFrame({
+        "number": [0, 1], "trial_id": ["2511a940", "09d5b825"], "state": ["FAIL", "FAIL"],
+        "health": ["healthy", "healthy"], "steps": [0, 0], "wall_s": [0.0, 0.0], "stop_reason": [generic, generic],
+        "stop_kind": ["", ""], "value/val-core/arith/acc/mean@1": [None, None],
+    })
+    out = io.StringIO()
+    print_summary(sweep, df, tmp_path, console=Console(file=out, width=400), ended=False)
+    rows = {line.split("│")[0].strip(): line.split("│")[-1].strip() for line in out.getvalue().splitlines()
+            if "│" in line and "FAIL" in line}
+    assert rows == {"0": f"OverrideError: {message}", "1": generic}
