@@ -91,7 +91,8 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     reasons = df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str)
     # a running trial is not stopped, nor is one a remedy restarted ("remedied: ..." in sweeps recorded before the
     # note had its own field, klsweep.health.stopper.REMEDY_NOTE)
-    stopped = df[(reasons != "") & ~reasons.str.startswith("remedied:") & (df["state"] != "RUNNING")]
+    running = df.get("state", pd.Series("", index=df.index)) == "RUNNING"
+    stopped = df[(reasons != "") & ~reasons.str.startswith("remedied:") & ~running]
     if len(stopped):
         table = Table(title="stopped trials", show_edge=False)
         for col in ("number", "state", "steps", "stop_reason"):
