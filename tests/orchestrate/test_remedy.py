@@ -336,7 +336,10 @@ def test_sigkill_of_the_driver_around_a_restart_then_resume_loses_and_duplicates
                                                       "trainer.save_freq": {"values": [1]}},
                       seed_trials=[SEEDS[0]], budget={"max_steps": steps, "trials": 2, "max_concurrent": 1},
                       health={"preset": "default", "rules": [BETA_REMEDY]})
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # Tune syncs a trial's progress.csv to --out at its experiment saves (every >= 10 s by default): every second
+    # here, so the kill lands while the remedied seed trial still runs, not after the next trial began (whose first
+    # steps would then be in no saved file: a SIGKILL loses what Tune had not synced).
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
     driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out), "--quiet"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 400

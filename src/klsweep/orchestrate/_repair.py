@@ -77,7 +77,11 @@ def reconcile_search_state(tune_path: str, study) -> None:
     there, the limiter counts them as running forever and the resume hangs with idle workers; dropped, their Optuna
     trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``). (2) A trial that started and
     finished between two experiment saves is finished in the study but unknown to Tune: it counts against the
-    number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not overrun.
+    number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not overrun. (3) A trial
+    suggested after the last search save but started before the last experiment save is resumed by Tune, yet missing
+    from ``live_trials``: ``ConcurrencyLimiter.on_trial_complete`` ignores a trial it does not hold, so its end never
+    reached the study, and the trial ran to its last step only to be marked FAIL. ``live_trials`` becomes exactly the
+    trials Tune will resume.
     """
     import pickle
 
@@ -93,9 +97,9 @@ def reconcile_search_state(tune_path: str, study) -> None:
     for file in Path(tune_path).glob("search_gen_state-*.json"):
         state = cloudpickle.loads(file.read_bytes())
         limiter = state.get("name:ConcurrencyLimiter")
-        if limiter:
-            limiter["live_trials"] = set(limiter.get("live_trials", ())) & unfinished
-            limiter["num_unfinished_live_trials"] = len(limiter["live_trials"])
+        if limiter:  # exactly the trials Tune will resume: the limiter forwards only their completion to the search
+            limiter["live_trials"] = set(unfinished)
+            limiter["num_unfinished_live_trials"] = len(unfinished)
         state["counter"] = max(state.get("counter", 0), len(known) + len(ran_unknown))
         file.write_bytes(cloudpickle.dumps(state))
     for file in Path(tune_path).glob("searcher-state-*.pkl"):
