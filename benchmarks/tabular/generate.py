@@ -32,14 +32,16 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 #: Grid per sweep file: a number of points per range, or the listed values of a categorical parameter (all of them
-#: when omitted). Sized to generate in ~45 minutes on 2 cores shared with other work (a quarter to half a core for
-#: us: an 80-step run costs ~5 s of CPU for GRPO, ~10 s for PPO with its critic): the PPO files keep their seed
-#: trial's horizon, grpo_kl GRPO's aggregation (token-mean; drgrpo_vs_grpo has the others without KL).
+#: when omitted). Sized to generate in about an hour on 2 cores shared with other work (an 80-step run costs ~5 s of
+#: CPU for GRPO, ~10 s for PPO with its critic): 4 points per decade of kl_coef and 4 of target_kl for the PPO files
+#: (which keep their seed trial's horizon), 2 per decade of kl_loss_coef × every kl_loss_type for grpo_kl (GRPO's
+#: token-mean aggregation; drgrpo_vs_grpo has the others without KL). Each grid holds the coarser one before it, so
+#: a regeneration keeps those runs (:func:`reusable_runs`).
 GRIDS: dict[str, dict[str, int | list[Any]]] = {  # cheapest first: an interrupted generation keeps whole tables
     "drgrpo_vs_grpo": {},
-    "conservative": {"kl_coef": 4, "target_kl": 2, "horizon": [5000]},
-    "aggressive": {"kl_coef": 4, "target_kl": 2, "horizon": [20000]},
-    "grpo_kl": {"kl_coef": 3, "loss_agg_mode": ["token-mean"]},
+    "grpo_kl": {"kl_coef": 9, "loss_agg_mode": ["token-mean"]},
+    "conservative": {"kl_coef": 13, "target_kl": 4, "horizon": [5000]},
+    "aggressive": {"kl_coef": 13, "target_kl": 4, "horizon": [20000]},
 }
 SEEDS = (0, 1, 2)
 
@@ -91,6 +93,23 @@ def plan(name: str, seeds: tuple[int, ...]) -> tuple[dict[str, Any], list[tuple[
     return header, [(point, seed) for point in points for seed in seeds]
 
 
+def reusable_runs(old_header: dict[str, Any], header: dict[str, Any], old_runs: list[dict[str, Any]]
+                  ) -> list[dict[str, Any]] | None:
+    """The runs of an existing table that lie on the grid now planned, or None when the tables differ in more.
+
+    Two headers may differ only in their parameters' ``grid`` lists (and ``fixed``); a run is kept when each of its
+    values is on the new grid (floats compared to 6 significant digits, as :func:`axis` writes them).
+    """
+    def without_grid(h: dict[str, Any]) -> dict[str, Any]:
+        params = {k: {f: v for f, v in a.items() if f != "grid"} for k, a in h["parameters"].items()}
+        return {**{k: v for k, v in h.items() if k != "fixed"}, "parameters": params}
+
+    if without_grid(old_header) != without_grid(header):
+        return None
+    grids = {k: {repr(v) for v in a["grid"]} for k, a in header["parameters"].items()}
+    return [r for r in old_runs if all(repr(r["params"][k]) in grid for k, grid in grids.items())]
+
+
 def train(job: tuple[str, dict[str, Any], int]) -> dict[str, Any]:
     """Train one run of the table: sweep ``name`` at ``params`` with ``data.seed=seed``; returns its record."""
     from klsweep.space import trial_overrides
@@ -127,10 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         done: set[tuple[str, int]] = set()
         if path.exists():
             old_header, old_runs = read_table_records(path)
-            if {k: v for k, v in old_header.items() if k != "fixed"} != {
-                    k: v for k, v in header.items() if k != "fixed"}:
-                print(f"{path}: its header differs from the grid now planned: delete it to regenerate", file=sys.stderr)
-                return 2
+            if old_header != header:
+                kept = reusable_runs(old_header, header, old_runs)
+                if kept is None:
+                    print(f"{path}: its header differs from the grid now planned in more than the grid: delete it "
+                          "to regenerate", file=sys.stderr)
+                    return 2
+                path.unlink()  # rewritten with the new header and the runs on the new grid
+                for record in [{"header": header}, *kept]:
+                    append_record(path, record)
+                print(f"{path}: {len(kept)} of {len(old_runs)} runs kept on the new grid", flush=True)
+                old_runs = kept
             done = {(repr(sorted(r["params"].items())), r["seed"]) for r in old_runs}
         else:
             append_record(path, {"header": header})
