@@ -19,7 +19,12 @@ sweeps here are single-objective: there is no hypervolume to compare. The tabula
 trial (its table holds no run restarted with a changed coefficient), so the runs are live and scaled down by default
 (8 trials instead of the files' 12, ~2-4 min a sweep on 2 shared cores). The last line is the pooled fraction rescued.
 
-    nice -n 10 python benchmarks/remedy.py [--seeds 0 1 2] [--trials 8] [--steps 80] [--out DIR] [SWEEP ...]
+``--prescription 'kl_coef=*4'`` measures another prescription without editing the presets: the remedy arm's
+``health:`` becomes the file's own plus every rule that has a remedy, re-added under its name with that remedy
+(a rule named like a preset rule replaces it, :class:`klsweep.health.rules.HealthConfig`); its cap stays.
+
+    nice -n 10 python benchmarks/remedy.py [--seeds 0 1 2] [--trials 8] [--steps 80] [--prescription KNOB=OP]
+                                           [--out DIR] [SWEEP ...]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from _bench import machine, sweep_run, trials
 from early_stop_savings import bootstrap_mean, wilson
 
 from klsweep.health import load_ruleset
+from klsweep.health.rules import HealthConfig, Rule
 from klsweep.spec import load_sweep
 
 SWEEPS = ["sweeps/aggressive.yaml", "sweeps/grpo_kl.yaml"]
@@ -63,6 +69,37 @@ def summarise(out: Path, metric: str, remedy_rules: set[str]) -> dict:
             "remedies": int(remedied.sum())}
 
 
+def prescription(items: list[str]) -> dict[str, str]:
+    """``["kl_coef=*4"]`` → ``{"kl_coef": "*4"}`` (a rule's ``remedy``; its operations are validated with the rules).
+
+    Raises:
+        SystemExit: an item not of the form ``KNOB=OPERATION`` (the message names the item and the form).
+    """
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (key, eq, op) in zip(items, pairs) if not (key.strip() and eq and op.strip())]
+    if bad:
+        raise SystemExit(f"--prescription {bad[0]!r}: write KNOB=OPERATION, e.g. kl_coef=*4 or target_kl=*0.5")
+    return {key.strip(): op.strip() for key, _, op in pairs}
+
+
+def remedy_health(health: HealthConfig, remedy: dict[str, str] | None) -> tuple[dict, list[Rule]]:
+    """The remedy arm's ``health:`` (as its override's JSON holds it) and its rules that have a remedy.
+
+    ``remedy`` None: the file's own ``health:``. Otherwise every rule with a remedy, re-added with ``remedy`` in
+    place of its own, which replaces the preset rule of that name; a bad operation raises pydantic's ValidationError
+    naming the rule and the knob before any sweep runs.
+    """
+    rules = [r for r in load_ruleset(health).rules if r.remedy]
+    own = health.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    if remedy is None:
+        return own, rules
+    rules = [Rule.model_validate({**r.model_dump(mode="json", by_alias=True), "remedy": remedy}) for r in rules]
+    names = {r.name for r in rules}
+    added = [r for r in health.rules if r.name not in names]
+    dumped = [r.model_dump(mode="json", by_alias=True, exclude_defaults=True) for r in [*added, *rules]]
+    return {**own, "rules": dumped}, rules
+
+
 def best_within(run: dict, budget: int) -> float:
     """Best healthy score among the trials (start order) whose cumulative trial-steps fit in ``budget``."""
     spent, best = 0, float("nan")
@@ -81,22 +118,31 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--prescription", action="append", metavar="KNOB=OP", default=None,
+                        help="the remedy of every rule that has one, e.g. kl_coef=*4 (repeat for several knobs; "
+                        "default: the presets' own)")
     parser.add_argument("--out", type=Path, default=None, help="keep the sweep directories here")
     args = parser.parse_args()
+    remedy = prescription(args.prescription) if args.prescription else None
     root = args.out or Path(tempfile.mkdtemp(prefix="klsweep-remedy-"))
     print(machine())
     flagged_all = rescued_all = 0
     for path in args.sweeps:
         sweep = load_sweep(path)
-        rules = {r.name for r in load_ruleset(sweep.health).rules if r.remedy}
-        health = json.dumps({**sweep.health.model_dump(exclude_defaults=True), "remedies": False})
+        remedied, remedy_rules = remedy_health(sweep.health, remedy)
+        rules = {r.name for r in remedy_rules}
+        described = ", ".join(f"{r.name} {r.remedy} (at most {r.max_remedies})" for r in remedy_rules)
+        print(f"{path}: remedy arm's rules {described} {'(--prescription)' if remedy else '(as shipped)'}; "
+              f"{args.trials} trials x {args.steps} steps, seeds {args.seeds}", flush=True)
+        health = json.dumps({**sweep.health.model_dump(mode="json", exclude_defaults=True), "remedies": False})
+        remedy_overrides = [f"health={json.dumps(remedied)}"] if remedy else []
         metric = sweep.objectives[0].metric
         extra, gain, gain_equal = [], [], []
         flagged = rescued = 0
         for seed in args.seeds:
             base = [f"seed={seed}", f"budget.trials={args.trials}", f"budget.max_steps={args.steps}"]
             runs = {}
-            for mode, overrides in (("remedy", base), ("kill", [*base, f"health={health}"])):
+            for mode, overrides in (("remedy", [*base, *remedy_overrides]), ("kill", [*base, f"health={health}"])):
                 out = root / f"{Path(path).stem}-s{seed}-{mode}"
                 wall = sweep_run(path, [*overrides, "--overwrite"] if out.exists() else overrides, out)
                 runs[mode] = {**summarise(out, metric, rules), "wall": wall}
