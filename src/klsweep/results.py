@@ -15,6 +15,7 @@ A sweep directory (``runs/<name>/`` or ``--out``)::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,10 @@ STOP_KIND = "stop_kind"
 #: the stop kind of :class:`klsweep.orchestrate.objective_stop.ObjectiveStopper` (issue 16): peers beat the trial by
 #: more than the noise; recorded PRUNED with its reason, not as a health stop
 STOP_KIND_OBJECTIVE = "objective"
+
+#: the start of the stop reason the searcher records for a trial that raised (Ray Tune's ERROR state,
+#: ``KlsweepSearch._outcome``): the exception itself is in the trial's ``error.txt`` (:func:`error_line`)
+RAISED = "trial raised an error"
 
 # -- Optuna user attributes of every trial klsweep told
 #: the Ray Tune trial id of the study trial
@@ -126,3 +131,27 @@ class SweepRecord(BaseModel):
 def default_storage() -> str:
     """The storage of a sweep started without ``--storage``: ``study.db`` in its directory, as a relative URL."""
     return f"sqlite:///{STUDY_DB}"
+
+
+#: The exception's line in a Tune ``error.txt`` (a traceback's last ``module.Error: message`` line).
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+
+
+def error_line(out_dir: str | Path, trial_id: str) -> str:
+    """``"OverrideError: <message>"``: the exception a failed trial raised, from the last exception line of its Ray
+    Tune ``error.txt`` (``OUT/tune/<trainable>_<trial_id>_<n>_.../error.txt``, ``Trial.handle_error``); "" when there is
+    no such file or line."""
+    for path in sorted((Path(out_dir) / TUNE_DIR).glob(f"*_{trial_id}_*/error.txt")):
+        lines = [m for line in path.read_text(errors="replace").splitlines() if (m := _EXCEPTION.match(line.strip()))]
+        if lines:
+            return f"{lines[-1].group(1)}: {lines[-1].group(2)}"
+    return ""
+
+
+def failure_reason(out_dir: str | Path, state: Any, trial_id: Any, stop_reason: Any) -> Any:
+    """A trial's stop reason as ``trials.csv``, ``sweep status`` and the summary show it: for a FAIL trial that raised
+    (``stop_reason`` starting with :data:`RAISED`), the exception from its ``error.txt`` (:func:`error_line`);
+    any other ``stop_reason`` as it is, and the recorded one when there is no ``error.txt`` with an exception line."""
+    if state != "FAIL" or not isinstance(stop_reason, str) or not stop_reason.startswith(RAISED) or not trial_id:
+        return stop_reason
+    return error_line(out_dir, str(trial_id)) or stop_reason

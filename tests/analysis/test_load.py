@@ -55,3 +55,38 @@ def test_confirmation_columns_are_integers_in_trials_csv(synthetic_sweep):
     write_trials_csv(run_dir)
     rows = list(csv.DictReader((run_dir / "trials.csv").open()))
     assert [(r["confirm_of"], r["confirm_seed"]) for r in rows] == [("", "")] * 3 + [("2", "3")]
+
+
+def test_a_trial_that_raised_has_its_exception_as_stop_reason_in_trials_csv_and_status(synthetic_sweep):
+    """A FAIL trial whose recorded reason is the searcher's 'trial raised an error (see its error.txt ...)' gets the
+    exception's line from its Ray Tune error.txt in trials.csv and in `sweep status`; without an error.txt it keeps
+    the recorded reason, and a health stop's reason is left as it is."""
+    import csv
+    import io
+
+    from rich.console import Console
+
+    from klsweep.orchestrate.progress import write_trials_csv
+    from klsweep.orchestrate.status import status
+
+    from .conftest import trial_spec
+
+    generic = "trial raised an error (see its error.txt in the Tune directory)"
+    specs = [trial_spec(i, 10) for i in range(4)]  # trial 3 is stopped by kl_blowup at step 5
+    for i in (0, 1):
+        specs[i].update(state="FAIL", steps=1, stop_reason=generic)
+    run_dir = synthetic_sweep(specs)
+    message = "loss_agg_mode='token-sum' was not recorded in t.jsonl.gz (its grid holds ['token-mean'])"
+    (run_dir / "tune" / "trainable_t00000_0" / "error.txt").write_text(  # Trial.handle_error's layout
+        "Failure # 1 (occurred at 2026-12-01_07-31-10)\nray::ImplicitFunc.train() (pid=16737)\n"
+        '  File "/x/tabular.py", line 141, in nearest\n    raise OverrideError(\n'
+        f"klsweep.errors.OverrideError: {message}\n")
+
+    write_trials_csv(run_dir)
+    rows = list(csv.DictReader((run_dir / "trials.csv").open()))
+    assert [r["stop_reason"] for r in rows] == [f"OverrideError: {message}", generic, "",
+                                                "kl_blowup: ref_kl > 0.5 for 3 reports"]
+    out = io.StringIO()
+    assert status(str(run_dir), console=Console(file=out, width=400)) == 0
+    lines = [line for line in out.getvalue().splitlines() if "FAIL" in line and "│" in line]
+    assert [line.split("│")[-1].strip() for line in lines][-2:] == [f"OverrideError: {message}", generic]

@@ -133,7 +133,8 @@ def test_a_failed_trial_shows_the_exception_it_raised(tmp_path):
 
     from rich.console import Console
 
-    from klsweep.orchestrate.summary import error_line, print_summary
+    from klsweep.orchestrate.summary import print_summary
+    from klsweep.results import error_line
     from klsweep.spec import load_sweep
     from tests.orchestrate.conftest import sweep_file
 

@@ -7,7 +7,8 @@ unless another storage was given) and the Ray Tune experiment (``tune/``, one fo
 Columns of :func:`load` (the same as ``trials.csv``):
 
 - ``number`` (Optuna trial number), ``trial_id`` (Ray Tune trial id), ``state`` (COMPLETE, PRUNED, FAIL, RUNNING),
-  ``health`` (healthy | warned | stopped), ``stop_reason``, ``steps`` (training steps run), ``wall_s`` (seconds),
+  ``health`` (healthy | warned | stopped), ``stop_reason`` (of a trial that raised: the exception from its Tune
+  ``error.txt``, :func:`klsweep.results.failure_reason`), ``steps`` (training steps run), ``wall_s`` (seconds),
   ``gpu_s`` (GPU-seconds reserved: ``wall_s`` × the sweep's ``budget.resources.gpu``);
 - ``config/<verl key>``: every verl override of the trial as proposed (e.g. ``config/algorithm.kl_ctrl.kl_coef``);
 - ``remedies``: a remedied trial's schedule (issue 17), JSON: ``[{"restart", "step", "rule", "from_step", "key",
@@ -53,6 +54,7 @@ from klsweep.results import (
     TUNE_DIR,
     Objective,
     SweepRecord,
+    failure_reason,
 )
 from klsweep.verl.metrics import resolve
 
@@ -179,6 +181,8 @@ def load(path: str | Path) -> pd.DataFrame:
                              ("remedies", ATTR_REMEDIES)):
             if attrs.get(attr) is not None:
                 row[column] = attrs[attr]
+        if "stop_reason" in row:  # a trial that raised: the exception, from its error.txt
+            row["stop_reason"] = failure_reason(path, row["state"], trial_id, row["stop_reason"])
         for column, attr in (("confirm_of", ATTR_CONFIRM_OF), ("confirm_seed", ATTR_CONFIRM_SEED)):
             if attrs.get(attr) is not None:
                 row[column] = attrs[attr]

@@ -4,7 +4,6 @@ the verl command that reproduces each."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -17,25 +16,11 @@ from klsweep._format import short
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.load import overrides_of
 from klsweep.orchestrate import confirm
+from klsweep.results import failure_reason
 from klsweep.trainers import reproduce_commands
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
-
-#: The exception's line in a Tune ``error.txt`` (a traceback's last ``module.Error: message`` line).
-_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
-
-
-def error_line(out_dir: Path, trial_id: str) -> str:
-    """``"OverrideError: <message>"``: the exception a failed trial raised, from the last exception line of its Ray
-    Tune ``error.txt`` (``OUT/tune/<trainable>_<trial_id>_<n>_.../error.txt``, ``Trial.handle_error``); "" when there is
-    no such file or line."""
-    for path in sorted((Path(out_dir) / "tune").glob(f"*_{trial_id}_*/error.txt")):
-        lines = [m for line in path.read_text(errors="replace").splitlines() if (m := _EXCEPTION.match(line.strip()))]
-        if lines:
-            return f"{lines[-1].group(1)}: {lines[-1].group(2)}"
-    return ""
-
 
 def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
     """The best COMPLETE, healthy search trial (single objective) or the Pareto front of them (several objectives).
@@ -98,9 +83,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
         for col in ("number", "state", "steps", "stop_reason"):
             table.add_column(col, overflow="fold")
         for _, row in stopped.iterrows():
-            reason = str(row.get("stop_reason"))
-            if row.get("state") == "FAIL" and reason.startswith("trial raised an error"):
-                reason = error_line(out_dir, str(row.get("trial_id"))) or reason
+            reason = str(failure_reason(out_dir, row.get("state"), row.get("trial_id"), row.get("stop_reason")))
             table.add_row(*(Text(short(v)) for v in (row.get("number"), row.get("state"), row.get("steps"), reason)))
         console.print(table)
     _print_savings(sweep, df, console)
