@@ -13,7 +13,6 @@ import pytest
 from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
 from klsweep.launchers.resume import (
-    REMEDY_CHECKPOINTS_KEPT,
     checkpointed_step,
     has_checkpoint,
     resume_overrides,
@@ -147,7 +146,8 @@ def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_stan
     checkpoint 6 is gone before the restart, Tune is told steps 5-10 again, and the KL stays below 0.3."""
     from verl.trainer.ppo import core_algos
 
-    runaway = ADAPTIVE | {"trainer.save_freq": 2, "kl_rise": 0.5, **REMEDY_CHECKPOINTS_KEPT}
+    runaway = ADAPTIVE | {"trainer.save_freq": 2, "kl_rise": 0.5, "trainer.max_actor_ckpt_to_keep": 3,
+                          "trainer.max_critic_ckpt_to_keep": 3}
     first: list[dict] = []
 
     def pause_at_7(metrics):

@@ -268,13 +268,20 @@ def test_a_trial_tune_retries_resumes_from_its_checkpoint(ray_local, tmp_path):
 def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_local, tmp_path):
     """Issue 17 on the trial process path: the stand-in's KL runs away (0.5 × step × 0.01 / β, β = kl_coef 0.1 under
     the fixed controller) and passes 0.3 at step 7; the remedy (kl_coef ×2) restarts the same Tune trial from the
-    checkpoint before that step that verl still holds, 6 (save_freq 2, 3 kept), with resume_mode=resume_path, and the
-    trial ends healthy at step 10 (KL 0.25) with one schedule entry and each step once in result.json."""
+    checkpoint before that step that verl still holds, 6 (save_freq 2, 2 kept), with resume_mode=resume_path, and the
+    trial ends healthy at step 10 (KL 0.25) with one schedule entry and each step once in result.json, keeping its
+    newest verl and Tune checkpoints only."""
     import functools
 
     from klsweep.health import HealthStopper, load_ruleset
     from klsweep.launchers.resume import KL_COEF_KEY
-    from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler, ResultsFromCheckpoint, overrides_of
+    from klsweep.orchestrate.remedy import (
+        REMEDIES,
+        KeepRestartPoints,
+        RemedyScheduler,
+        ResultsFromCheckpoint,
+        overrides_of,
+    )
     from klsweep.spec import load_sweep
     from tests.orchestrate.conftest import sweep_file
 
@@ -296,7 +303,7 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
         param_space={"kl_coef": 0.1},
         tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=1, reuse_actors=False),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="remedy", verbose=0, stop=stopper,
-                                  callbacks=[ResultsFromCheckpoint(in_process=False)],
+                                  callbacks=[ResultsFromCheckpoint(in_process=False), KeepRestartPoints(sweep)],
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     (result,) = tuner.fit()
@@ -308,8 +315,13 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
     trial_dir = Path(result.path)
     argv = json.loads((attempt_dir(trial_dir, 2) / "spec.json").read_text())["argv"]
     assert f"trainer.resume_from_path='{trial_dir / 'checkpoints' / 'global_step_6'}'" in argv
-    assert "trainer.resume_mode=resume_path" in argv and "trainer.max_actor_ckpt_to_keep=3" in argv
+    # kl_high (for 1, no window) restarts from the last checkpoint before its finding's step: with save_freq 2, the
+    # finding's own step may hold 1 checkpoint, + the restart point before it: verl keeps 2
+    assert "trainer.resume_mode=resume_path" in argv and "trainer.max_actor_ckpt_to_keep=2" in argv
     rows = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 11))
     assert [r["actor/reward_kl_penalty_coeff"] for r in rows] == pytest.approx([0.1] * 6 + [0.2] * 4)
     assert max(r["actor/reward_kl_penalty"] for r in rows[6:]) == pytest.approx(0.25)
+    # ended: verl's checkpoint its tracker names (step 10, the last) and Tune's newest are all that is left
+    assert sorted(p.name for p in (trial_dir / "checkpoints").glob("global_step_*")) == ["global_step_10"]
+    assert len(list(trial_dir.glob("checkpoint_*"))) == 1

@@ -253,6 +253,10 @@ def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_
     row = trials.loc[rescued.number]
     assert row[f"config/{KL_COEF_KEY}"] == 0.05 and json.loads(row["remedies"]) == [record]
     assert pd.isna(trials.loc[bare.number, "remedies"])
+    # a finished trial keeps its newest checkpoint only (KeepRestartPoints); save_freq 10 of 6 steps saved none
+    kept = {t.number: len(list(next((out / "tune").glob(f"*_{t.user_attrs['ray_trial_id']}_*")).glob("checkpoint_*")))
+            for t in (rescued, capped, bare)}
+    assert kept == {rescued.number: 1, capped.number: 1, bare.number: 0}
     # result.json and the history hold each step once: the flagged step 4 is superseded by the restarted run's
     results = _result_json(out, rescued.user_attrs["ray_trial_id"])
     assert [r["step"] for r in results] == [1, 2, 3, 4, 5, 6]
@@ -459,3 +463,84 @@ def test_the_schedule_line_lists_every_restart_in_order():
         "2× kl_runaway@43 from 28 kl_coef 0.002363→0.003545, lr 0.0003→0.00015; "
         "reward_hacking@80 from 60 kl_coef 0.004→0.006")
     assert schedule_line(float("nan")) == schedule_line("") == schedule_line([]) == ""
+
+
+#: Two rules with remedies, as in the conservative preset, and one without: the longest lookback of the first two is
+#: 20 steps (for 1 + a 20-step window − 1; the other: for 3 + 10 − 1 = 12); the third's 50-step window restarts nothing.
+RETENTION_RULES = [
+    {"name": "runaway", "all": [{"metric": "ref_kl", "above": 0.25},
+                                {"metric": "ref_kl", "stat": "slope", "window": 10, "above": 0.01}],
+     "for": 3, "action": "stop", "kind": "diverged", "advice": "raise kl_coef", "remedy": {"kl_coef": "*1.5"}},
+    {"name": "hacking", "metric": "critic/score/mean", "stat": "drop_from_max", "window": 20, "below": 0.1,
+     "action": "stop", "kind": "diverged", "advice": "raise kl_coef", "remedy": {"kl_coef": "*1.5"}},
+    {"name": "slow_drop", "metric": "critic/score/mean", "stat": "drop_from_max", "window": 50, "above": 0.5,
+     "for": 3, "action": "stop", "kind": "collapsed", "advice": "lower the learning rate"},
+]
+
+
+def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
+    """Checkpoints every 4 steps, reach 20: at step 40 a finding at 41 or later restarts from step 20 or later, so
+    20-40 stay (6 of 10); a restart from 20 abandons 24-40, and a finished trial keeps its newest checkpoint only."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+
+    from klsweep.orchestrate.remedy import (
+        REMEDIES,
+        KeepRestartPoints,
+        RemedyScheduler,
+        checkpoint_config,
+        restart_reach,
+        steps_to_keep,
+        verl_checkpoints_kept,
+    )
+
+    sweep = load_sweep(sweep_file(tmp_path, budget={"max_steps": 80},
+                                  health={"preset": "none", "rules": RETENTION_RULES}))
+    assert restart_reach(sweep) == 20
+    assert steps_to_keep(list(range(4, 41, 4)), 40, 20) == {20, 24, 28, 32, 36, 40}
+    assert steps_to_keep(list(range(4, 41, 4)), 41, 20) == {20, 24, 28, 32, 36, 40}  # at 42 too: from 20
+    assert steps_to_keep(list(range(4, 45, 4)), 44, 20) == {24, 28, 32, 36, 40, 44}  # a finding at 45 → from 24
+    assert steps_to_keep([8, 12], 12, 20) == {8, 12}  # none 20 steps back yet: any may be the restart point
+    assert checkpoint_config(sweep).num_to_keep is None
+    off = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": RETENTION_RULES, "remedies": False}))
+    assert restart_reach(off) is None and checkpoint_config(off).num_to_keep == 1  # a resume needs only the newest
+    # verl: ceil(20 / save_freq) checkpoints in the 20 steps up to a finding, + the restart point before them
+    assert verl_checkpoints_kept(sweep, {"trainer.save_freq": 16})["trainer.max_actor_ckpt_to_keep"] == 3
+    assert verl_checkpoints_kept(sweep, {"trainer.save_freq": 4}) == {"trainer.max_actor_ckpt_to_keep": 6,
+                                                                       "trainer.max_critic_ckpt_to_keep": 6}
+    assert verl_checkpoints_kept(off, {"trainer.save_freq": 4})["trainer.max_critic_ckpt_to_keep"] == 1
+
+    trial = Trial("run_trial", config={KL_COEF_KEY: 0.05}, stub=True)
+    manager = trial.run_metadata.checkpoint_manager
+    keep = KeepRestartPoints(sweep)
+
+    def save(step: int, line: str, remedies: list) -> None:
+        folder = tmp_path / f"{line}{step}"
+        folder.mkdir()
+        metrics = {STEP: step, "config": {KL_COEF_KEY: 0.05, REMEDIES: remedies}}
+        manager.register_checkpoint(_TrainingResult(checkpoint=Checkpoint.from_directory(str(folder)), metrics=metrics))
+        keep.on_trial_save(0, [trial], trial)
+
+    def on_disk() -> list[str]:
+        return sorted((p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[0] in "ab"),
+                      key=lambda name: (name[0], int(name[1:])))
+
+    for step in range(4, 41, 4):
+        save(step, "a", [])
+    assert on_disk() == ["a20", "a24", "a28", "a32", "a36", "a40"]
+    assert [r.metrics[STEP] for r in manager.best_checkpoint_results] == [20, 24, 28, 32, 36, 40]
+    scheduler = RemedyScheduler(sweep)
+    scheduler.on_trial_add(None, trial)
+    hacking = next(r for r in load_ruleset(sweep.health).rules if r.name == "hacking")
+    remedy = scheduler.plan(trial.trial_id, hacking, StopReason("hacking", "diverged", 41), {})
+    assert remedy.from_step == 20  # the checkpoint the retention kept for it
+    trial.set_config(remedy.config)
+    manager._latest_checkpoint_result = remedy.checkpoint  # as RemedyScheduler.on_trial_result does
+    save(24, "b", remedy.config[REMEDIES])  # the restarted run: 24-40 of the first are abandoned
+    assert on_disk() == ["a20", "b24"]
+    for step in range(28, 49, 4):
+        save(step, "b", remedy.config[REMEDIES])
+    assert on_disk() == ["b28", "b32", "b36", "b40", "b44", "b48"]  # a finding at 49 restarts from 28 at the earliest
+    keep.on_trial_complete(0, [trial], trial)
+    assert on_disk() == ["b48"] and [r.metrics[STEP] for r in manager.best_checkpoint_results] == [48]

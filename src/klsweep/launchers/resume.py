@@ -97,12 +97,6 @@ def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str,
     return {KL_COEF_KEY: float(coefficients[max(coefficients)])}
 
 
-#: How many verl checkpoints a trial keeps when its sweep remedies (issue 17): a remedy restarts from the last one
-#: before the finding began (up to a rule's longest window before it), which the default of 1 would have deleted
-#: once the next one was saved. Three span two of klsweep's cadences (a fifth of the run each) before the latest.
-REMEDY_CHECKPOINTS_KEPT = {"trainer.max_actor_ckpt_to_keep": 3, "trainer.max_critic_ckpt_to_keep": 3}
-
-
 def has_checkpoint(checkpoint_dir: Path, step: int) -> bool:
     """Whether verl still holds its checkpoint of ``step`` in ``checkpoint_dir``: ``global_step_<step>/actor/`` (verl
     removes that folder of a checkpoint past ``trainer.max_actor_ckpt_to_keep`` and leaves the rest,

@@ -25,6 +25,11 @@ from it) and in its Optuna trial's user attribute of the same name: a list of ``
 "from_step", "key", "old", "new"}`` (``restart`` numbers the trial's restarts from 1; one may change several knobs),
 shown as the ``remedies`` column of trials.csv; the trial's result.json keeps the steps of its final run
 (:class:`ResultsFromCheckpoint`).
+
+Which checkpoints are kept: those that can still be a restart point (:class:`KeepRestartPoints`, :func:`steps_to_keep`:
+on the trial's current line, the last one at or before its newest one's step + 1 − :func:`restart_reach` and every
+later one) and the newest (``sweep resume`` continues from it); a finished trial keeps only its newest. A sweep
+without remedies keeps the newest alone (Ray Tune's ``CheckpointConfig(num_to_keep=1)``, :func:`checkpoint_config`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray.tune import Callback, CheckpointConfig
 from ray.tune.experiment import Trial
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.result import EXPR_RESULT_FILE
@@ -57,7 +63,8 @@ ACTOR_LR_KEY = "actor_rollout_ref.actor.optim.lr"
 #: at the verl-style cadence of a fifth of the run (16 of 80 steps) that was up to 15 steps earlier still (a
 #: kl_runaway at step 43 began at 32: restart from 16; a reward_hacking at 80 began at 61: restart from 48). An
 #: embedded checkpoint takes ~0.02 s and 2.5 MB against ~0.13 s a step (2 shared cores): 4 costs ~4 % of the
-#: run's time and ~50 MB of disk per 80-step trial (Ray keeps every checkpoint of a trial).
+#: run's time; of the disk, only the checkpoints that can still be a restart point stay (:class:`KeepRestartPoints`:
+#: 6 of a running trial under the conservative preset, the newest one of a finished trial).
 REMEDY_SAVE_FREQ = 4
 
 
@@ -146,16 +153,76 @@ def onset_step(rule: Rule, reason: StopReason) -> int:
     return reason.step - rule.for_ + 1
 
 
+def lookback(rule: Rule) -> int:
+    """How far before a finding of ``rule`` its restart point lies at the latest: a finding at step ``s`` restarts
+    from the last checkpoint at or before step ``s − lookback`` (:func:`trend_start` − 1): the rule's ``for`` plus the
+    longest window its conditions read, − 1 (the conservative preset's ``kl_runaway``, for 3 and a 10-step slope: 12;
+    its ``reward_hacking``, for 1 and a 20-step drop: 20; a rule without a window: its ``for``)."""
+    windows = [w for c in rule.conditions if isinstance(w := getattr(c, "window", None), int)]
+    return rule.for_ + max(windows, default=1) - 1
+
+
 def trend_start(rule: Rule, reason: StopReason) -> int:
     """The first step of the evidence ``rule`` fired on: :func:`onset_step` less the longest window its conditions
-    read, + 1 (``slope10`` held from step 44: the rise it measures began by step 35). A restart goes from the last
-    checkpoint before this step, not before the onset: restarted from the step before the onset, the prescription
-    met a KL already rising at its steepest: on sweeps/conservative.yaml (``kl_coef *1.5``, at most 2, checkpoints
-    every 4 steps) 6 of 7 flagged trials were flagged again and stopped; restarted from before the window, 5 of 7
-    ended healthy (BENCHMARKS.md, remedies). A
+    read, + 1 (``slope10`` held from step 44: the rise it measures began by step 35), i.e. the finding's step less
+    :func:`lookback`, + 1. A restart goes from the last checkpoint before this step, not before the onset: restarted
+    from the step before the onset, the prescription met a KL already rising at its steepest: on
+    sweeps/conservative.yaml (``kl_coef *1.5``, at most 2, checkpoints every 4 steps) 6 of 7 flagged trials were
+    flagged again and stopped; restarted from before the window, 5 of 7 ended healthy (BENCHMARKS.md, remedies). A
     ``drop_from_max`` over the whole run has no window: it adds nothing."""
-    windows = [w for c in rule.conditions if isinstance(w := getattr(c, "window", None), int)]
-    return onset_step(rule, reason) - max(windows, default=1) + 1
+    return reason.step - lookback(rule) + 1
+
+
+def restart_reach(sweep) -> int | None:
+    """The longest :func:`lookback` of the sweep's rules with a remedy: a restart point of a finding at step ``s`` is
+    at or before ``s − restart_reach``; None when the sweep does not remedy (:func:`remedies_on`)."""
+    from klsweep.health import load_ruleset
+
+    if not remedies_on(sweep):
+        return None
+    return max(lookback(rule) for rule in load_ruleset(sweep.health).rules if rule.remedy)
+
+
+def steps_to_keep(steps: list[int], newest: int, reach: int) -> set[int]:
+    """Which checkpoints of a trial's current line can still be a restart point, by step.
+
+    The trial's next finding is at a step ``s > newest`` (the stopper judged ``newest`` before its checkpoint was
+    registered) and restarts from the last checkpoint at or before ``s − reach``: the last one at or before
+    ``newest + 1 − reach`` and every later one can be that; the earlier ones cannot. With none at or before it,
+    every checkpoint is kept (a later finding may restart from the first).
+
+    Args:
+        steps: the training steps of the line's checkpoints (:func:`restart_points`).
+        newest: the step of the trial's newest checkpoint.
+        reach: :func:`restart_reach` (≥ 1).
+
+    Returns:
+        the subset of ``steps`` to keep; e.g. ``steps`` 4, 8, ..., 40, newest 40, reach 20: ``{20, 24, ..., 40}``.
+    """
+    below = [step for step in steps if step <= newest + 1 - reach]
+    floor = max(below) if below else min(steps, default=0)
+    return {step for step in steps if step >= floor}
+
+
+def checkpoint_config(sweep) -> CheckpointConfig:
+    """Ray Tune's checkpoint retention of the sweep's trials: the newest checkpoint alone (``num_to_keep=1``: a
+    resume continues from it) unless the sweep remedies, whose restart points :class:`KeepRestartPoints` keeps."""
+    return CheckpointConfig(num_to_keep=None if remedies_on(sweep) else 1)
+
+
+def verl_checkpoints_kept(sweep, overrides: Mapping[str, Any]) -> dict[str, int]:
+    """``trainer.max_actor_ckpt_to_keep`` and ``trainer.max_critic_ckpt_to_keep`` of a verl trial of a remedy sweep:
+    enough that verl still holds the restart point of a finding at its newest checkpoint's step, ``ceil(reach /
+    save_freq) + 1`` (at most ``ceil(reach / save_freq)`` checkpoints lie in the ``reach`` steps up to the finding,
+    :func:`restart_reach`; the restart point is the one before them). verl saves every ``trainer.save_freq`` steps
+    (:func:`klsweep.launchers.resume.save_freq`); a restarted verl process removes only the checkpoints it saved itself
+    (``BaseCheckpointManager``, verl/utils/checkpoint/checkpoint_manager.py), so those before the restart stay until
+    the trial ends (:class:`KeepRestartPoints`). 1 each without remedies (a resume needs only the newest)."""
+    from klsweep.launchers.resume import save_freq
+
+    reach, every = restart_reach(sweep), save_freq(overrides)
+    kept = 1 if reach is None or every <= 0 else math.ceil(reach / every) + 1
+    return {"trainer.max_actor_ckpt_to_keep": kept, "trainer.max_critic_ckpt_to_keep": kept}
 
 
 def apply_operation(operation: str, value: float, key: str) -> float:
@@ -309,30 +376,8 @@ class RemedyScheduler(FIFOScheduler):
         return remedy
 
     def _checkpoint_before(self, trial: Trial, start: int):
-        """The trial's last checkpoint before step ``start`` on its current line: each checkpoint's metrics carry
-        the config it was trained with (Ray's ``Trainable.get_auto_filled_metrics``), so a checkpoint of a run that
-        a later remedy abandoned (restarted from an earlier step) is told apart, after a ``sweep resume`` too. A verl
-        trial reports a Tune checkpoint of its step at every step (``step.json``): only those of a step verl still
-        holds a checkpoint of in the trial's ``checkpoints/`` (:func:`klsweep.launchers.resume.has_checkpoint`)
-        count, and the restart resumes verl from there (:func:`klsweep.launchers.resume.rewind`)."""
-        from klsweep.launchers.resume import has_checkpoint
-        from klsweep.trainers import trainer_kind
-
-        manager = trial.run_metadata.checkpoint_manager
-        in_process = trainer_kind(self._sweep.trainer).in_process is not None
-        if manager is None or not in_process and trial.storage is None:
-            return None
-        verl = None if in_process or trial.storage is None else Path(trial.storage.trial_fs_path, "checkpoints")
-        restarts = _restarts(trial.config.get(REMEDIES, ()))
-        usable = []
-        for result in manager.best_checkpoint_results:
-            step = result.metrics.get(STEP)
-            if not isinstance(step, int) or step >= start or verl is not None and not has_checkpoint(verl, step):
-                continue
-            config = result.metrics.get("config") or {}
-            done = len(_restarts(config.get(REMEDIES, ())))
-            if done == len(restarts) or (done < len(restarts) and step <= min(restarts[done:])):
-                usable.append(result)
+        """The trial's last checkpoint before step ``start`` among its :func:`restart_points`."""
+        usable = [result for result in restart_points(trial, self._sweep) if result.metrics[STEP] < start]
         return max(usable, key=lambda r: r.metrics[STEP]) if usable else None
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
@@ -365,6 +410,106 @@ def _restarts(remedies) -> list[int]:
     """The step each restart of a trial continued from, in order (one restart may change several knobs, and a
     restarted trial may be flagged again at the same step: restarts are told apart by their number)."""
     return list({r["restart"]: r["from_step"] for r in remedies}.values())
+
+
+def restart_points(trial: Trial, sweep) -> list[Any]:
+    """The checkpoints (Ray's ``_TrainingResult``) a remedy of ``trial`` may restart from, those of the trial's
+    current line: each checkpoint's metrics carry the config it was trained with (Ray's
+    ``Trainable.get_auto_filled_metrics``), so a checkpoint of a run that a later remedy abandoned (one after the step
+    it restarted from) is told apart, after a ``sweep resume`` too. A verl trial reports a Tune checkpoint of its step
+    at every step (``step.json``): only those of a step verl still holds a checkpoint of in the trial's
+    ``checkpoints/`` (:func:`klsweep.launchers.resume.has_checkpoint`) count, and the restart resumes verl from there
+    (:func:`klsweep.launchers.resume.rewind`)."""
+    from klsweep.launchers.resume import has_checkpoint
+    from klsweep.trainers import trainer_kind
+
+    manager = trial.run_metadata.checkpoint_manager
+    in_process = trainer_kind(sweep.trainer).in_process is not None
+    if manager is None or not in_process and trial.storage is None:
+        return []
+    verl = None if in_process or trial.storage is None else Path(trial.storage.trial_fs_path, "checkpoints")
+    restarts = _restarts(trial.config.get(REMEDIES, ()))
+    points = []
+    for result in manager.best_checkpoint_results:
+        step = result.metrics.get(STEP)
+        if not isinstance(step, int) or verl is not None and not has_checkpoint(verl, step):
+            continue
+        config = result.metrics.get("config") or {}
+        done = len(_restarts(config.get(REMEDIES, ())))
+        if done == len(restarts) or (done < len(restarts) and step <= min(restarts[done:])):
+            points.append(result)
+    return points
+
+
+class KeepRestartPoints(Callback):
+    """Ray Tune callback of a remedy sweep that deletes the checkpoints no remedy can restart from.
+
+    After each checkpoint of a trial (``on_trial_save``, once Tune registered it), it keeps the trial's newest
+    checkpoint and those of its :func:`restart_points` that :func:`steps_to_keep` keeps for :func:`restart_reach`;
+    the others (older ones, and those of a run a restart abandoned) are deleted, as Ray's own
+    ``CheckpointConfig(num_to_keep=K)`` deletes (ray/train/_internal/checkpoint_manager.py), which counts checkpoints
+    and cannot tell an abandoned run's from a restart point. A trial that ended (complete, stopped or failed: Tune
+    does not resume it) keeps only its newest Tune checkpoint, and a verl trial only the verl checkpoint its tracker
+    names (:func:`klsweep.launchers.resume.checkpointed_step`). ``sweep run sweeps/conservative.yaml`` (checkpoints
+    every 4 steps, reach 20: at most 6 per running trial) left 37 MB (12 checkpoints), 572 MB (230) with every
+    checkpoint kept.
+
+    Args:
+        sweep: the loaded :class:`klsweep.spec.Sweep` (its rules' :func:`lookback` and its trainer).
+    """
+
+    def __init__(self, sweep):
+        self._sweep = sweep
+        self._reach = restart_reach(sweep) or 1
+
+    def on_trial_save(self, iteration: int, trials: list[Trial], trial: Trial, **info) -> None:
+        manager = trial.run_metadata.checkpoint_manager
+        newest = manager.latest_checkpoint_result if manager is not None else None
+        if newest is None or not isinstance(newest.metrics.get(STEP), int):
+            return
+        points = restart_points(trial, self._sweep)
+        keep = steps_to_keep([r.metrics[STEP] for r in points], newest.metrics[STEP], self._reach)
+        _keep_only(trial, [r for r in points if r.metrics[STEP] in keep])
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info) -> None:
+        self._ended(trial)
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info) -> None:
+        self._ended(trial)
+
+    def _ended(self, trial: Trial) -> None:
+        from klsweep.launchers.resume import checkpointed_step
+        from klsweep.trainers import runs_verl
+
+        if trial.run_metadata.checkpoint_manager is not None:
+            _keep_only(trial, [])
+        if not runs_verl(self._sweep.trainer) or trial.storage is None:
+            return
+        import shutil
+
+        folder = Path(trial.storage.trial_fs_path, "checkpoints")
+        newest = checkpointed_step(folder)
+        for old in folder.glob("global_step_*") if newest else ():
+            if old.name != f"global_step_{newest}":
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _keep_only(trial: Trial, keep: list[Any]) -> None:
+    """Delete the trial's Tune checkpoints other than ``keep`` and its newest one, from its checkpoint manager's
+    list (Ray 2.60's ``_CheckpointManager._checkpoint_results``) and from storage."""
+    manager = trial.run_metadata.checkpoint_manager
+    kept = {id(r) for r in keep} | {id(manager.latest_checkpoint_result)}
+    dropped = [r for r in manager._checkpoint_results if id(r) not in kept]
+    if not dropped:
+        return
+    manager._checkpoint_results = [r for r in manager._checkpoint_results if id(r) in kept]
+    for result in dropped:
+        try:
+            result.checkpoint.filesystem.delete_dir(result.checkpoint.path)
+        except (FileNotFoundError, OSError):  # already gone (a killed driver's deletion before Tune saved its state)
+            pass
+    trial.invalidate_json_state()  # the next experiment save writes the shorter list
+    trial.run_metadata.invalidate_cache()
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -291,11 +291,13 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         )
     search = _searcher(sweep, record, out_dir, seed_trials=seed_trials, confirm=confirm)
     ruleset = load_ruleset(sweep.health)
-    from klsweep.orchestrate.remedy import ResultsFromCheckpoint, remedies_on
+    from klsweep.orchestrate.remedy import KeepRestartPoints, ResultsFromCheckpoint, checkpoint_config, remedies_on
 
+    retention: list[Callback] = []  # checkpoints: the newest alone (checkpoint_config), or the restart points too
     if remedies_on(sweep):
         from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
 
+        retention = [KeepRestartPoints(sweep)]
         scheduler = remedies = RemedyScheduler(sweep, search)  # restarts remedied trials (issue 17)
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
     else:  # under ASHA, or with health: {remedies: false}, a rule with a remedy stops as any other
@@ -314,6 +316,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
         TrialsCsv(),
         # result.json without the steps a restart from a checkpoint superseded
         ResultsFromCheckpoint(in_process=_reuse_actors(sweep.trainer)),  # the in-process trainers
+        *retention,
     ]
     if sweep.wandb.mode != "disabled":
         from klsweep.orchestrate.wandb_logging import wandb_callback
@@ -333,6 +336,7 @@ def _tuner(sweep, record: SweepRecord, out_dir: Path, *, num_samples: int, seed_
             storage_path=str(out_dir),
             stop=stopper,
             callbacks=callbacks,
+            checkpoint_config=checkpoint_config(sweep),
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=0),
         ),

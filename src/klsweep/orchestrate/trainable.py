@@ -40,11 +40,10 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     kind = trainer_kind(sweep.trainer)
     if kind.in_process is None:
         from klsweep.launchers.process import run_process_trial
-        from klsweep.launchers.resume import REMEDY_CHECKPOINTS_KEPT
-        from klsweep.orchestrate.remedy import remedies_on
+        from klsweep.orchestrate.remedy import remedies_on, verl_checkpoints_kept
 
         if remedies_on(sweep):  # the checkpoint before a finding must still be there (the trial's own value wins)
-            overrides = REMEDY_CHECKPOINTS_KEPT | overrides
+            overrides = verl_checkpoints_kept(sweep, overrides) | overrides
         restored = _restored_step()  # a remedy's restart when it is the step the last remedy restarts from
         rewind_to = restored if remedies and remedies[-1]["from_step"] == restored else None
         run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s, rewind_to=rewind_to)
