@@ -179,10 +179,15 @@ def user_grid(table: Path, trials: int) -> list[str]:
     return extra
 
 
+#: ``--set``: sweep-file overrides of the ``file`` searcher only (e.g. ``sampler={name: gp}``), to try a sampler
+#: or its options against the same baselines
+FILE_OVERRIDES: list[str] = []
+
+
 def sampler_extra(table: Path, sampler: str, trials: int) -> tuple[str, ...]:
-    """The sweep-file overrides of one searcher: ``file`` (the file's own sampler), ``random``, ``grid``
-    (:func:`user_grid`)."""
-    extra = [f"budget.trials={trials}"]
+    """The sweep-file overrides of one searcher: ``file`` (the file's own sampler, with ``--set``'s overrides),
+    ``random``, ``grid`` (:func:`user_grid`)."""
+    extra = [f"budget.trials={trials}", *(FILE_OVERRIDES if sampler == "file" else [])]
     if sampler == "grid":
         extra += user_grid(table, trials)
     if sampler != "file":
@@ -400,14 +405,17 @@ def main() -> None:
     parser.add_argument("--objective", choices=("file", "on", "off"), default="file",
                         help="--table: the objective stopper as the file's stopping.objective says, with its "
                              "defaults, or off")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="--table: a sweep-file override of the file's searcher only ('sampler={name: gp}')")
     parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
+    FILE_OVERRIDES.extend(args.set)
     import optuna
 
     from klsweep.spec.schema import ObjectiveStop
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}" + (f"; file's sampler with {' '.join(args.set)}" if args.set else ""))
     if args.table:
         table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.trials,
                    range(args.first_seed, args.first_seed + args.seeds),
