@@ -372,7 +372,7 @@ def test_sigkill_of_the_driver_around_a_restart_then_resume_loses_and_duplicates
 
 
 def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
-    """sweeps/drgrpo_vs_grpo.yaml has no KL to the reference (kl_placement none): the default preset's kl_coef *1.5
+    """sweeps/drgrpo_vs_grpo.yaml has no KL to the reference (kl_placement none): the default preset's kl_coef *4
     can apply to none of its trials. A flagged trial is stopped, its reason saying so, though a checkpoint before the
     finding exists; and its trials keep the sweep's checkpoint cadence (no denser one for remedies)."""
     from ray.train._internal.checkpoint_manager import _TrainingResult
@@ -385,7 +385,7 @@ def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
 
     sweep = load_sweep("sweeps/drgrpo_vs_grpo.yaml")
     hacking = next(r for r in load_ruleset(sweep.health).rules if r.name == "reward_hacking")
-    why = "kl_coef *1.5: alias 'kl_coef' has no effect with kl_placement none (no KL to the reference)"
+    why = "kl_coef *4: alias 'kl_coef' has no effect with kl_placement none (no KL to the reference)"
     assert cannot_apply(hacking, "none") == why and cannot_apply(hacking, "reward") == ""
     assert remedies_on(sweep) and checkpoint_every(sweep, {"trainer.total_training_steps": 80}) == 16  # not 4
     kl_sweep = load_sweep("sweeps/conservative.yaml")
@@ -404,7 +404,7 @@ def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
 
     # through the stopper: a rule with that remedy firing at step 2 stops the trial, the reason saying why
     rule = Rule.model_validate({"name": "loss_high", "metric": "actor/pg_loss", "above": 1.0, "action": "stop",
-                                "kind": "diverged", "remedy": {"kl_coef": "*1.5"}})
+                                "kind": "diverged", "remedy": hacking.remedy})
     ruleset = load_ruleset(sweep.health.model_copy(update={"preset": "none", "rules": [rule]}))
     stopper = HealthStopper(ruleset, run_config_of=lambda c: overrides_of(sweep, c), remedies=scheduler)
     result = {STEP: 1, "actor/pg_loss": 2.0, "config": dict(trial.config)}
