@@ -242,3 +242,43 @@ def test_a_resume_with_every_run_held_says_there_is_nothing_to_run(tmp_path):
     assert nothing_to_run(one, _frame(SEARCH + reruns[:1])) == ("nothing to run: the top 1 are already confirmed "
                                                                 "with 1 seed")
     assert nothing_to_run(_sweep(tmp_path, None), df) is None
+
+
+def test_a_runner_up_that_is_the_seed_preset_is_said_once(tmp_path):
+    sweep = _sweep(tmp_path, {"top": 1, "seeds": 2}, seed_trials=[{"kl_coef": 0.001}])
+    df = pd.concat([_frame(SEARCH[:2]), _frame([(2, "COMPLETE", "healthy", 0.68, 1, 1),
+                                                 (3, "COMPLETE", "healthy", 0.72, 1, 2),
+                                                 (4, "COMPLETE", "healthy", 0.52, 0, 1),
+                                                 (5, "COMPLETE", "healthy", 0.48, 0, 2)])], ignore_index=True)
+    # trial 1: 0.70, 0.68, 0.72 -> mean 0.70, sd 0.02; the preset: 0.50, 0.52, 0.48 -> mean 0.50, sd 0.02
+    # gap 0.2 > 2 sqrt(0.02²/3 + 0.02²/3) = 0.03266
+    lines = verdicts(sweep, ranking(sweep, df), df)
+    bound = 2 * math.sqrt(0.0008 / 3)
+    assert lines == [f"by mean over seeds, trial 1 leads: {VAL} mean 0.7 ± 0.02 sd over 3 seeds [0.68, 0.72]",
+                     f"the runner-up, trial 0 (the seed preset): behind by 0.2 (> 2 SE = {bound:.4g})"]
+
+
+def test_status_counts_running_confirmation_runs_and_leaves_confirms_blank_on_search_trials(tmp_path):
+    """A driver killed in the confirmation phase leaves runs RUNNING: the header counts them beside the search
+    trials, and the confirms column is empty (not <NA>) on a search trial."""
+    import io
+
+    from rich.console import Console
+
+    from klsweep.orchestrate.status import trials_table
+    from klsweep.orchestrate.summary import counts_line
+
+    sweep = _sweep(tmp_path, {"top": 1, "seeds": 2}, seed_trials=[{"kl_coef": 0.001}])
+    df = pd.concat([_frame(SEARCH[:2]), _frame([(2, "COMPLETE", "healthy", 0.68, 1, 1), (3, "RUNNING", "", None, 1, 2),
+                                                 (4, "RUNNING", "", None, 0, 1)])], ignore_index=True)
+    df["confirm_of"] = df["confirm_of"].astype("Int64")  # as analysis.load types it: <NA> on search trials
+    # planned: trial 1 and the preset (trial 0), seeds 1 and 2 each: 4 runs, of which 1 finished and 2 run
+    assert counts_line(sweep, df) == ("tiny: search 2 finished, 0 running (or interrupted), 1 not started (budget 3 "
+                                      "trials × 4 steps); confirmation: 1 of 4 runs finished, 2 running (or "
+                                      "interrupted)")
+    wide = Console(file=io.StringIO(), width=400)
+    wide.print(trials_table(sweep, df))
+    rows = [[c.strip() for c in line.split("│")] for line in wide.file.getvalue().splitlines()[2:]]
+    assert [row[:4] for row in rows] == [["0", "COMPLETE", "", "0"], ["1", "COMPLETE", "", "0"],
+                                         ["2", "COMPLETE", "1", "1"], ["3", "RUNNING", "1", "2"],
+                                         ["4", "RUNNING", "0", "1"]]

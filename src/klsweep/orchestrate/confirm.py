@@ -227,9 +227,12 @@ def verdicts(sweep, table: pd.DataFrame, df: pd.DataFrame | None = None) -> list
     lead = table.iloc[0]
     name = "the seed preset (trial 0)" if lead["preset"] else f"trial {lead['trial']}"
     lines = [f"by mean over seeds, {name} leads: {metric} {_spread(lead, metric)}"]
-    others = [("the runner-up, trial " + str(table.iloc[1]["trial"]), table.iloc[1])] if len(table) > 1 else []
+    runner_up = table.iloc[1] if len(table) > 1 else None
+    others = [] if runner_up is None else [
+        (f"the runner-up, trial {runner_up['trial']}" + (" (the seed preset)" if runner_up["preset"] else ""),
+         runner_up)]
     preset = table[table["preset"]]
-    if len(preset) and not lead["preset"]:
+    if len(preset) and not lead["preset"] and not (runner_up is not None and runner_up["preset"]):  # said once
         others.append(("the seed preset (trial 0)", preset.iloc[0]))
     for label, row in others:
         if not row["ok"]:
@@ -271,7 +274,11 @@ def run_counts(sweep, df: pd.DataFrame) -> tuple[int, int]:
 
 
 def progress(sweep, df: pd.DataFrame) -> str | None:
-    """``confirmation: 4 of 8 runs finished`` (:func:`run_counts`), or None when ``budget.confirm`` is off or no run
-    is planned yet."""
+    """``confirmation: 4 of 8 runs finished, 2 running (or interrupted)`` (:func:`run_counts`; running: the study's
+    RUNNING confirmation runs, whose driver may be gone), or None when ``budget.confirm`` is off or no run is planned
+    yet."""
     done, total = run_counts(sweep, df)
-    return f"confirmation: {done} of {total} runs finished" if total else None
+    if not total:
+        return None
+    running = int((df.loc[~is_search(df), "state"] == "RUNNING").sum())
+    return f"confirmation: {done} of {total} runs finished, {running} running (or interrupted)"

@@ -100,9 +100,10 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
 
 
 def _cell(value):
-    """A frame cell as the console shows it: empty for a missing value, Python numbers for numpy ones (a whole
-    float, such as a trial number in a column with empty cells, as an int)."""
-    if value is None or (isinstance(value, float) and value != value):
+    """A frame cell as the console shows it: empty for a missing value (None, NaN, ``pd.NA`` as in the ``confirms``
+    column of a search trial), Python numbers for numpy ones (a whole float, such as a trial number in a column with
+    empty cells, as an int)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return None
     value = value.item() if hasattr(value, "item") else value
     return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**53 else value

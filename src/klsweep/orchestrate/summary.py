@@ -50,15 +50,16 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
 def counts_line(sweep, df: pd.DataFrame) -> str:
     """``tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)``, from a
     :func:`klsweep.analysis.load` frame (a RUNNING study trial may belong to a driver that is gone). The counts are
-    of search trials; with ``budget.confirm``, ``; confirmation: 2 of 6 runs finished`` follows once runs are
-    planned."""
+    of search trials; with ``budget.confirm``, once runs are planned, they say so (``tiny: search 3 finished, ...``)
+    and the confirmation runs' follow: ``; confirmation: 2 of 6 runs finished, 1 running (or interrupted)``."""
     search = df[confirm.is_search(df)] if len(df) else df
     counts = search["state"].value_counts().to_dict() if len(search) else {}
     finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))
     left = max(0, sweep.budget.trials - len(search))
-    line = (f"{sweep.name}: {finished} finished, {counts.get('RUNNING', 0)} running (or interrupted), {left} not "
-            f"started (budget {sweep.budget.trials} trials × {sweep.budget.max_steps} steps)")
     progress = confirm.progress(sweep, df)
+    line = (f"{sweep.name}: {'search ' if progress else ''}{finished} finished, {counts.get('RUNNING', 0)} running "
+            f"(or interrupted), {left} not started (budget {sweep.budget.trials} trials × {sweep.budget.max_steps} "
+            "steps)")
     return f"{line}; {progress}" if progress else line
 
 
