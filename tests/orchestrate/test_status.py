@@ -142,7 +142,8 @@ def test_status_forecast_scores_d0_with_the_reference_policy_as_the_report_does(
 
 def test_status_shows_each_remedied_trials_whole_schedule_beside_its_proposed_parameters(tmp_path):
     """Issue 17: a remedied trial ends "healthy"; its row says so and, in the remedies column, every restart (two
-    here), while kl_coef stays the proposed value (the study's), not the one the last remedy set."""
+    here); its kl_coef cell shows the proposed value (the study's) and the one the last remedy set, a caption says
+    which is which."""
     import io
 
     import pandas as pd
@@ -162,11 +163,14 @@ def test_status_shows_each_remedied_trials_whole_schedule_beside_its_proposed_pa
     wide.print(trials_table(load_sweep(sweep_file(tmp_path)), df))
     header, _, remedied, plain = [line.rstrip() for line in wide.file.getvalue().splitlines()[:4]]
     assert [c.strip() for c in header.split("┃")][-2:] == ["health", "remedies"]
-    assert [c.strip() for c in remedied.split("│")][:3] == ["0", "COMPLETE", "0.002"]
+    assert [c.strip() for c in remedied.split("│")][:3] == ["0", "COMPLETE", "0.002→0.006"]
+    assert [c.strip() for c in plain.split("│")][:3] == ["1", "COMPLETE", "0.05"]
+    assert "a→b: a, the value the search proposed; b, the one the trial's last remedy restarted it with" in \
+        wide.file.getvalue()
     assert [c.strip() for c in remedied.split("│")][-2:] == [
         "healthy", "2× kl_runaway@43 from 28 kl_coef 0.002363→0.003545; reward_hacking@80 from 60 kl_coef 0.004→0.006"]
     assert [c.strip() for c in plain.split("│")][-2:] == ["healthy", ""]
     # no trial remedied: no remedies column
     header = Console(file=io.StringIO(), width=400)
     header.print(trials_table(load_sweep(sweep_file(tmp_path)), df.drop(columns="remedies")))
-    assert "remedies" not in header.file.getvalue()
+    assert "remedies" not in header.file.getvalue() and "→" not in header.file.getvalue()

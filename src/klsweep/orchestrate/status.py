@@ -76,9 +76,11 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
     ``actor/entropy``, ``critic/score/mean``: running trials included, from their Tune result files), each
     objective's last value, the health verdict and, when a trial was remedied (issue 17), its whole schedule
     (:func:`klsweep.orchestrate.remedy.schedule_line`) in a ``remedies`` column. The parameters are the proposed
-    ones, as the Optuna trial keeps them; the values remedies changed them to are in the schedule beside them."""
+    ones, as the Optuna trial keeps them; where a remedy changed one, its cell also shows the value the last remedy
+    restarted the trial with (``0.002→0.0347``), and a caption under the table says so."""
     from klsweep.orchestrate.remedy import schedule_line
     from klsweep.space import SEED_KEY, parameters
+    from klsweep.trainers import remedy_schedule
 
     keys = list(parameters(sweep))
     objectives = [o.metric for o in sweep.objectives]
@@ -88,14 +90,21 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
                "steps": "step", "last/ref_kl": "KL", "last/entropy": "entropy", "last/score": "score",
                **{f"last/{m}": m for m in objectives}, "health": "health"}
     schedules = df["remedies"].map(schedule_line) if "remedies" in df else pd.Series("", index=df.index)
-    if schedules.astype(bool).any():
+    # per row, the value each remedied key was last restarted with (a later record of a key replaces an earlier one)
+    finals = (df["remedies"].map(lambda r: {f"config/{x['key']}": x["new"] for x in remedy_schedule(r)})
+              if "remedies" in df else pd.Series([{}] * len(df), index=df.index))
+    remedied = schedules.astype(bool).any()
+    if remedied:
         columns["remedies"] = "remedies"
-    table = Table(show_edge=False, pad_edge=False)
+    caption = ("a→b: a, the value the search proposed; b, the one the trial's last remedy restarted it with (the "
+               "remedies column lists every restart)") if any(set(f) & set(columns) for f in finals) else None
+    table = Table(show_edge=False, pad_edge=False, caption=caption, caption_justify="left")
     for label in columns.values():
         table.add_column(label)
-    for schedule, (_, row) in zip(schedules, df.iterrows()):
-        table.add_row(*(Text(schedule if column == "remedies" else short(_cell(row.get(column))))
-                        for column in columns))
+    for schedule, final, (_, row) in zip(schedules, finals, df.iterrows()):
+        cells = [schedule if column == "remedies" else short(_cell(row.get(column))) for column in columns]
+        cells = [f"{cell}→{short(final[column])}" if column in final else cell for cell, column in zip(cells, columns)]
+        table.add_row(*(Text(cell) for cell in cells))
     return table
 
 
