@@ -82,7 +82,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                              "Add a `when` condition so it is only sampled where it acts"))
     errors.extend(_negative_kl(sweep, params))
     errors.extend(_remedy_problems(sweep, fixed))
-    errors.extend(_table_problems(sweep, params, resolved))
+    errors.extend(_table_problems(sweep, params, resolved, fixed))
     if sweep.scheduler.type == "asha":
         warnings.extend((("health", "rules", i, "remedy"), f"rule {rule.name!r} has a remedy but scheduler is asha: "
                          "ASHA's scheduler takes the place of the one that restarts trials, so the rule stops the "
@@ -407,24 +407,60 @@ def _remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
                 yield path, f"the remedy changes {key}, which has no effect: {inert}"
 
 
-def _table_problems(sweep: Sweep, params: dict, names: dict[str, str]) -> Iterator[Problem]:
-    """For ``trainer: tabular``: each searched categorical value the table did not record (its header's ``grid``);
-    the trainer refuses such a trial at run time (:meth:`klsweep.trainers.tabular.Table.nearest`)."""
+def _table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dict[str, Any]) -> Iterator[Problem]:
+    """For ``trainer: tabular``: a table recorded for another sweep (other searched keys or training settings, or
+    none of a searched category's values: one problem naming the sweep its header was recorded for and the table of
+    its folder that fits, if any); else each searched categorical value the table did not record (its header's
+    ``grid``). The trainer would refuse such trials at run time (:meth:`klsweep.trainers.tabular.Table.nearest`) or
+    serve them another sweep's runs."""
     if sweep.trainer != "tabular" or sweep.tabular is None:
         return
-    from klsweep.trainers.tabular import load_table
+    from klsweep.trainers.tabular import header_mismatch, load_table
 
-    axes = load_table(sweep.tabular.table).header["parameters"]
+    header = load_table(sweep.tabular.table).header
+    why = header_mismatch(header, list(params), fixed)
+    if why:
+        yield _other_sweeps_table(sweep.tabular.table, header, why, params, fixed)
+        return
     for key, p in params.items():
-        axis = axes.get(key, {})
+        axis = header["parameters"].get(key, {})
         grid = axis.get("grid", axis.get("values"))
         if not isinstance(p, Choice) or axis.get("scale") != "categorical" or grid is None:
             continue
-        lacking = [v for v in p.values if v not in grid]
-        if lacking:
-            name = names[key]
+        kept = [v for v in p.values if v in grid]
+        name = names[key]
+        if not kept:
+            why = f"none of the values this sweep searches for {name} ({p.values}) was recorded (it holds {grid})"
+            yield _other_sweeps_table(sweep.tabular.table, header, why, params, fixed)
+            return
+        if len(kept) < len(p.values):
             yield ("parameters", name), (
-                f"{_label(name, key)} searches {lacking}, which the table {sweep.tabular.table} did not record (it "
-                f"holds {grid}): those trials would fail. Search only the recorded values (add the override "
-                f"'parameters.{name}={{values: [{', '.join(map(str, (v for v in p.values if v in grid)))}]}}') or "
-                "generate a table with them (benchmarks/tabular/README.md)")
+                f"{_label(name, key)} searches {[v for v in p.values if v not in grid]}, which the table "
+                f"{sweep.tabular.table} did not record (it holds {grid}): those trials would fail. Search only the "
+                f"recorded values (add the override 'parameters.{name}={{values: [{', '.join(map(str, kept))}]}}') "
+                "or generate a table with them (benchmarks/tabular/README.md)")
+
+
+def _other_sweeps_table(path: str, header: dict, why: str, params: dict, fixed: dict[str, Any]) -> Problem:
+    """The one problem of a table recorded for another sweep: what its header says it was recorded for, why it does
+    not fit (``why``), and the fix: the tables of its folder that fit (:func:`klsweep.trainers.tabular.
+    header_mismatch`), else generating one."""
+    from pathlib import Path
+
+    from klsweep.errors import TraceReadError
+    from klsweep.trainers.tabular import header_mismatch, read_header, recorded_for
+
+    def shown(p: Path) -> str:
+        return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
+
+    table, fits = Path(path), []
+    for other in sorted(table.parent.glob("*.jsonl.gz")):
+        try:
+            if other != table and header_mismatch(read_header(other), list(params), fixed) is None:
+                fits.append(shown(other))
+        except TraceReadError:
+            continue
+    fix = (f"use {' or '.join(fits)}" if fits else
+           "generate a table from this sweep file (benchmarks/tabular/generate.py, benchmarks/tabular/README.md)")
+    return ("tabular", "table"), (f"{shown(table)} was recorded for {recorded_for(header)}, but {why}: every trial "
+                                  f"would fail or be served another sweep's runs. Fix: {fix}")

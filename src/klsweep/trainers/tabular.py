@@ -88,6 +88,57 @@ def read_table_records(path: str | os.PathLike) -> tuple[dict[str, Any], list[di
     return lines[0]["header"], lines[1:]
 
 
+def read_header(path: str | os.PathLike) -> dict[str, Any]:
+    """The header of a table file, reading its first line only (for checks that scan several tables).
+
+    Raises:
+        TraceReadError: see :func:`read_table_records`.
+    """
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt") as f:
+            first = json.loads(f.readline() or "{}")
+    except (OSError, EOFError, ValueError) as e:
+        raise TraceReadError(f"{path}: cannot read the tabular benchmark table ({e}): give a file written by "
+                             "benchmarks/tabular/generate.py") from None
+    if not isinstance(first, dict) or "header" not in first:
+        raise TraceReadError(f"{path}: the first line is not a table header: give a file written by "
+                             "benchmarks/tabular/generate.py")
+    return first["header"]
+
+
+def recorded_for(header: Mapping[str, Any]) -> str:
+    """``sweep NAME (SOURCE), which searches KEY, KEY, ...``: what a table's header says it was recorded for."""
+    return (f"sweep {header.get('sweep')!r} ({header.get('source')}), which searches "
+            f"{', '.join(header.get('parameters', {})) or 'nothing'}")
+
+
+def header_mismatch(header: Mapping[str, Any], searched: Sequence[str], fixed: Mapping[str, Any]) -> str | None:
+    """Why a table with ``header`` cannot serve a sweep that searches the verl keys ``searched`` with the fixed
+    settings ``fixed`` (:func:`klsweep.space.fixed_overrides`); None when it can.
+
+    A table serves a sweep when it was recorded over the same searched keys (the nearest grid point is looked up in
+    them; a searched key the table lacks would be ignored, a table key the sweep fixes would pick runs by the fixed
+    value) and with the same training settings: the knobs of :data:`klsweep.verl.presets.KNOBS` and
+    :data:`~klsweep.verl.presets.CRITIC_KNOBS` that both fix (a run recorded with another ``adv_estimator`` is another
+    algorithm's curve) unless the knob has no effect in the sweep. Bookkeeping keys (project name,
+    ``trainer.total_training_steps``, ``data.seed``) may differ.
+    """
+    from klsweep.verl.liveness import inert_reason
+    from klsweep.verl.presets import CRITIC_KNOBS, KNOBS
+
+    keys = list(header.get("parameters", {}))
+    if sorted(keys) != sorted(searched):
+        return f"this sweep searches {', '.join(searched) or 'nothing'}"
+    recorded = header.get("fixed", {})
+    differ = [k for k in (*KNOBS, *CRITIC_KNOBS) if k in recorded and k in fixed and k not in keys
+              and recorded[k] != fixed[k] and not inert_reason(k, fixed)]
+    if differ:
+        return "its runs were recorded with " + ", ".join(
+            f"{k}={recorded[k]!r} (this sweep: {fixed[k]!r})" for k in differ[:3]) + (", ..." if differ[3:] else "")
+    return None
+
+
 @dataclass(frozen=True)
 class Table:
     """A loaded table: its header, and every run keyed by (grid point index, seed).
