@@ -90,7 +90,8 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     """Five finished trials and one running on the Gao RL law (alpha 1, beta 0.5 over 0.2; tests/analysis/conftest):
     every step lies on the law, so KL* = e**2 = 7.39 nats/sequence and the peak 0.2 + 0.5 e = 1.56, intervals
     included. Steps the live view was handed replace a trial's (lagging) result file in the fit. With three feasible
-    trials the line says how many it waits for."""
+    trials the line says how many it waits for. A pipe gets the line once per finished trial, when the next trial
+    starts (or the sweep ends), and only when it changed: not on a start with no trial finished before it."""
     from klsweep.analysis.frontier import fit_frontier
     from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
     from tests.analysis.conftest import VAL as GAO_VAL
@@ -104,9 +105,14 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     trial = _sweep_trial(run_dir, "t00004")
     trial.run_metadata.last_result = {"training_iteration": 5, "health": "healthy"}
     progress.on_trial_complete(1, [trial], trial)
-    assert ("KL frontier (Gao RL form, 5 trials + 1 running): KL* = 7.39 nats/sequence [7.39, 7.39] (80 %), peak "
-            "score 1.56 [1.56, 1.56]\n") in _render(progress)
-    assert progress._console.file.getvalue().splitlines()[-1].startswith("KL frontier (Gao RL form, 5 trials + 1")
+    first = ("KL frontier (Gao RL form, 5 trials + 1 running): KL* = 7.39 nats/sequence [7.39, 7.39] (80 %), peak "
+             "score 1.56 [1.56, 1.56]")
+    assert f"{first}\n" in _render(progress)
+    piped = progress._console.file
+    assert "KL frontier" not in piped.getvalue()  # not yet: the study may not have the trial that just ended
+    progress.on_trial_start(2, [trial], trial)
+    progress.on_trial_start(2, [trial], trial)  # no trial ended since: nothing new on the pipe
+    assert piped.getvalue().splitlines()[-1] == first and piped.getvalue().count("KL frontier") == 1
 
     # the running trial's steps as Tune hands them to the live view (its result file in the sweep directory lags):
     # all 5, the last two 0.5 above the law; they replace the file's 3 steps in the fit
@@ -128,7 +134,14 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     trial = _sweep_trial(few, "t00003")  # a trial starting: the ones that ended before it are in the study now
     progress.on_trial_start(2, [trial], trial)
     waiting = "KL frontier: forecast once 4 trials are feasible (3 so far)"
-    assert f"{waiting}\n" in _render(progress) and progress._console.file.getvalue().splitlines()[-1] == waiting
+    assert f"{waiting}\n" in _render(progress) and piped.getvalue().count("KL frontier") == 1  # no trial ended
+    trial.run_metadata.last_result = {"training_iteration": 5, "health": "healthy"}
+    progress.on_trial_complete(3, [trial], trial)
+    progress.on_experiment_end([trial])  # the last trial: its line at the sweep's end
+    assert piped.getvalue().splitlines()[-1] == waiting and piped.getvalue().count("KL frontier") == 2
+    progress.on_trial_complete(4, [trial], trial)
+    progress.on_experiment_end([trial])  # the same line again: not repeated
+    assert piped.getvalue().count("KL frontier") == 2
 
 
 def test_live_view_says_when_the_forecast_interval_is_too_wide(tmp_path):

@@ -4,8 +4,9 @@
 Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step and every finished trial. On a
 terminal :class:`SweepProgress` redraws a table (trial, status, searched parameters, step, KL, entropy, score,
 objective, health) and, under it, the KL frontier forecast (:func:`forecast_line`: KL* and the peak score with their
-intervals, as ``sweep status`` prints them); elsewhere (CI, a pipe) it prints one line per finished trial, and the
-forecast when it changes, so logs stay readable.
+intervals, as ``sweep status`` prints them); elsewhere (CI, a file, a pipe) it prints one line per finished trial
+and, after a trial finished, the forecast when it changed, so logs stay readable. Both go to stdout, with the
+summary (``sweep run ... > log.txt`` keeps them); Ray's own messages and klsweep's warnings go to stderr.
 :class:`TrialsCsv` rewrites ``trials.csv`` as trials start and end, so ``status`` and a notebook never read a stale
 one.
 """
@@ -26,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from klsweep._format import console as plain_console
 from klsweep._format import param_labels, short
 from klsweep.analysis.frontier import RESPONSE_LENGTH
 from klsweep.orchestrate.remedy import REMEDIES, schedule_line
@@ -46,11 +48,16 @@ class SweepProgress(Callback):
         total_trials: the sweep's trial budget (``budget.trials``).
         objectives: objective metric names, shown as columns.
         params: the searched verl keys (:func:`klsweep.space.parameters`), shown as columns by their last component.
-        console: where to draw (default: stderr's console); ``quiet=True`` prints only finished trials.
+        console: where to draw (default: stdout's console, :func:`klsweep._format.console`); ``quiet=True`` prints
+            only finished trials, as on a pipe.
 
     The forecast is refitted when a trial starts or ends, and on a terminal every :data:`FORECAST_EVERY_S` seconds
     while trials report, from the sweep directory the trial's Tune experiment is in (the finished trials and the
     running ones' steps so far); a forecast that cannot be made is said on its line, never raised into the sweep.
+    Off a terminal the line is printed once per finished trial at most, and only when it differs from the last one
+    printed: at the next trial's start or the experiment's end (by then Tune has told the study of the finished
+    trial; at its ``on_trial_complete`` the trial may still count as running), never on a start alone (the running
+    trials' curves move the forecast without news).
 
     A trial's parameters are those the searcher proposed (Tune's ``Trial.evaluated_params``, which a remedy's
     ``set_config`` leaves alone and a restored experiment keeps), as ``sweep status`` and the study show them; a
@@ -69,6 +76,8 @@ class SweepProgress(Callback):
         self._live: Live | None = None
         self._forecast = ""
         self._forecast_at = 0.0
+        self._printed = ""  # the forecast last printed off a terminal
+        self._owed: Any = None  # off a terminal: the last finished trial, until the forecast after it is printed
         # per trial, the (step, metric, value) the forecast fits, as Tune hands them over: the trials' result files
         # in the sweep directory are synced from Tune's staging directory only now and then (all at the end of a
         # fast sweep)
@@ -76,10 +85,10 @@ class SweepProgress(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks with the experiment; the terminal objects are rebuilt by setup().
-        return {**self.__dict__, "_console": None, "_live": None, "_progress": None}
+        return {**self.__dict__, "_console": None, "_live": None, "_progress": None, "_owed": None}
 
     def setup(self, **info) -> None:
-        self._console = self._console or Console(stderr=True)
+        self._console = self._console or plain_console()
         self._interactive = self._console.is_terminal and not self._quiet
         self._progress = Progress(
             TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console
@@ -113,6 +122,7 @@ class SweepProgress(Callback):
         # a trial that just ended is in the study and its result file by now (Tune tells the searcher and flushes
         # the file after this callback's on_trial_complete), so the forecast is refitted when the next one starts
         self._refresh_forecast(trial)
+        self._print_forecast()
         self._redraw()
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -155,7 +165,8 @@ class SweepProgress(Callback):
                 highlight=False,
                 soft_wrap=True,
             )
-            self._refresh_forecast(trial)
+            self._refresh_forecast(trial)  # the table's line; printed once the study has the trial
+            self._owed = trial
 
     def _keep(self, trial, result: Mapping[str, Any]) -> None:
         """Keep a reported step's reference KL, response length and objectives (what the forecast fits)."""
@@ -169,16 +180,20 @@ class SweepProgress(Callback):
                 rows.append((step, name, float(value)))
 
     def _refresh_forecast(self, trial) -> None:
-        """Refit the forecast from the sweep directory of ``trial`` (none for a trial outside a sweep); a pipe gets
-        the line when it changed."""
+        """Refit the forecast from the sweep directory of ``trial`` (none for a trial outside a sweep)."""
         if trial.storage is None:
             return
         self._forecast_at = time.monotonic()
-        line = forecast_line(Path(trial.storage.experiment_fs_path).parent, self._curves)
-        if line != self._forecast:
-            self._forecast = line
-            if not self._interactive:
-                self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+        self._forecast = forecast_line(Path(trial.storage.experiment_fs_path).parent, self._curves)
+
+    def _print_forecast(self) -> None:
+        """Off a terminal, after a trial finished: print the forecast if it differs from the last one printed."""
+        if self._owed is None or self._interactive:
+            return
+        self._owed = None
+        if self._forecast and self._forecast != self._printed:
+            self._printed = self._forecast
+            self._console.print(self._forecast, markup=False, highlight=False, soft_wrap=True)
 
     def _table(self) -> Table:
         table = Table(expand=False, show_edge=False, pad_edge=False)
@@ -207,6 +222,9 @@ class SweepProgress(Callback):
             self._live.update(self.renderable(), refresh=True)
 
     def on_experiment_end(self, trials, **info) -> None:
+        if self._owed is not None:
+            self._refresh_forecast(self._owed)
+            self._print_forecast()
         if self._live is not None:
             self._live.stop()
 
