@@ -323,6 +323,29 @@ def test_a_trainer_section_with_its_own_error_is_not_also_reported_missing(sweep
 
 def test_objective_stopper_fields_given_flat_are_told_to_nest(sweep_file):
     [problem] = _problems(sweep_file(), ["stopping={margin: 4, grace: 0.3}"])
-    assert ("stopping: grace, margin belong to the objective stopper: nest them under `objective:`, e.g. "
+    assert ("stopping: grace, margin are settings of the objective stopper: nest them under `objective:`, e.g. "
             "stopping: {objective: {grace: 0.3, margin: 4}}") in problem
+    [problem] = _problems(sweep_file(), ["stopping={margin: 4}"])
+    assert problem.endswith("stopping: margin is a setting of the objective stopper: nest it under `objective:`, "
+                            "e.g. stopping: {objective: {margin: 4}} — expected: early stopping on the objective")
     assert load_sweep(sweep_file(), ["stopping={objective: {margin: 4, grace: 0.3}}"]).stopping.objective.margin == 4
+
+
+def test_reversed_or_empty_range_says_the_fix(sweep_file):
+    [reversed_] = _problems(sweep_file(), ["parameters.kl_coef={distribution: log_uniform_values, min: 1.0, "
+                                           "max: 0.001}"])
+    assert reversed_.endswith("parameters.kl_coef: min (1.0) must be below max (0.001): swap them: min: 0.001, "
+                              "max: 1.0")
+    [empty] = _problems(sweep_file(), ["parameters.kl_coef={min: 0.01, max: 0.01}"])
+    assert empty.endswith("min and max are both 0.01: a range needs min below max; for one value write "
+                          "{value: 0.01}")
+
+
+def test_an_objective_window_longer_than_the_run_is_a_warning(sweep_file):
+    long = load_sweep(sweep_file(), ["stopping={objective: {window: 100}}", "budget.max_steps=80"])
+    assert any(w.endswith("stopping.objective.window: window 100 is longer than the run (budget.max_steps 80, at "
+                          "most one value per step): it never fills, so a trial's value at a step is the mean of all "
+                          "its values so far, early ones included. Use a window of a few values (the default is 2)")
+               for w in long.warnings), long.warnings
+    fits = load_sweep(sweep_file(), ["stopping={objective: {window: 80}}", "budget.max_steps=80"])
+    assert not any("window" in w for w in fits.warnings)

@@ -330,7 +330,7 @@ class HealthConfig(BaseModel):
     preset: str = Field("default", description=f"base preset: one of {', '.join(PRESETS)}, or none")
     rules: tuple[Rule, ...] = Field((), description="rules added to the preset (same name: replaces it)")
     builtin: dict[str, Any] = Field(default_factory=dict, description="overrides of BuiltinConfig fields")
-    remedies: bool = Field(True, description="false: rules with a remedy stop their trial (kill-only), issue 17")
+    remedies: bool = Field(True, description="false: rules with a remedy stop their trial (kill-only)")
 
     @model_validator(mode="before")
     @classmethod

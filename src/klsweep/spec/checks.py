@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from klsweep.spec.schema import Choice, Constant, Range, Sweep
+from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
 from klsweep.trainers import runs_verl
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS, closest_key, default_keys
@@ -95,6 +95,12 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         warnings.append((("stopping", "objective"), f"can never stop a trial: it waits for "
                          f"min_peers ({stop.min_peers}) other trials at a step and budget.trials is "
                          f"{sweep.budget.trials}. Lower min_peers or raise budget.trials"))
+    if stop is not None and stop.window > sweep.budget.max_steps:
+        warnings.append((("stopping", "objective", "window"), f"window {stop.window} is longer than the run "
+                         f"(budget.max_steps {sweep.budget.max_steps}, at most one value per step): it never fills, "
+                         "so a trial's value at a step is the mean of all its values so far, early ones included. "
+                         f"Use a window of a few values (the default is "
+                         f"{ObjectiveStop.model_fields['window'].default})"))
     confirm = sweep.budget.confirm
     if confirm is not None and confirm.top > sweep.budget.trials:
         warnings.append((("budget", "confirm", "top"), f"top {confirm.top} is more than budget.trials "

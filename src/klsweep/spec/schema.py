@@ -131,8 +131,12 @@ class Range(_Param):
 
     @model_validator(mode="after")
     def _bounds(self) -> Range:
-        if not self.min < self.max:
-            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max}): swap them: min: {self.max}, "
+                             f"max: {self.min}")
+        if self.min == self.max:
+            raise ValueError(f"min and max are both {self.min}: a range needs min below max; for one value "
+                             f"write {{value: {self.min}}}")
         if self.distribution == "log_uniform_values" and self.min <= 0:
             raise ValueError(
                 f"log_uniform_values needs min > 0 but got min={self.min}: klsweep reads min/max in real units "
@@ -274,8 +278,10 @@ class Stopping(BaseModel):
         flat = sorted(set(data) & set(ObjectiveStop.model_fields)) if isinstance(data, dict) else []
         if flat:
             given = ", ".join(f"{k}: {data[k]}" for k in flat)
-            raise ValueError(f"{', '.join(flat)} belong to the objective stopper: nest them under `objective:`, "
-                             f"e.g. stopping: {{objective: {{{given}}}}}")
+            fields, verb, pronoun = (flat[0], "is a setting", "it") if len(flat) == 1 else (
+                ", ".join(flat), "are settings", "them")
+            raise ValueError(f"{fields} {verb} of the objective stopper: nest {pronoun} under `objective:`, e.g. "
+                             f"stopping: {{objective: {{{given}}}}}")
         return data
 
 
@@ -400,7 +406,7 @@ class Sweep(BaseModel):
         "replay (plays back the log in `replay`) | tabular (serves the table in `tabular`)"
     )
     replay: Replay | None = Field(None, description="trainer replay: {trace: PATH, speed: steps per second}")
-    tabular: Tabular | None = Field(None, description="trainer tabular: {table: PATH} (issue 16's benchmark table)")
+    tabular: Tabular | None = Field(None, description="trainer tabular: {table: PATH} (a recorded benchmark table)")
     kl_placement: Literal["loss", "reward", "none", "both"] | None = Field(
         None,
         description="where the KL to the reference acts: loss (actor.use_kl_loss) | reward (algorithm."
@@ -425,7 +431,7 @@ class Sweep(BaseModel):
     sampler: Sampler = Field(default_factory=Sampler, description="Optuna sampler")
     scheduler: Scheduler = Field(default_factory=Scheduler, description="Ray Tune scheduler")
     budget: Budget = Field(default_factory=Budget, description="trials, concurrency, steps and resources")
-    stopping: Stopping = Field(default_factory=Stopping, description="early stopping on the objective (issue 16)")
+    stopping: Stopping = Field(default_factory=Stopping, description="early stopping on the objective")
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="health rules: a preset name or {preset, rules, builtin}"
     )
