@@ -131,7 +131,12 @@ def test_gpu_smoke_sweep_passes_preflight(tmp_path):
 
     text = (REPO / "benchmarks" / "gpu_smoke.yaml").read_text()
     path = tmp_path / "gpu_smoke.yaml"
-    path.write_text(text.replace("@MODEL@", "/models/qwen").replace("@DATA@", "/data"))
+    model, data = tmp_path / "qwen", tmp_path / "data"  # as gpu_smoke.sh makes them: preflight checks they exist
+    model.mkdir()
+    data.mkdir()
+    for name in ("train.parquet", "test.parquet"):
+        (data / name).touch()
+    path.write_text(text.replace("@MODEL@", str(model)).replace("@DATA@", str(data)))
     sweep = load_sweep(path, ["budget.max_steps=3"])
     assert sweep.trainer == "verl" and sweep.budget.trials == 2 and sweep.budget.resources.gpu == 1
     trials = [trial_overrides(sweep, p) for p in seed_params(sweep)]

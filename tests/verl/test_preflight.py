@@ -222,3 +222,31 @@ PREFLIGHT_REFUSALS = {
 def test_each_preflight_refusal_names_the_key_the_value_and_the_fix(changes, line):
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL, **changes}
     assert line in _problems(grpo)
+
+
+def test_missing_local_data_files_and_model_folders(tmp_path):
+    """Absolute (and ``~``) paths are checked where the sweep starts; a Hugging Face id, a URL and a relative path
+    (resolved where the trial runs) are not. Trials on this machine: refused; elsewhere: a warning."""
+    (tmp_path / "train.parquet").touch()
+    (tmp_path / "model").mkdir()
+    gone = tmp_path / "gone"
+    grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL,
+            "data.train_files": f"[{tmp_path / 'train.parquet'},{gone / 'extra.parquet'}]",  # Hydra's list form
+            "data.val_files": [str(gone / "test.parquet"), "hdfs://cluster/test.parquet", "rel/test.parquet"],
+            A + "model.path": str(tmp_path / "model")}
+    missing = [
+        f"data.train_files: the data file {gone / 'extra.parquet'} does not exist on this machine: ",
+        f"data.val_files: the data file {gone / 'test.parquet'} does not exist on this machine: ",
+    ]
+    here = ("every trial would fail when verl loads it. Fix the path, or run the sweep with --address on a cluster "
+            "whose nodes have it")
+    elsewhere = "the nodes that run the trials must have it, or every trial fails when verl loads it"
+    assert preflight(grpo, trainer="verl", has_flash_attn=True) == [line + elsewhere for line in missing]
+    assert _problems(grpo, files_here=True) == [line + here for line in missing]
+    assert _problems({**grpo, A + "model.path": str(gone / "qwen")}, files_here=True, where={
+        A + "model.path": "s.yaml:4"}) == [line + here for line in missing] + [
+            f"s.yaml:4: {A}model.path: the model {gone / 'qwen'} does not exist on this machine: {here}"]
+    # a Hugging Face id is not a local path; a missing ~ path is
+    assert preflight({**grpo, A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct", "data.val_files": "~/no/such.parquet",
+                      "data.train_files": str(tmp_path / "train.parquet")}, trainer="verl", has_flash_attn=True) == [
+        "data.val_files: the data file ~/no/such.parquet does not exist on this machine: " + elsewhere]

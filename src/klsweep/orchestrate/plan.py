@@ -105,8 +105,9 @@ def _objective_problems(sweep: Sweep) -> list[str]:
     return problems
 
 
-def preflight_sweep(sweep: Sweep) -> list[str]:
-    """Preflight every config of :func:`preflight_configs`; returns the warnings (deduplicated).
+def preflight_sweep(sweep: Sweep, *, files_here: bool = False) -> list[str]:
+    """Preflight every config of :func:`preflight_configs`; returns the warnings (deduplicated). ``files_here``: the
+    trials run on this machine, so a missing local data file or model folder is a problem (``preflight``).
 
     Raises:
         PreflightError: every distinct problem, one per line, with the sweep-file line of the key.
@@ -120,7 +121,8 @@ def preflight_sweep(sweep: Sweep) -> list[str]:
     for overrides in preflight_configs(sweep):
         try:
             warnings.update(dict.fromkeys(preflight(
-                overrides, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl, where=where)))
+                overrides, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl, where=where,
+                files_here=files_here)))
         except PreflightError as e:
             problems.update(dict.fromkeys(str(e).splitlines()))
     if problems:
@@ -202,6 +204,7 @@ def validate(path: str, overrides: list[str], out: TextIO | None = None) -> int:
     (:func:`klsweep.spec.load.load_partial`), then the sampler's and the preflight's on the rest of the file.
     Prints ``ok``/warnings and returns 0, or prints every problem (one per line) and returns 2.
     """
+    from klsweep.orchestrate.capacity import local_gpu_warning
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.spec.load import load_partial
 
@@ -213,7 +216,7 @@ def validate(path: str, overrides: list[str], out: TextIO | None = None) -> int:
     except KlsweepError as e:
         sweep, problems = None, str(e).splitlines()
     if sweep is not None:
-        warnings += sweep.warnings
+        warnings += [*sweep.warnings, *filter(None, [local_gpu_warning(sweep)])]
         try:
             build_sampler(sweep)
         except KlsweepError as e:

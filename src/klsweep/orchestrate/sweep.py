@@ -74,6 +74,7 @@ def run_sweep(
         SweepFileError / PreflightError: the sweep file or a trial config is invalid (nothing was started).
         ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given, or
             ``resume`` was given a sweep whose trials differ from the saved one.
+        ClusterError: the Ray cluster cannot be joined, or no node of it can hold a trial.
     """
     from klsweep.spec import load_sweep
 
@@ -82,7 +83,7 @@ def run_sweep(
     sweep = load_sweep(sweep_file, overrides)
     out_dir = Path(out or Path("runs") / sweep.name).resolve()
     _refuse_existing(out_dir, resume=resume, overwrite=overwrite)
-    _preflight(sweep)
+    _preflight(sweep, address)
     record = SweepRecord(
         name=sweep.name,
         sweep_file=str(Path(sweep_file).resolve()),
@@ -122,6 +123,7 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory, its sweep file is gone, or the file changed in a way a
             resume cannot apply.
+        ClusterError: the Ray cluster cannot be joined, or no node of it can hold a trial.
     """
     from klsweep.spec import load_sweep
 
@@ -131,7 +133,7 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
         raise ResultsError(f"{out_dir}: its sweep file {saved.sweep_file} is gone; give the file again: "
                            f"sweep run FILE --out {out_dir} --resume")
     sweep = load_sweep(saved.sweep_file, [*saved.overrides, *overrides])
-    _preflight(sweep)
+    _preflight(sweep, address)
     record = saved.model_copy(update={"overrides": [*saved.overrides, *overrides],
                                       "sweep": sweep.model_dump(mode="json")})
     return _resume(out_dir, sweep, record, saved, source=saved.sweep_file, address=address, quiet=quiet)
@@ -145,19 +147,24 @@ def _resume(out_dir: Path, sweep, record: SweepRecord, saved: SweepRecord, *, so
 
     for change in check_resume(saved.sweep, record.sweep, run_dir=str(out_dir), source=source):
         print(f"resume: {change}", file=sys.stderr)
+    _init_ray(sweep, address, out_dir)  # a cluster that cannot hold a trial is refused before sweep.json changes
     record = record.model_copy(update={"study_name": saved.study_name, "storage": saved.storage,
                                        "tune_num_samples": saved.tune_num_samples})
     record.write(out_dir)
     return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=True)
 
 
-def _preflight(sweep) -> None:
-    """Refuse a sweep verl would reject before any directory is written or Ray starts; print its warnings."""
+def _preflight(sweep, address: str | None) -> None:
+    """Refuse a sweep verl would reject before any directory is written or Ray starts; print its warnings. On a
+    private local Ray (no ``address``, none from the launch profile) the trials run here: a local data file or model
+    folder missing here is refused too."""
+    from klsweep.launchers import ray_address
     from klsweep.orchestrate.plan import preflight_sweep
     from klsweep.orchestrate.samplers import build_sampler
 
     build_sampler(sweep)  # a sampler refusal (grid over a range, cmaes on categories)
-    for warning in [*sweep.warnings, *preflight_sweep(sweep)]:
+    here = ray_address(sweep.launcher, address) is None
+    for warning in [*sweep.warnings, *preflight_sweep(sweep, files_here=here)]:
         print(f"warning: {warning}", file=sys.stderr)
 
 
@@ -165,18 +172,24 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
     """Start a private local Ray, or join the cluster of ``--address`` (or of the sweep's launch profile).
 
     First ends what a killed driver left of the private Ray it recorded in ``out_dir``; a private Ray started here is
-    recorded there in turn (:mod:`klsweep.orchestrate._ray_session`).
+    recorded there in turn (:mod:`klsweep.orchestrate._ray_session`). Then refuses a sweep whose trials no node of
+    that Ray can hold (:func:`klsweep.orchestrate.capacity.check_trial_fits`), leaving a Ray started here shut down.
+
+    Raises:
+        ClusterError: no cluster at the address, or no node for a trial's ``budget.resources``.
     """
     import ray
 
     from klsweep.launchers import ray_address
+    from klsweep.orchestrate.capacity import check_trial_fits
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Validation metrics come every trainer.test_freq steps, not in every result; KlsweepSearch handles the gaps and
     # fails a trial that never reports an objective.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own tables off (verbose=0): SweepProgress draws ours
-    if ray.is_initialized():
+    if ray.is_initialized():  # the caller's Ray (tests, notebooks): checked, left as it is
+        check_trial_fits(sweep)
         return
     _ray_session.end_orphaned_session(out_dir)
     address = ray_address(sweep.launcher, address)
@@ -193,10 +206,16 @@ def _init_ray(sweep, address: str | None, out_dir: Path) -> None:
                 f"local Ray") from None
         from klsweep.launchers.storage import require_shared_results
 
+        check_trial_fits(sweep)
         require_shared_results(out_dir)  # a node that cannot see --out would keep its trials' files
         return
     cpus = max(os.cpu_count() or 1, int(sweep.budget.max_concurrent * sweep.budget.resources.cpu))
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        check_trial_fits(sweep)
+    except ClusterError:
+        ray.shutdown()  # nothing of it is left to record or clean up
+        raise
     _ray_session.record_session(out_dir)
 
 

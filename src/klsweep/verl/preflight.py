@@ -5,8 +5,9 @@ closest valid key), check the values verl only rejects after the first rollout
 (:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the values that break verl's KL
 controller or loss aggregation at the first update (:func:`klsweep.verl.numerics.numeric_problems`), the keys a real
 verl run needs (as ``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require
-them), that the models' attention implementation is installed, and the installed verl version. ~10 ms per config
-after the first (~1 s; ~8 s more when a trial uses the adaptive KL controller, which imports verl's core_algos).
+them), that the models' attention implementation is installed, that the local data files and model folders it names
+exist (:func:`missing_files`), and the installed verl version. ~10 ms per config after the first (~1 s; ~8 s more
+when a trial uses the adaptive KL controller, which imports verl's core_algos).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +36,7 @@ def preflight(
     allow_negative_kl: bool = False,
     where: Mapping[str, str] | None = None,
     has_flash_attn: bool | None = None,
+    files_here: bool = False,
 ) -> list[str]:
     """Check one trial's flat verl overrides.
 
@@ -45,9 +48,11 @@ def preflight(
         where: verl key → ``FILE:LINE`` of the sweep-file entry it came from, put in front of each message.
         has_flash_attn: whether the ``flash_attn`` package is importable where the trials run; None (the default)
             looks in this Python (``importlib.util.find_spec("flash_attn")``). Only ``trainer: verl`` uses it.
+        files_here: the trials run on this machine (a private local Ray): a local data file or model folder that is
+            missing here (:func:`missing_files`) is a problem; otherwise a warning (the trials' nodes may have it).
 
     Returns:
-        warnings (one line each), e.g. a KL mechanism on with coefficient 0 (verl#6519).
+        warnings (one line each), e.g. a KL mechanism on with coefficient 0 (verl#6519), a missing local file.
 
     Raises:
         PreflightError: every problem, one per line.
@@ -59,6 +64,7 @@ def preflight(
         return f"{line}: {message}" if line else message
 
     problems: list[str] = []
+    warnings: list[str] = []
     installed = _installed_verl()
     if installed != VERL_VERSION:
         problems.append(f"verl {installed} is installed but klsweep knows verl {VERL_VERSION}'s config and "
@@ -84,12 +90,14 @@ def preflight(
             has_flash_attn = importlib.util.find_spec("flash_attn") is not None
         if not has_flash_attn:
             problems += [at(k, m) for k, m in _attention(value)]
+        missing = [at(k, m) for k, m in missing_files(overrides, here=files_here)]
+        (problems if files_here else warnings).extend(missing)
     from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems  # keys klsweep writes
 
     problems += [at(k, m) for k, m in managed_key_problems(overrides, trainer=trainer, launcher_keys=False)]
     if problems:
         raise PreflightError("\n".join(problems))
-    return [at(k, m) for k, m in _zero_coef(value) + checkpoint_cadence_warnings(overrides, trainer=trainer)]
+    return warnings + [at(k, m) for k, m in _zero_coef(value) + checkpoint_cadence_warnings(overrides, trainer=trainer)]
 
 
 def _installed_verl() -> str:
@@ -203,6 +211,46 @@ def _required(overrides: Mapping[str, Any], value) -> list[tuple[str, str]]:
             out.append((old, f"{old}={old_value} and {per_gpu}={per_gpu_value} are both set: verl refuses both "
                         f"(the former is deprecated). Remove {old} and keep {per_gpu}"))
     return out
+
+
+#: The verl keys that name local files or folders: data files (one path or a list) and models (a local folder or a
+#: Hugging Face id), as verl reads them (``verl.utils.fs.copy_to_local`` passes a local path through as is).
+_PATH_KEYS = {"data.train_files": "data file", "data.val_files": "data file", A + "model.path": "model",
+              "critic.model.path": "model"}
+
+
+def missing_files(overrides: Mapping[str, Any], *, here: bool = False) -> list[tuple[str, str]]:
+    """``(key, message)`` for each absolute (or ``~``) local path among a verl trial's data files
+    (``data.train_files``/``val_files``, a path or a list) and model folders (``actor_rollout_ref.model.path``,
+    ``critic.model.path``) that does not exist on this machine. Hugging Face ids (``Qwen/Qwen2.5-0.5B-Instruct``),
+    remote URLs (``hdfs://``, ``s3://``) and other relative paths (resolved where the trial runs) are not checked.
+
+    Args:
+        overrides: the trial's flat verl overrides (keys with or without Hydra's ``+``).
+        here: the trials run on this machine; the message then says every trial would fail, else that the nodes
+            that run the trials need it.
+    """
+    out = []
+    for key, what in _PATH_KEYS.items():
+        raw = overrides.get(key, overrides.get(f"+{key}"))
+        paths = raw if isinstance(raw, (list, tuple)) else [] if raw is None else _path_list(str(raw))
+        for path in map(str, paths):
+            local = os.path.expanduser(path)
+            if "://" in path or not os.path.isabs(local) or os.path.exists(local):
+                continue
+            then = ("every trial would fail when verl loads it. Fix the path, or run the sweep with --address on a "
+                    "cluster whose nodes have it" if here else
+                    "the nodes that run the trials must have it, or every trial fails when verl loads it")
+            out.append((key, f"{key}: the {what} {path} does not exist on this machine: {then}"))
+    return out
+
+
+def _path_list(text: str) -> list[str]:
+    """A Hydra list (``[a.parquet,b.parquet]``, quotes optional) or one path."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return [text]
+    return [p.strip().strip("'\"") for p in text[1:-1].split(",") if p.strip()]
 
 
 def _uses_critic(value) -> bool:
