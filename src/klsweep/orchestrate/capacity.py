@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from klsweep.errors import ClusterError
+from klsweep.trainers import runs_verl
 
 #: ``budget.resources`` field → Ray's resource name.
 _RAY_NAME = {"gpu": "GPU", "cpu": "CPU"}
@@ -28,7 +29,7 @@ def capacity_problem(request: Mapping[str, float], nodes: Iterable[Mapping[str, 
     Args:
         request: ``{"cpu": CPUs, "gpu": GPUs}`` per trial (``budget.resources``).
         nodes: the resources of each node that is or may become part of the cluster (Ray's names: ``CPU``, ``GPU``).
-        trainer: the sweep's ``trainer:`` (the fix it names for a GPU-less cluster).
+        trainer: the sweep's ``trainer:`` (the fixes it names differ for verl's own trials).
 
     Returns:
         One line naming the field, the request, what the cluster has and the fix.
@@ -42,10 +43,10 @@ def capacity_problem(request: Mapping[str, float], nodes: Iterable[Mapping[str, 
             continue
         asks = f"each trial asks for {need:g} {field.upper()}{'' if need == 1 else 's'} (budget.resources.{field})"
         if field == "gpu" and total == 0:
-            other = "use trainer: embedded" if trainer == "verl" else "set budget.resources.gpu: 0"
+            other = "use trainer: embedded" if runs_verl(trainer) else "set budget.resources.gpu: 0"
             return (f"{asks} but this Ray cluster has 0 GPUs: run on a GPU node, connect to a cluster with "
                     f"--address, or {other}")
-        fewer = " (with trainer.n_gpus_per_node)" if field == "gpu" and trainer == "verl" else ""
+        fewer = " (with trainer.n_gpus_per_node)" if field == "gpu" and runs_verl(trainer) else ""
         return (f"{asks} but the largest node of this Ray cluster has {largest:g} ({total:g} in all) and a trial "
                 f"runs on one node: lower budget.resources.{field}{fewer} to at most {largest:g}, or connect to a "
                 f"cluster with larger nodes with --address")
