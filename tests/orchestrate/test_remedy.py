@@ -544,3 +544,30 @@ def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
     assert on_disk() == ["b28", "b32", "b36", "b40", "b44", "b48"]  # a finding at 49 restarts from 28 at the earliest
     keep.on_trial_complete(0, [trial], trial)
     assert on_disk() == ["b48"] and [r.metrics[STEP] for r in manager.best_checkpoint_results] == [48]
+
+
+def test_trainers_that_serve_recorded_runs_turn_remedies_off_and_say_so_once(tmp_path):
+    """A table or a recorded log holds no run restarted with a changed coefficient: a remedy would serve the same
+    curve again, fire again and count re-run steps that never ran (issue 17)."""
+    table = "tabular={table: benchmarks/tabular/aggressive.jsonl.gz}"
+    embedded = load_sweep("sweeps/aggressive.yaml")
+    tabular = load_sweep("sweeps/aggressive.yaml", ["trainer=tabular", table, "parameters.horizon={values: [20000]}"])
+    assert (remedies_on(embedded), remedies_on(tabular)) == (True, False)
+    run = {"trainer.total_training_steps": 80}
+    assert (checkpoint_every(embedded, run), checkpoint_every(tabular, run)) == (REMEDY_SAVE_FREQ, 16)
+    said = [w for w in tabular.warnings if "remedies off" in w]
+    line = 1 + open("sweeps/aggressive.yaml").read().splitlines().index("health: aggressive")
+    assert said == [f"sweeps/aggressive.yaml:{line}: health: trainer tabular: remedies off, a table holds no restarted "
+                    "runs: kl_runaway, reward_hacking stop their trial instead of restarting it (as with health: "
+                    "{remedies: false})"]  # the file's `health: aggressive` line
+    assert not [w for w in embedded.warnings if "remedies off" in w]
+    replay = load_sweep("sweeps/aggressive.yaml", ["trainer=replay",
+                                                   "replay={trace: tests/data/traces/ppo_qwen05b_gsm8k_sampled.jsonl}"])
+    assert not remedies_on(replay)
+    assert [w.split(": ", 2)[2] for w in replay.warnings if "remedies off" in w] == [
+        "trainer replay: remedies off, a recorded log holds no restarted runs: kl_runaway, reward_hacking stop their "
+        "trial instead of restarting it (as with health: {remedies: false})"]
+    # already kill-only: nothing to say
+    off = load_sweep("sweeps/aggressive.yaml", ["trainer=tabular", table, "parameters.horizon={values: [20000]}",
+                                                "health={preset: aggressive, remedies: false}"])
+    assert not [w for w in off.warnings if "remedies off" in w]

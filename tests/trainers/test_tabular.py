@@ -207,3 +207,34 @@ def test_reference_best_is_the_healthy_point_with_the_best_seed_mean_and_stopped
     assert 0 < len(healthy) < len(by_point)  # the rules stop some grid points (reward hacking) and not others
     # no KL metric with KL off: a one-objective front, the best healthy mean
     assert ref["kl_metric"] is None and [ref["points"][i]["params"] for i in ref["front"]] == [ref["best"]["params"]]
+
+
+@pytest.mark.slow
+def test_a_tabular_sweep_stops_a_flagged_trial_instead_of_remedying_it(tmp_path, capsys):
+    """The aggressive preset's reward_hacking has a remedy (kl_coef *4); under the tabular trainer the trial is
+    stopped where the rules flag its recorded run, with no remedy recorded and no step re-run (issue 17)."""
+    table = REPO / "benchmarks" / "tabular" / "aggressive.jsonl.gz"
+    sweep = yaml.safe_load((REPO / "sweeps" / "aggressive.yaml").read_text())
+    sweep["parameters"]["horizon"] = {"values": [20000]}
+    sweep["seed_trials"].append({"kl_coef": 0.3, "target_kl": 1.0, "horizon": 20000})  # healthy: the sweep's rc 0
+    sweep.update(name="tab_remedy", trainer="tabular", tabular={"table": str(table)},
+                 budget={"trials": 2, "max_concurrent": 1, "max_steps": 80})
+    path = tmp_path / "tab_remedy.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert capsys.readouterr().err.count("trainer tabular: remedies off, a table holds no restarted runs") == 1
+    # the seed trial (kl_coef 0.0005, target_kl 0.1) is served grid point kl_coef 0.0003, target_kl 0.02... by hand:
+    # log10 distances |log(5e-4/3e-4)|/3 = 0.074 < |log(3e-3/5e-4)|/3 = 0.26; |log(0.1/0.02)|/1.7 = 0.41 < 0.59
+    _, records = raw_records(table)
+    [record] = [r for r in records if r["seed"] == 0 and r["params"] == {
+        "algorithm.kl_ctrl.kl_coef": 0.0003, "algorithm.kl_ctrl.target_kl": 0.02, "algorithm.kl_ctrl.horizon": 20000}]
+    from klsweep.health import HealthEngine, load_ruleset
+
+    engine = HealthEngine(load_ruleset("aggressive"), trial_overrides(load_sweep(path), record["params"]))
+    [first_stop] = [step for step, m in raw_steps(record) if engine.update(step, m).stop][:1]
+    trial, healthy = pd.read_csv(tmp_path / "out" / "trials.csv").sort_values("number").to_dict("records")
+    assert healthy["steps"] == 80 and healthy["state"] == "COMPLETE"
+    assert trial["steps"] == first_stop < 80
+    assert trial["stop_reason"].startswith(f"diverged at step {first_stop} by ")
+    assert "remedied" not in trial["stop_reason"]
+    assert pd.isna(trial.get("remedies"))  # no remedies column at all: no trial was restarted

@@ -14,7 +14,7 @@ Who decides: the health stopper (:class:`klsweep.health.HealthStopper`) sees the
 before the scheduler, ``TuneController._process_trial_result``) and asks :meth:`RemedyScheduler.plan`; a trial whose
 rule has no remedies left (``max_remedies``), whose prescription has no live knob, or that has no checkpoint before the
 finding began is stopped as before, its stop reason saying why it was not remedied. ``health: {remedies: false}``
-turns remedies off (:func:`remedies_on`).
+turns remedies off (:func:`remedies_on`), as the trainers that serve recorded runs do (tabular, replay).
 
 The adaptive KL controller: verl builds it from ``algorithm.kl_ctrl.kl_coef`` at every start and does not checkpoint
 it (:mod:`klsweep.launchers.resume`), so a restart from the trial's initial coefficient would jump back to it; the
@@ -70,11 +70,13 @@ REMEDY_SAVE_FREQ = 4
 
 def remedies_on(sweep) -> bool:
     """Whether ``sweep``'s health rules restart trials instead of stopping them: a rule of its rule set has a
-    ``remedy``, the scheduler is ``none`` (ASHA stops instead) and the sweep file does not say
-    ``health: {remedies: false}`` (kill-only)."""
+    ``remedy``, the scheduler is ``none`` (ASHA stops instead), the trainer restarts trials
+    (:attr:`klsweep.trainers.TrainerKind.no_restarts`: not the tabular and replay trainers, which serve recorded
+    runs) and the sweep file does not say ``health: {remedies: false}`` (kill-only)."""
     from klsweep.health import load_ruleset
+    from klsweep.trainers import trainer_kind
 
-    if not sweep.health.remedies or sweep.scheduler.type != "none":
+    if not sweep.health.remedies or sweep.scheduler.type != "none" or trainer_kind(sweep.trainer).no_restarts:
         return False
     return any(rule.remedy for rule in load_ruleset(sweep.health).rules)
 

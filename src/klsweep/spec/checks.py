@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
-from klsweep.trainers import runs_verl
+from klsweep.trainers import runs_verl, trainer_kind
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS, closest_key, default_keys
 from klsweep.verl.liveness import inert_reason
@@ -88,6 +88,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                          "ASHA's scheduler takes the place of the one that restarts trials, so the rule stops the "
                          "trial instead. Use scheduler: none for remedies")
                         for i, rule in enumerate(sweep.health.rules) if rule.remedy)
+    warnings.extend(_remedies_off(sweep))
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
     stop = sweep.stopping.objective
@@ -411,6 +412,21 @@ def _remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
             inert = inert_reason(key, fixed)
             if inert:
                 yield path, f"the remedy changes {key}, which has no effect: {inert}"
+
+
+def _remedies_off(sweep: Sweep) -> Iterator[Problem]:
+    """Under a trainer that cannot restart a trial (:attr:`klsweep.trainers.TrainerKind.no_restarts`), the rules
+    with a remedy stop their trial instead (:func:`klsweep.orchestrate.remedy.remedies_on`): said once, naming them,
+    where remedies would otherwise be on (ASHA and ``health: {remedies: false}`` turn them off anyway)."""
+    why = trainer_kind(sweep.trainer).no_restarts
+    if not why or not sweep.health.remedies or sweep.scheduler.type != "none":
+        return
+    from klsweep.health import load_ruleset
+
+    named = [rule.name for rule in load_ruleset(sweep.health).rules if rule.remedy]
+    if named:
+        yield ("health",), (f"trainer {sweep.trainer}: remedies off, {why}: {', '.join(named)} stop their trial "
+                             "instead of restarting it (as with health: {remedies: false})")
 
 
 def _table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dict[str, Any]) -> Iterator[Problem]:

@@ -77,6 +77,9 @@ class TrainerKind:
             without it; None when it reads none.
         scores_reference: the reference policy (the trial's starting weights) can be scored in klsweep's process,
             as the KL frontier's d = 0 point (:mod:`klsweep.analysis.baseline`).
+        no_restarts: why a trial cannot be restarted from its checkpoint with changed knobs (a remedy, issue 17):
+            the trainer serves recorded runs, none of them restarted with another coefficient; remedies are off
+            under it (kill-only, as ``health: {remedies: false}``). None: it restarts.
     """
 
     name: str
@@ -89,6 +92,7 @@ class TrainerKind:
     runs_verl: bool = False
     section: str | None = None
     scores_reference: bool = False
+    no_restarts: str | None = None
 
 
 def _embedded(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
@@ -151,12 +155,12 @@ TRAINERS: dict[str, TrainerKind] = {
     ),
     "replay": TrainerKind(
         "replay", "plays back a recorded verl log (replay: {trace: PATH}), to try health rules and the pipeline",
-        module=None, in_process=_replay, section="replay",
+        module=None, in_process=_replay, section="replay", no_restarts="a recorded log holds no restarted runs",
     ),
     "tabular": TrainerKind(
         "tabular", "serves the recorded embedded run of the nearest grid point (tabular: {table: PATH}), for "
         "benchmarks of thousands of sweeps", module=None, in_process=_tabular, validation_metric=EMBEDDED_VAL_METRIC,
-        defaults=_embedded_defaults, section="tabular",
+        defaults=_embedded_defaults, section="tabular", no_restarts="a table holds no restarted runs",
     ),
 }
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
