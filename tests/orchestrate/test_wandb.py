@@ -181,3 +181,62 @@ def _value(config: dict, key: str):
     """A W&B config entry's value (run-file config items are ``{"value": ...}`` or the bare value)."""
     entry = config[key]
     return entry["value"] if isinstance(entry, dict) and "value" in entry else entry
+
+
+#: β = kl_coef under the fixed controller: above 0.01 from step 4 on, so the rule fires at step 6 (for 3) and the
+#: remedy restarts from the checkpoint of step 3 (its evidence began at step 4) with β 0.005, healthy to step 9.
+BETA_REMEDY_FOR_3 = {"name": "beta_high", "metric": "actor/reward_kl_penalty_coeff", "above": 0.01, "after": 3,
+                     "for": 3, "action": "stop", "kind": "diverged", "remedy": {"kl_coef": "*0.1"}, "max_remedies": 1}
+
+
+def test_a_remedied_trial_logs_its_restart_to_a_run_of_its_own(ray_local, tmp_path, monkeypatch, capfd):
+    """A remedy restarts its trial at step 3 after the trial logged steps 1-6; W&B's step only grows, so with one
+    run per trial the restarted steps 4 and 5 were dropped ("Tried to log to step 4 that is less than the current
+    step 6") and step 6 kept a mix of both runs. Each segment is now a run of the sweep's group: the first keeps
+    steps 1-6 at β 0.05 and the note of the remedy; ``<id>-r1`` has steps 4-9 at β 0.005 and says where it came
+    from. Ray's error about the logging actor's restarts (ray#53727) is not printed."""
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "wbr", wandb={"mode": "offline"}, budget={"trials": 1, "max_steps": 9},
+                      parameters={"kl_coef": {"values": [0.05]}, "trainer.save_freq": {"values": [1]}},
+                      seed_trials=[{"kl_coef": 0.05, "trainer.save_freq": 1}],
+                      health={"preset": "default", "rules": [BETA_REMEDY_FOR_3]})
+    assert main(["run", path, "--out", str(out), "--quiet"]) == 0
+    assert "_FlushingWandbLoggingActor" not in capfd.readouterr().err
+    study = optuna.load_study(study_name="wbr", storage=f"sqlite:///{out / 'study.db'}")
+    (trial,) = study.trials
+    trial_id = trial.user_attrs["ray_trial_id"]
+    [record] = json.loads(trial.user_attrs["remedies"])
+    assert (record["step"], record["from_step"], record["new"]) == (6, 3, pytest.approx(0.005))
+
+    runs = {}
+    for run_file in (out / "wandb").glob("offline-run-*/run-*.wandb"):
+        recs = finished_records(run_file)
+        (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+        config = {}
+        for r in recs:
+            if r.WhichOneof("record_type") in ("config", "run"):
+                items = r.config.update if r.WhichOneof("record_type") == "config" else r.run.config.update
+                config.update({item.key: json.loads(item.value_json) for item in items})
+        rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                for r in recs if r.WhichOneof("record_type") == "history"]
+        runs[run.run_id] = (run, config, rows)
+    assert sorted(runs) == [trial_id, f"{trial_id}-r1"]
+
+    first, config, rows = runs[trial_id]
+    beta = "actor/reward_kl_penalty_coeff"
+    assert [(row["_step"], row[beta]) for row in rows] == [(step, 0.05) for step in range(1, 7)]
+    assert _value(config, "remedy_note") == \
+        "remedied: beta_high at step 6: restarted from step 3 with algorithm.kl_ctrl.kl_coef 0.05 → 0.005"
+    assert first.display_name == f"wbr #{trial.number} kl_coef=0.05 save_freq=1" and "remedied" not in first.tags
+
+    segment, config, rows = runs[f"{trial_id}-r1"]
+    assert [row["_step"] for row in rows] == [4, 5, 6, 7, 8, 9]
+    assert [row["training_iteration"] for row in rows] == [4, 5, 6, 7, 8, 9]
+    assert [row[beta] for row in rows] == pytest.approx([0.005] * 6)
+    assert segment.run_group == "wbr" and list(segment.tags) == ["wbr", "ppo", "embedded", "remedied"]
+    assert segment.display_name == f"wbr #{trial.number}-r1 kl_coef=0.005 save_freq=1"
+    assert _value(config, "algorithm.kl_ctrl.kl_coef") == pytest.approx(0.005)
+    assert (_value(config, "restart"), _value(config, "from_step"), _value(config, "parent_run")) == (1, 3, trial_id)
+    assert _value(config, "remedy_schedule") == "1× beta_high@6 from 3 kl_coef 0.05→0.005"
+    assert _value(config, "health") == "healthy"

@@ -1,4 +1,5 @@
-"""W&B: one run per trial, grouped by sweep, with the trial's verl overrides as its config.
+"""W&B: one run per trial (per restart segment of a remedied trial), grouped by sweep, with the trial's verl
+overrides as its config.
 
 Each run is named ``<sweep> #<Optuna trial number> <parameter>=<value> ...`` (its id stays the Ray Tune trial id),
 tagged with the sweep name, algorithm and trainer, and its config carries ``trial_number``, the searched parameters
@@ -10,10 +11,15 @@ Ray Tune's ``WandbLoggerCallback`` does the logging from its own actor, so W&B n
 the default when W&B is on (wandb#2812: several trials in one W&B run; Search-R1#141: offline W&B on many nodes).
 ``WANDB_API_KEY`` is read from the environment by wandb itself and never written to any klsweep file.
 
-This callback is the one W&B run of a trial. verl's own W&B logger stays off in every trial (``trainer.logger`` is
+This callback makes a trial's only W&B runs. verl's own W&B logger stays off in every trial (``trainer.logger`` is
 ``[console, file]``, :func:`klsweep.space.launcher_overrides`, which refuses ``wandb`` in a sweep's ``overrides``):
 with it, verl's ``Tracking`` calls ``wandb.init`` in the trial process (verl/utils/tracking.py) without this
 callback's mode and directory, so an offline or keyless trial fails at start and an online one makes a second run.
+
+A remedied trial (:mod:`klsweep.orchestrate.remedy`) logs each restart segment to a W&B run of its own
+(:meth:`VerlWandbCallback.log_trial_start`): the restart continues from a checkpoint at an earlier step than the one
+the trial had logged, and W&B's step only grows, so in the trial's one run the restarted steps were dropped
+("Tried to log to step 33 that is less than the current step 46").
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ import functools
 import os
 import sys
 from pathlib import Path
+from typing import Any, cast
 
-from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+import ray
+from ray.air.integrations.wandb import WANDB_ENV_VAR, WandbLoggerCallback, _WandbLoggingActor
+from ray.air.util.node import _force_on_current_node
 
 from klsweep._format import param_labels, short
+from klsweep.health.stopper import REMEDY_NOTE
+from klsweep.orchestrate.remedy import REMEDIES, overrides_of, schedule_line
 from klsweep.results import ATTR_RAY_TRIAL_ID, HEALTH, STOP_KIND, STOP_REASON
 
 
@@ -46,22 +57,43 @@ class _FlushingWandbLoggingActor(_WandbLoggingActor):
 
 class VerlWandbCallback(WandbLoggerCallback):
     """``WandbLoggerCallback`` whose run config is the trial's full verl override dict (not Optuna's params), its
-    trial number and searched parameters, with a readable run name and the health verdict and stop reason.
+    trial number and searched parameters, with a readable run name and the health verdict and stop reason; one W&B
+    run per restart segment of a remedied trial.
+
+    Restart segments: a remedy restarts its trial from a checkpoint at step ``s`` (32, say) after the trial has
+    logged up to its finding (46). Ray's callback keeps the trial's logging actor and run across the restart
+    (``_start_logging_actor`` reuses it) and logs with ``step=training_iteration``; W&B's step only grows, so
+    steps 33-46 of the restarted run were dropped ("Tried to log to step 33 that is less than the current step
+    46 ... this data will be ignored") and the chart kept the diverged values. Here the segment's run ends there and
+    the restart logs to a new run of the same group: id ``<trial id>-r<restart>``, name ``<trial name>-r<restart>``
+    with the segment's parameter values, config the segment's verl overrides (the prescribed knobs changed) with
+    ``restart``, ``from_step``, ``parent_run`` (the previous segment's run id) and ``remedy_schedule``
+    (:func:`klsweep.orchestrate.remedy.schedule_line`), tagged ``remedied``; the previous run's config keeps its
+    ``remedy_note`` (the rule, step and prescription that ended it). Each run's step axis is the trial's training
+    step, so the segments of a trial overlay on one chart, the restarted one starting after its checkpoint's step.
+    Rejected: one run whose metrics use a custom x-axis (``define_metric("*", step_metric=...)``) would draw the
+    abandoned and the restarted steps 33-46 as one line running back and forth with nothing telling them apart;
+    W&B's rewind and fork (``wandb.init(resume_from=...)``, ``fork_from="<id>?_step=32"``, docs.wandb.ai/models/runs/
+    rewind and /forking) are server-side preview features that an offline run cannot use, and a rewind moves the
+    abandoned steps the remedy was decided on to an archived copy of the run.
 
     Args:
-        overrides_of: params → verl overrides (:func:`klsweep.space.trial_overrides` bound to the sweep).
+        overrides_of: Tune config → verl overrides (:func:`klsweep.orchestrate.remedy.overrides_of` bound to the
+            sweep: the trial's remedy schedule left out).
         params: the searched verl keys (:func:`klsweep.space.parameters`), named in the run name by their leaf.
         **kwargs: ``WandbLoggerCallback`` arguments (project, group, entity, mode, tags, ...).
     """
 
     _logger_actor_cls = _FlushingWandbLoggingActor
     #: result keys W&B gets as config (updated with every result), not as history: strings are dropped there
-    AUTO_CONFIG_KEYS = [*WandbLoggerCallback.AUTO_CONFIG_KEYS, HEALTH, STOP_REASON, STOP_KIND]
+    AUTO_CONFIG_KEYS = [*WandbLoggerCallback.AUTO_CONFIG_KEYS, HEALTH, STOP_REASON, STOP_KIND, REMEDY_NOTE]
 
     def __init__(self, overrides_of, params: list[str] | None = None, **kwargs):
         super().__init__(**kwargs)
         self._overrides_of = overrides_of
         self._params = params or []
+        self._segment: dict = {}  # trial → the restart its logging actor logs (0: before any remedy)
+        self._ended_segments: dict = {}  # logging future of a previous segment's run → (its actor, its queue)
 
     def setup(self, *args, **kwargs) -> None:
         # Ray asks for an API key unless the WANDB_MODE variable says offline: an offline sweep needs none.
@@ -72,11 +104,58 @@ class VerlWandbCallback(WandbLoggerCallback):
     def log_trial_start(self, trial) -> None:
         # WandbLoggerCallback passes self.kwargs to wandb.init after its own arguments, so these win.
         number = _optuna_number(trial)
+        remedies = list(trial.config.get(REMEDIES, ()))
+        restart = max((int(r["restart"]) for r in remedies), default=0)
+        if trial in self._trial_logging_futures and self._segment.get(trial, 0) != restart:
+            self._end_segment(trial)  # a remedy restarted the trial: its next steps go to a new run
+        self._segment[trial] = restart
         searched = {label: trial.config.get(key) for key, label in param_labels(self._params).items()}
-        self.kwargs["config"] = {**self._overrides_of(trial.config), "trial_number": number, "searched": searched}
-        self.kwargs["name"] = " ".join([f"{self.group} #{trial.trial_id if number is None else number}",
+        suffix = f"-r{restart}" if restart else ""
+        config = {**self._overrides_of(trial.config), "trial_number": number, "searched": searched}
+        if restart:
+            config.update(restart=restart, from_step=[r for r in remedies if r["restart"] == restart][0]["from_step"],
+                          parent_run=trial.trial_id + (f"-r{restart - 1}" if restart > 1 else ""),
+                          remedy_schedule=schedule_line(remedies))
+        self.kwargs["config"] = config
+        self.kwargs["id"] = trial.trial_id + suffix
+        self.kwargs["name"] = " ".join([f"{self.group} #{trial.trial_id if number is None else number}{suffix}",
                                         *(f"{label}={short(value)}" for label, value in searched.items())])
+        self.kwargs["tags"] = [t for t in self.kwargs.get("tags") or [] if t != "remedied"] + (
+            ["remedied"] if restart else [])
         super().log_trial_start(trial)
+
+    def _end_segment(self, trial) -> None:
+        """Tell the trial's logging actor to finish its run, and forget it as the trial's: the run is flushed and
+        its actor released by :meth:`_cleanup_logging_actors` once ``wandb.finish`` returned."""
+        self._signal_logging_actor_stop(trial)
+        future = self._trial_logging_futures.pop(trial)
+        self._logging_future_to_trial.pop(future)
+        self._ended_segments[future] = (self._trial_logging_actors.pop(trial), self._trial_queues.pop(trial))
+
+    def _cleanup_logging_actors(self, timeout: int = 0, kill_on_timeout: bool = False) -> None:
+        """Ray's cleanup (release the actors whose run finished; at the sweep's end wait up to ``timeout`` s for
+        the others), for the ended segments' actors too."""
+        if self._ended_segments:
+            futures = list(self._ended_segments)
+            done, remaining = ray.wait(futures, num_returns=len(futures), timeout=timeout)
+            for future in [*done, *(remaining if kill_on_timeout else [])]:
+                ray.kill(self._ended_segments.pop(future)[0])
+        super()._cleanup_logging_actors(timeout=timeout, kill_on_timeout=kill_on_timeout)
+
+    def _start_logging_actor(self, trial, exclude_results: list[str], **wandb_init_kwargs) -> None:
+        """Ray's, with the logging actor class built without ``max_restarts=-1``: Ray logs an error for an actor
+        with restarts whose constructor arguments are in the object store (ray#53727: a restart would fail), as
+        Ray's actor is, since one argument is the trial's ``Queue`` actor handle ("core_worker.cc: Actor with class
+        name: '_FlushingWandbLoggingActor' ... has constructor arguments in the object store and max_restarts >
+        0"). A restarted logging actor would also call ``wandb.init`` again with the run's id, after the results it
+        had taken from the queue were lost: a logging actor that dies ends its run's logging (never the sweep)."""
+        if self._remote_logger_class is None:
+            # as WandbLoggerCallback._start_logging_actor: the API key (when in the environment) for the actor
+            env_vars = {WANDB_ENV_VAR: os.environ[WANDB_ENV_VAR]} if WANDB_ENV_VAR in os.environ else {}
+            on_this_node = cast(dict[str, Any], _force_on_current_node())  # the options dict when given no class
+            self._remote_logger_class = ray.remote(  # type: ignore[assignment]  # Ray's attribute starts as None
+                num_cpus=0, **on_this_node, runtime_env={"env_vars": env_vars})(self._logger_actor_cls)
+        super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
 
 
 def _optuna_number(trial) -> int | None:
@@ -99,7 +178,7 @@ def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
     (``out_dir/wandb/offline-run-*``): the logging actors are Ray workers, which do not inherit the driver's
     environment once Ray runs, and would otherwise write into their own working directory.
     """
-    from klsweep.space import parameters, trial_overrides
+    from klsweep.space import parameters
 
     if sweep.wandb.mode == "online" and not _has_credentials():
         print("warning: wandb.mode is online but no W&B credentials were found (WANDB_API_KEY or `wandb login`): "
@@ -110,7 +189,7 @@ def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
               "dir": os.environ.get("WANDB_DIR") or str(out_dir), "tags": [sweep.name, sweep.algorithm, sweep.trainer]}
     if sweep.wandb.entity:
         kwargs["entity"] = sweep.wandb.entity
-    return VerlWandbCallback(functools.partial(trial_overrides, sweep), list(parameters(sweep)), **kwargs)
+    return VerlWandbCallback(functools.partial(overrides_of, sweep), list(parameters(sweep)), **kwargs)
 
 
 def _has_credentials() -> bool:
