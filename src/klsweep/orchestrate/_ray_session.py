@@ -90,7 +90,8 @@ def end_orphaned_session(out_dir: Path, *, grace_s: float = GRACE_S) -> list[str
 
     SIGTERM, ``grace_s`` seconds, then SIGKILL; prints one line to stderr naming what was ended, and removes the
     record. Nothing is done while the recording driver still runs (another ``sweep`` process works in ``out_dir``:
-    one line says so) or when there is no record.
+    one line says so; ``sweep run`` and ``sweep resume`` refuse to start there before this, see
+    :mod:`klsweep.orchestrate.driver_lock`) or when there is no record.
 
     Returns:
         The names of the processes ended (``raylet``, ``ray::DashboardAgent``, ...), empty if none.

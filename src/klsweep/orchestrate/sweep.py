@@ -11,6 +11,7 @@ Results directory (``runs/<name>/`` or ``--out``): ``sweep.json`` (the resolved 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 from klsweep.analysis.load import storage_from_url, study_of
 from klsweep.errors import ClusterError, ResultsError
 from klsweep.orchestrate import _ray_session
+from klsweep.orchestrate.driver_lock import DRIVER_LOCK, driver_lock
 from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord, default_storage
 
 
@@ -30,7 +32,7 @@ def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
     to write into or delete a directory that holds anything but a klsweep sweep (``--overwrite`` included)."""
     if out.exists() and not out.is_dir():
         raise ResultsError(f"{out} is a file, not a results directory: choose another --out DIR")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(p.name != DRIVER_LOCK for p in out.iterdir()):
         return
     if not (out / SWEEP_FILE).is_file():
         raise ResultsError(
@@ -72,8 +74,9 @@ def run_sweep(
 
     Raises:
         SweepFileError / PreflightError: the sweep file or a trial config is invalid (nothing was started).
-        ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given, or
-            ``resume`` was given a sweep whose trials differ from the saved one.
+        ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given,
+            ``resume`` was given a sweep whose trials differ from the saved one, or another driver still runs there
+            (:func:`klsweep.orchestrate.driver_lock.driver_lock`).
         ClusterError: the Ray cluster cannot be joined, or no node of it can hold a trial.
     """
     from klsweep.spec import load_sweep
@@ -83,31 +86,36 @@ def run_sweep(
     sweep = load_sweep(sweep_file, overrides)
     out_dir = Path(out or Path("runs") / sweep.name).resolve()
     _refuse_existing(out_dir, resume=resume, overwrite=overwrite)
-    _preflight(sweep, address)
-    record = SweepRecord(
-        name=sweep.name,
-        sweep_file=str(Path(sweep_file).resolve()),
-        overrides=overrides,
-        study_name=sweep.name,
-        storage=storage or default_storage(),
-        objectives=[o.model_dump() for o in sweep.objectives],
-        sweep=sweep.model_dump(mode="json"),
-    )
-    if resume and (out_dir / SWEEP_FILE).is_file():
-        return _resume(out_dir, sweep, record, SweepRecord.read(out_dir), source=sweep_file, address=address,
-                       quiet=quiet)
-    created = not out_dir.exists()
-    _prepare_out(out_dir, overwrite=overwrite)
-    record.write(out_dir)
-    try:
-        _init_ray(sweep, address, out_dir)
-    except (ClusterError, KeyboardInterrupt):  # nothing ran: leave nothing behind that would block the retry
-        if created:
-            shutil.rmtree(out_dir)
-        else:
-            (out_dir / SWEEP_FILE).unlink()
-        raise
-    return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=False)
+    with contextlib.ExitStack() as held:
+        if out_dir.is_dir():  # a live driver there is refused before anything is checked or written
+            held.enter_context(driver_lock(out_dir))
+        _preflight(sweep, address)
+        record = SweepRecord(
+            name=sweep.name,
+            sweep_file=str(Path(sweep_file).resolve()),
+            overrides=overrides,
+            study_name=sweep.name,
+            storage=storage or default_storage(),
+            objectives=[o.model_dump() for o in sweep.objectives],
+            sweep=sweep.model_dump(mode="json"),
+        )
+        if resume and (out_dir / SWEEP_FILE).is_file():
+            return _resume(out_dir, sweep, record, SweepRecord.read(out_dir), source=sweep_file, address=address,
+                           quiet=quiet)
+        created = not out_dir.exists()
+        _prepare_out(out_dir, overwrite=overwrite)
+        if created or overwrite:  # a new directory (--overwrite deleted the old one with its lock file)
+            held.enter_context(driver_lock(out_dir))
+        record.write(out_dir)
+        try:
+            _init_ray(sweep, address, out_dir)
+        except (ClusterError, KeyboardInterrupt):  # nothing ran: leave nothing behind that would block the retry
+            if created:
+                shutil.rmtree(out_dir)
+            else:
+                (out_dir / SWEEP_FILE).unlink()
+            raise
+        return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=False)
 
 
 def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = None, quiet: bool = False) -> int:
@@ -121,8 +129,8 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
     run) is marked FAIL with the reason.
 
     Raises:
-        ResultsError: ``run_dir`` is not a sweep directory, its sweep file is gone, or the file changed in a way a
-            resume cannot apply.
+        ResultsError: ``run_dir`` is not a sweep directory, its sweep file is gone, the file changed in a way a
+            resume cannot apply, or another driver still runs there.
         ClusterError: the Ray cluster cannot be joined, or no node of it can hold a trial.
     """
     from klsweep.spec import load_sweep
@@ -132,11 +140,12 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
     if not Path(saved.sweep_file).is_file():
         raise ResultsError(f"{out_dir}: its sweep file {saved.sweep_file} is gone; give the file again: "
                            f"sweep run FILE --out {out_dir} --resume")
-    sweep = load_sweep(saved.sweep_file, [*saved.overrides, *overrides])
-    _preflight(sweep, address)
-    record = saved.model_copy(update={"overrides": [*saved.overrides, *overrides],
-                                      "sweep": sweep.model_dump(mode="json")})
-    return _resume(out_dir, sweep, record, saved, source=saved.sweep_file, address=address, quiet=quiet)
+    with driver_lock(out_dir):  # a live driver there is refused before anything is checked or written
+        sweep = load_sweep(saved.sweep_file, [*saved.overrides, *overrides])
+        _preflight(sweep, address)
+        record = saved.model_copy(update={"overrides": [*saved.overrides, *overrides],
+                                          "sweep": sweep.model_dump(mode="json")})
+        return _resume(out_dir, sweep, record, saved, source=saved.sweep_file, address=address, quiet=quiet)
 
 
 def _resume(out_dir: Path, sweep, record: SweepRecord, saved: SweepRecord, *, source: str, address: str | None,

@@ -1,0 +1,95 @@
+"""One driver per sweep directory: while a driver holds the directory's lock, a second `sweep resume`, `sweep run
+--resume` or `sweep run --overwrite` there is refused with one line naming the PID, exit 2, touching nothing; once the
+driver is gone, SIGKILL included, the next one goes ahead.
+
+The holder is a real second process taking the real lock (klsweep.orchestrate.driver_lock), as a running `sweep run`
+does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from klsweep.cli import main
+from klsweep.orchestrate.driver_lock import DRIVER_LOCK, driver_lock
+from klsweep.results import SweepRecord, default_storage
+from klsweep.spec import load_sweep
+from tests.orchestrate.conftest import sweep_file
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from klsweep.orchestrate.driver_lock import driver_lock
+with driver_lock(Path(sys.argv[1])):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def _sweep_dir(tmp_path):
+    """A sweep directory as `sweep run` leaves it before its first trial: sweep.json."""
+    path = sweep_file(tmp_path, "locked", budget={"trials": 1, "max_concurrent": 1, "max_steps": 2})
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    out.mkdir()
+    SweepRecord(name=sweep.name, sweep_file=path, study_name=sweep.name, storage=default_storage(),
+                objectives=[o.model_dump() for o in sweep.objectives], sweep=sweep.model_dump(mode="json")).write(out)
+    return path, out
+
+
+def _holder(out) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def _files(out) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_second_driver_is_refused_while_the_first_runs(tmp_path, capsys):
+    path, out = _sweep_dir(tmp_path)
+    holder = _holder(out)
+    try:
+        before = _files(out)
+        fix = (f"{out}: its sweep driver (PID {holder.pid}) still runs: a second driver would corrupt its results. "
+               f"Wait for it to end, or stop it with `kill -INT {holder.pid}` (it saves and says how to continue), "
+               "then run this again")
+        for command in (["resume", str(out), "budget.trials=3"], ["run", path, "--out", str(out), "--resume"],
+                        ["run", path, "--out", str(out), "--overwrite"]):
+            assert main(command) == 2, command
+            assert capsys.readouterr().err.strip().splitlines() == [f"sweep {command[0]}: error: {fix}"], command
+            assert _files(out) == before, command  # no study, no Ray record, sweep.json as it was
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_killed_drivers_lock_does_not_block(tmp_path):
+    """SIGKILL leaves the PID in the file but the kernel drops the lock with the process: the next driver takes it
+    and writes its own PID."""
+    _, out = _sweep_dir(tmp_path)
+    holder = _holder(out)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert (out / DRIVER_LOCK).read_text() == f"{holder.pid}\n"  # the dead driver's PID is still written there
+    with driver_lock(out):
+        assert (out / DRIVER_LOCK).read_text() == f"{os.getpid()}\n"
+    with driver_lock(out):  # released at the end of the block, for the next driver of this process
+        pass
+
+
+@pytest.mark.slow  # two real one-trial sweeps
+def test_resume_goes_ahead_once_the_driver_was_killed(ray_local, tmp_path):
+    path = sweep_file(tmp_path, "locked", budget={"trials": 1, "max_concurrent": 1, "max_steps": 2})
+    out = tmp_path / "out"
+    assert main(["run", path, "--out", str(out), "--quiet"]) == 0
+    holder = _holder(out)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert main(["resume", str(out), "budget.trials=2", "--quiet"]) == 0
+    assert len((out / "trials.csv").read_text().splitlines()) == 3  # header and both trials
