@@ -93,7 +93,10 @@ def test_summary_reruns_a_remedied_best_trial_as_its_schedule(tmp_path):
     verl = [line for line in lines if line.startswith("python3 -m verl.trainer.main_ppo")]
     assert len(verl) == 2 and f"{kl}=0.01 " in verl[0] + " " and "resume" not in verl[0]
     assert f"{kl}=0.015 " in verl[1] and "global_step_20" in verl[1]
-    assert any(line.startswith("segment 2 of 2 (steps 21 to the end; resumes from step 20") for line in lines)
+    assert any(line.startswith(f"segment 2 of 2: steps 21 to the end from the checkpoint of step 20 with {kl}=0.015")
+               for line in lines)
+    embedded = [line for line in lines if line.startswith("python3 -m klsweep.trainers.embedded")]
+    assert len(embedded) == 2 and "global_step_20" in embedded[1]  # each segment on the embedded trainer too
     # the restart at step 30 from 20 ran 10 steps again: 40 + 10 used
     assert "compute: 50 trial-steps used (of which 10 run again after remedies), none saved (no trial stopped early)" \
         in lines

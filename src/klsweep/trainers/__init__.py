@@ -186,13 +186,15 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
     """``[(label, command)]`` that rerun a trial, the one builder of what ``sweep run``, ``sweep status``,
     ``sweep plan``, the report and the notebook print: ``TrainerKind.reproduce`` of the trial's overrides.
 
-    A remedied trial (issue 17) reruns as its schedule: one segment per run, each command resuming from the
-    checkpoint the next remedy restarted from, as the launcher restarted it (:func:`klsweep.launchers.resume.rewind`:
-    ``trainer.resume_mode=resume_path trainer.resume_from_path=${trainer.default_local_dir}/global_step_N``,
-    an interpolation verl's Hydra config resolves) with the knobs the remedies changed so far. A segment whose
-    checkpoint the next one resumes from gets ``trainer.save_freq`` = that step unless its own cadence saves it (the
-    embedded trainer's denser cadence of a remedy sweep is no override). Segments after the first keep only verl's
-    commands (the embedded trainer's command line does not resume).
+    A remedied trial (issue 17) reruns as its schedule: one segment per run, each with the same kinds of commands as
+    the first (the embedded trainer's process mode resumes as verl does, :mod:`klsweep.trainers.embedded.__main__`).
+    Segment k runs steps a-b from the checkpoint of step a-1 (the step the (k-1)-th restart went back to) with the knobs
+    the remedies changed so far, as the launcher restarted it (:func:`klsweep.launchers.resume.rewind`:
+    ``trainer.resume_mode=resume_path trainer.resume_from_path=${trainer.default_local_dir}/global_step_N``, an
+    interpolation verl's Hydra config resolves). Each checkpoint a restart goes back to is saved by the segment that
+    last ran that step (an earlier one when a restart goes back to where the previous one did): ``trainer.save_freq``
+    = the greatest common divisor of the steps it must save, unless its own cadence saves them all (the embedded
+    trainer's denser cadence of a remedy sweep is no override).
 
     Args:
         trainer: the sweep's ``trainer:`` name.
@@ -202,6 +204,8 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
     Raises:
         ValueError: ``trainer`` is not a trainer (the message lists the valid names).
     """
+    import math
+
     kind = trainer_kind(trainer)
     restarts: dict[int, list[dict[str, Any]]] = {}
     for record in remedy_schedule(remedies):
@@ -209,30 +213,42 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
     if not restarts:
         return kind.reproduce(overrides)
     runs = [restarts[n] for n in sorted(restarts)]
+    firsts = [1] + [int(run[0]["from_step"]) + 1 for run in runs]  # the first step of each segment
+    saves: dict[int, list[int]] = {}  # segment → the steps it must save, for the restarts that go back to them
+    for k, run in enumerate(runs):
+        step = int(run[0]["from_step"])
+        writer = max((j for j in range(k + 1) if firsts[j] <= step), default=None)
+        if writer is not None and step not in saves.setdefault(writer, []):
+            saves[writer].append(step)
     out: list[tuple[str, str]] = []
     current = dict(overrides)
-    for i in range(len(runs) + 1):
-        first = 1 if i == 0 else runs[i - 1][0]["from_step"] + 1
-        until = f"-{runs[i][0]['step']}, where {runs[i][0]['rule']} fired" if i < len(runs) else " to the end"
-        head = f"segment {i + 1} of {len(runs) + 1} (steps {first}{until}"
+    for i, first in enumerate(firsts):
+        steps = f"steps {first}-{runs[i][0]['step']} ({runs[i][0]['rule']} fired at step {runs[i][0]['step']})" \
+            if i < len(runs) else f"steps {first} to the end"
+        head = f"segment {i + 1} of {len(firsts)}: {steps}"
         extra: dict[str, Any] = {}
         if i:
-            step = runs[i - 1][0]["from_step"]
-            changed = ", ".join(f"{r['key']}={r['new']:.6g}" for r in runs[i - 1])
-            head += f"; resumes from step {step} with {changed}"
             current.update({r["key"]: r["new"] for r in runs[i - 1]})
+            changed = ", ".join(f"{r['key']}={r['new']:.6g}" for r in runs[i - 1])
+            head += f" from the checkpoint of step {first - 1} with {changed}"
             extra = {"trainer.resume_mode": "resume_path",
-                     "trainer.resume_from_path": f"${{trainer.default_local_dir}}/global_step_{step}"}
-        if i < len(runs):  # the next segment resumes from this one's checkpoint of that step: it must be saved
-            keep, every = runs[i][0]["from_step"], current.get("trainer.save_freq")
-            if not (isinstance(every, int) and every > 0 and keep % every == 0):
-                extra["trainer.save_freq"] = keep
-            head += f"; saves the checkpoint of step {keep}"
+                     "trainer.resume_from_path": f"${{trainer.default_local_dir}}/global_step_{first - 1}"}
+        if saves.get(i):
+            keep, every = saves[i], current.get("trainer.save_freq")
+            if not (isinstance(every, int) and every > 0 and all(step % every == 0 for step in keep)):
+                extra["trainer.save_freq"] = math.gcd(*keep)
+            users = [k + 2 for k, run in enumerate(runs) if int(run[0]["from_step"]) in keep]
+            many, plural = len(keep) > 1, len(users) > 1
+            head += (f", saving the checkpoint{'s' * many} of step{'s' * many} {_and(sorted(keep))} that "
+                     f"segment{'s' * plural} {_and(users)} start{'s' * (not plural)} from")
         for label, command in kind.reproduce({**current, **extra}):
-            if i and not command.startswith(f"python3 -m {VERL_MODULE}"):
-                continue
-            out.append((f"{head}){': ' + label if label else ':'}", command))
+            out.append((f"{head}{': ' + label if label else ':'}", command))
     return out
+
+
+def _and(items: list[int]) -> str:
+    """``[2]`` → ``2``; ``[2, 3, 4]`` → ``2, 3 and 4``."""
+    return " and ".join([", ".join(map(str, items[:-1])), str(items[-1])]) if len(items) > 1 else str(items[0])
 
 
 def reproduce_lines(trainer: str, overrides: Mapping[str, Any], remedies: Any = None) -> list[str]:

@@ -5,6 +5,15 @@ types they would have for verl. Each step prints verl's console line (``step:N -
 ``$VERL_FILE_LOGGER_PATH`` is set, appends verl's file-logger line ``{"step": N, "data": {...}}`` to that file
 (truncated at start, unbuffered, NaN written as null: verl's ``FileLogger``). Exit codes: 0 done, 2 bad overrides
 (one line on stderr, no traceback).
+
+Checkpoints follow verl's trainer keys (``RayPPOTrainer._save_checkpoint`` / ``_load_checkpoint``,
+verl/trainer/ppo/ray_trainer.py): ``trainer.save_freq`` > 0 saves ``{trainer.default_local_dir}/global_step_N/`` every
+N steps and at the last one, and writes ``latest_checkpointed_iteration.txt``; ``trainer.resume_mode`` ``auto`` (the
+default) continues from the latest one there, ``resume_path`` from ``trainer.resume_from_path`` (interpolations such
+as ``${trainer.default_local_dir}/global_step_32`` resolved as verl's Hydra config does), ``disable`` starts afresh.
+A resumed run takes ``algorithm.kl_ctrl.kl_coef`` and the actor's learning rate from the overrides, as verl
+rebuilds its KL controller from the config at every start: a remedied trial's segment (issue 17) reruns with its
+prescription.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from klsweep.errors import OverrideError
@@ -38,6 +49,35 @@ def console_line(step: int, metrics: dict[str, float]) -> str:
     return " - ".join([f"step:{step}", *(f"{k}:{v!r}" for k, v in metrics.items())])
 
 
+#: verl's file naming the latest saved step in ``trainer.default_local_dir`` (verl.utils.checkpoint.checkpoint_manager).
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+def checkpointing(overrides: Mapping[str, Any]) -> tuple[int, Path, Path | None]:
+    """``(save_freq, default_local_dir, folder to resume from or None)`` as verl's trainer reads the overrides.
+
+    Raises:
+        OverrideError: ``resume_mode=resume_path`` without a ``global_step_N`` folder that exists (verl refuses it
+            too), or a resume mode verl does not know.
+    """
+    from klsweep.verl.config import compose
+
+    cfg = compose(overrides).trainer
+    every, root, mode = int(cfg.save_freq), Path(str(cfg.default_local_dir)), str(cfg.resume_mode)
+    if mode == "disable":
+        return every, root, None
+    if mode == "resume_path":
+        folder = Path(str(cfg.resume_from_path or ""))
+        if "global_step_" not in folder.name or not folder.is_dir():
+            raise OverrideError(f"trainer.resume_from_path={str(folder)!r} is not a global_step_N folder that exists: "
+                                f"give a checkpoint a run with trainer.save_freq wrote under {root}")
+        return every, root, folder
+    if mode != "auto":
+        raise OverrideError(f"trainer.resume_mode={mode!r}: use auto, disable or resume_path")
+    latest = root / LATEST_FILE
+    return every, root, (root / f"global_step_{latest.read_text().strip()}") if latest.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train with the given overrides; see the module docstring."""
     import orjson  # verl's FileLogger writes with it (NaN becomes null); a verl dependency
@@ -49,9 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = parse_overrides(list(sys.argv[1:] if argv is None else argv))
         trainer = EmbeddedTrainer(overrides)
+        every, root, resume = checkpointing(overrides)
     except OverrideError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if resume is not None:
+        from klsweep.orchestrate.remedy import ACTOR_LR_KEY, KL_COEF_KEY, reapply_after_load
+
+        trainer.load(resume)
+        logging.getLogger(__name__).info("resumed from %s (step %d)", resume, trainer.global_step)
+        given = {KL_COEF_KEY: trainer.settings.kl_ctrl.kl_coef, ACTOR_LR_KEY: trainer.settings.actor_lr}
+        reapply_after_load(trainer, given, [{"key": key} for key in given])
     log_file = open(path, "wb", buffering=0) if path else None
     try:
 
@@ -60,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             if log_file is not None:
                 line = orjson.dumps({"step": step, "data": metrics}, option=orjson.OPT_SERIALIZE_NUMPY)
                 log_file.write(line + b"\n")  # as verl's FileLogger
+            if every > 0 and step > 0 and (step % every == 0 or step >= trainer.total_steps):
+                trainer.save(root / f"global_step_{step}")
+                (root / LATEST_FILE).write_text(str(step))
 
         run(overrides, report, trainer=trainer)
     finally:
