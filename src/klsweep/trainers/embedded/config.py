@@ -171,9 +171,15 @@ def with_embedded_defaults(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+#: verl's checkpoint keys: the process mode saves and resumes with them (``klsweep.trainers.embedded.__main__``), a
+#: Tune trial's trainable saves at ``trainer.save_freq`` and restores itself.
+CHECKPOINT_KEYS = frozenset({"trainer.save_freq", "trainer.default_local_dir", "trainer.resume_mode",
+                             "trainer.resume_from_path"})
+
+
 def ignored_keys(overrides: Mapping[str, Any]) -> list[str]:
     """The user's override keys the embedded trainer accepts but does not use (GPU, parallelism, paths, ...)."""
-    return sorted(k.lstrip("+") for k in overrides if k.lstrip("+") not in HONOURED_KEYS)
+    return sorted(k.lstrip("+") for k in overrides if k.lstrip("+") not in HONOURED_KEYS | CHECKPOINT_KEYS)
 
 
 def settings_from_overrides(overrides: Mapping[str, Any], *, allow_negative_kl: bool = False) -> Settings:
