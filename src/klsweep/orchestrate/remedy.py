@@ -97,7 +97,7 @@ def checkpoint_every(sweep, overrides: Mapping[str, Any]) -> int:
 def cannot_apply(rule: Rule, placement: str) -> str:
     """Why ``rule``'s remedy can apply to no trial of a sweep with ``kl_placement`` ``placement``, or ``""``: every
     knob it prescribes is an alias without a live key there (:func:`klsweep.verl.presets.resolve_key`), e.g. the
-    presets' ``kl_coef: "*1.5"`` in a sweep without KL to the reference (``kl_placement: none``)."""
+    presets' ``kl_coef: "*4"`` in a sweep without KL to the reference (``kl_placement: none``)."""
     from klsweep.verl.presets import resolve_key
 
     why = []
