@@ -479,8 +479,9 @@ RETENTION_RULES = [
 
 
 def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
-    """Checkpoints every 4 steps, reach 20: at step 40 a finding at 41 or later restarts from step 20 or later, so
-    20-40 stay (6 of 10); a restart from 20 abandons 24-40, and a finished trial keeps its newest checkpoint only."""
+    """Checkpoints every 4 steps, reach 20, remedies left: a finding at 41 or later restarts from step 20 or later,
+    and a finding soon after that restart from 20 minus another reach, so 40 steps back are kept (all 10 at step 40);
+    a restart from 20 abandons 24-40, and a finished trial keeps its newest checkpoint only."""
     from ray.train._internal.checkpoint_manager import _TrainingResult
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
@@ -506,9 +507,10 @@ def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
     off = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": RETENTION_RULES, "remedies": False}))
     assert restart_reach(off) is None and checkpoint_config(off).num_to_keep == 1  # a resume needs only the newest
     # verl: ceil(20 / save_freq) checkpoints in the 20 steps up to a finding, + the restart point before them
-    assert verl_checkpoints_kept(sweep, {"trainer.save_freq": 16})["trainer.max_actor_ckpt_to_keep"] == 3
-    assert verl_checkpoints_kept(sweep, {"trainer.save_freq": 4}) == {"trainer.max_actor_ckpt_to_keep": 6,
-                                                                       "trainer.max_critic_ckpt_to_keep": 6}
+    # verl: ceil(2 × 20 / save_freq) checkpoints in the 40 steps up to a finding, + the restart point before them
+    assert verl_checkpoints_kept(sweep, {"trainer.save_freq": 16})["trainer.max_actor_ckpt_to_keep"] == 4
+    assert verl_checkpoints_kept(sweep, {"trainer.save_freq": 4}) == {"trainer.max_actor_ckpt_to_keep": 11,
+                                                                       "trainer.max_critic_ckpt_to_keep": 11}
     assert verl_checkpoints_kept(off, {"trainer.save_freq": 4})["trainer.max_critic_ckpt_to_keep"] == 1
 
     trial = Trial("run_trial", config={KL_COEF_KEY: 0.05}, stub=True)
@@ -528,8 +530,8 @@ def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
 
     for step in range(4, 41, 4):
         save(step, "a", [])
-    assert on_disk() == ["a20", "a24", "a28", "a32", "a36", "a40"]
-    assert [r.metrics[STEP] for r in manager.best_checkpoint_results] == [20, 24, 28, 32, 36, 40]
+    assert on_disk() == [f"a{step}" for step in range(4, 41, 4)]
+    assert [r.metrics[STEP] for r in manager.best_checkpoint_results] == list(range(4, 41, 4))
     scheduler = RemedyScheduler(sweep)
     scheduler.on_trial_add(None, trial)
     hacking = next(r for r in load_ruleset(sweep.health).rules if r.name == "hacking")
@@ -538,12 +540,17 @@ def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
     trial.set_config(remedy.config)
     manager._latest_checkpoint_result = remedy.checkpoint  # as RemedyScheduler.on_trial_result does
     save(24, "b", remedy.config[REMEDIES])  # the restarted run: 24-40 of the first are abandoned
-    assert on_disk() == ["a20", "b24"]
+    assert on_disk() == ["a4", "a8", "a12", "a16", "a20", "b24"]  # a finding at 25 restarts from 4
     for step in range(28, 49, 4):
         save(step, "b", remedy.config[REMEDIES])
-    assert on_disk() == ["b28", "b32", "b36", "b40", "b44", "b48"]  # a finding at 49 restarts from 28 at the earliest
+    # a finding at 49 restarts from 28 at the earliest, one soon after that restart from 8
+    assert on_disk() == ["a8", "a12", "a16", "a20", "b24", "b28", "b32", "b36", "b40", "b44", "b48"]
+    used_up = [{**remedy.config[REMEDIES][0], "rule": name} for name in ("hacking", "hacking", "runaway", "runaway")]
+    trial.set_config({**remedy.config, REMEDIES: used_up})
+    save(52, "b", used_up)  # no remedy left: one reach, the last restart point at or before 33
+    assert on_disk() == ["b32", "b36", "b40", "b44", "b48", "b52"]
     keep.on_trial_complete(0, [trial], trial)
-    assert on_disk() == ["b48"] and [r.metrics[STEP] for r in manager.best_checkpoint_results] == [48]
+    assert on_disk() == ["b52"] and [r.metrics[STEP] for r in manager.best_checkpoint_results] == [52]
 
 
 def test_trainers_that_serve_recorded_runs_turn_remedies_off_and_say_so_once(tmp_path):

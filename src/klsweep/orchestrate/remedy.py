@@ -214,16 +214,17 @@ def checkpoint_config(sweep) -> CheckpointConfig:
 
 def verl_checkpoints_kept(sweep, overrides: Mapping[str, Any]) -> dict[str, int]:
     """``trainer.max_actor_ckpt_to_keep`` and ``trainer.max_critic_ckpt_to_keep`` of a verl trial of a remedy sweep:
-    enough that verl still holds the restart point of a finding at its newest checkpoint's step, ``ceil(reach /
-    save_freq) + 1`` (at most ``ceil(reach / save_freq)`` checkpoints lie in the ``reach`` steps up to the finding,
-    :func:`restart_reach`; the restart point is the one before them). verl saves every ``trainer.save_freq`` steps
+    enough that verl still holds the restart point of a finding soon after a restart as well as at its newest
+    checkpoint's step (as :class:`KeepRestartPoints` keeps Tune's), ``ceil(2 reach / save_freq) + 1`` (at most
+    ``ceil(2 reach / save_freq)`` checkpoints lie in the ``2 reach`` steps up to the finding, :func:`restart_reach`;
+    the restart point is the one before them). verl saves every ``trainer.save_freq`` steps
     (:func:`klsweep.launchers.resume.save_freq`); a restarted verl process removes only the checkpoints it saved itself
     (``BaseCheckpointManager``, verl/utils/checkpoint/checkpoint_manager.py), so those before the restart stay until
     the trial ends (:class:`KeepRestartPoints`). 1 each without remedies (a resume needs only the newest)."""
     from klsweep.launchers.resume import save_freq
 
     reach, every = restart_reach(sweep), save_freq(overrides)
-    kept = 1 if reach is None or every <= 0 else math.ceil(reach / every) + 1
+    kept = 1 if reach is None or every <= 0 else math.ceil(2 * reach / every) + 1
     return {"trainer.max_actor_ckpt_to_keep": kept, "trainer.max_critic_ckpt_to_keep": kept}
 
 
@@ -447,22 +448,28 @@ class KeepRestartPoints(Callback):
     """Ray Tune callback of a remedy sweep that deletes the checkpoints no remedy can restart from.
 
     After each checkpoint of a trial (``on_trial_save``, once Tune registered it), it keeps the trial's newest
-    checkpoint and those of its :func:`restart_points` that :func:`steps_to_keep` keeps for :func:`restart_reach`;
+    checkpoint and those of its :func:`restart_points` that :func:`steps_to_keep` keeps for twice
+    :func:`restart_reach` while a rule with a remedy has one left for the trial (its ``max_remedies`` not used up),
+    once otherwise: a finding soon after a restart from step F restarts from before ``F + 1 − restart_reach``, one
+    reach before the restart point (seen live: restarted from step 28, flagged again at 40, restart point ≤ 21);
     the others (older ones, and those of a run a restart abandoned) are deleted, as Ray's own
     ``CheckpointConfig(num_to_keep=K)`` deletes (ray/train/_internal/checkpoint_manager.py), which counts checkpoints
     and cannot tell an abandoned run's from a restart point. A trial that ended (complete, stopped or failed: Tune
     does not resume it) keeps only its newest Tune checkpoint, and a verl trial only the verl checkpoint its tracker
     names (:func:`klsweep.launchers.resume.checkpointed_step`). ``sweep run sweeps/conservative.yaml`` (checkpoints
-    every 4 steps, reach 20: at most 6 per running trial) left 37 MB (12 checkpoints), 572 MB (230) with every
-    checkpoint kept.
+    every 4 steps, reach 20: at most 11 per running trial) left 37 MB (12 checkpoints) with a single reach, 572 MB
+    (230) with every checkpoint kept.
 
     Args:
         sweep: the loaded :class:`klsweep.spec.Sweep` (its rules' :func:`lookback` and its trainer).
     """
 
     def __init__(self, sweep):
+        from klsweep.health import load_ruleset
+
         self._sweep = sweep
         self._reach = restart_reach(sweep) or 1
+        self._caps = {rule.name: rule.max_remedies for rule in load_ruleset(sweep.health).rules if rule.remedy}
 
     def on_trial_save(self, iteration: int, trials: list[Trial], trial: Trial, **info) -> None:
         manager = trial.run_metadata.checkpoint_manager
@@ -470,7 +477,10 @@ class KeepRestartPoints(Callback):
         if newest is None or not isinstance(newest.metrics.get(STEP), int):
             return
         points = restart_points(trial, self._sweep)
-        keep = steps_to_keep([r.metrics[STEP] for r in points], newest.metrics[STEP], self._reach)
+        done = [r["rule"] for r in trial.config.get(REMEDIES, ())]
+        left = max((cap - done.count(name) for name, cap in self._caps.items()), default=0)
+        reach = self._reach * (2 if left > 0 else 1)
+        keep = steps_to_keep([r.metrics[STEP] for r in points], newest.metrics[STEP], reach)
         _keep_only(trial, [r for r in points if r.metrics[STEP] in keep])
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info) -> None:
