@@ -146,8 +146,9 @@ def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_stan
     checkpoint 6 is gone before the restart, Tune is told steps 5-10 again, and the KL stays below 0.3."""
     from verl.trainer.ppo import core_algos
 
+    # 0.3 s a step: the pause at step 7 lands before the stand-in has run far past it, even on a loaded machine
     runaway = ADAPTIVE | {"trainer.save_freq": 2, "kl_rise": 0.5, "trainer.max_actor_ckpt_to_keep": 3,
-                          "trainer.max_critic_ckpt_to_keep": 3}
+                          "trainer.max_critic_ckpt_to_keep": 3, "interval": 0.3}
     first: list[dict] = []
 
     def pause_at_7(metrics):
@@ -158,7 +159,9 @@ def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_stan
         run_process_trial(runaway, trainer=verl_standin, trial_dir=tmp_path, report=pause_at_7)
     checkpoints = tmp_path / "checkpoints"
     assert [m["actor/reward_kl_penalty"] > 0.3 for m in first] == [False] * 6 + [True]
-    assert [has_checkpoint(checkpoints, s) for s in (2, 4, 6)] == [True] * 3  # kept: 3, not verl's 1
+    # kept: 3, not verl's 1 (2, 4, 6; or 4, 6, 8 when the stand-in saved step 8 before the pause stopped it)
+    kept = [s for s in range(2, 11, 2) if has_checkpoint(checkpoints, s)]
+    assert kept in ([2, 4, 6], [4, 6, 8])
 
     remedied = first[-1]["actor/reward_kl_penalty_coeff"] * 1.5
     again: list[dict] = []
