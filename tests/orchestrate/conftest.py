@@ -61,3 +61,17 @@ def pareto_run(ray_local, tmp_path_factory) -> Path:
                       sampler="nsga2", seed_trials=PARETO_SEEDS)
     assert main(["run", path, "--out", str(out), "--quiet"]) == 0
     return out
+
+
+def started_sweep_dir(tmp_path: Path, path: str) -> Path:
+    """``tmp_path/out`` as `sweep run` leaves it for the sweep file at ``path`` before its first trial: sweep.json
+    only."""
+    from klsweep.results import SweepRecord, default_storage
+    from klsweep.spec import load_sweep
+
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    out.mkdir()
+    SweepRecord(name=sweep.name, sweep_file=path, study_name=sweep.name, storage=default_storage(),
+                objectives=[o.model_dump() for o in sweep.objectives], sweep=sweep.model_dump(mode="json")).write(out)
+    return out

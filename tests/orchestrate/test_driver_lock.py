@@ -16,9 +16,7 @@ import pytest
 
 from klsweep.cli import main
 from klsweep.orchestrate.driver_lock import DRIVER_LOCK, driver_lock
-from klsweep.results import SweepRecord, default_storage
-from klsweep.spec import load_sweep
-from tests.orchestrate.conftest import sweep_file
+from tests.orchestrate.conftest import started_sweep_dir, sweep_file
 
 HOLDER = """
 import sys, time
@@ -33,12 +31,7 @@ with driver_lock(Path(sys.argv[1])):
 def _sweep_dir(tmp_path):
     """A sweep directory as `sweep run` leaves it before its first trial: sweep.json."""
     path = sweep_file(tmp_path, "locked", budget={"trials": 1, "max_concurrent": 1, "max_steps": 2})
-    sweep = load_sweep(path)
-    out = tmp_path / "out"
-    out.mkdir()
-    SweepRecord(name=sweep.name, sweep_file=path, study_name=sweep.name, storage=default_storage(),
-                objectives=[o.model_dump() for o in sweep.objectives], sweep=sweep.model_dump(mode="json")).write(out)
-    return path, out
+    return path, started_sweep_dir(tmp_path, path)
 
 
 def _holder(out) -> subprocess.Popen:

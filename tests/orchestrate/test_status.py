@@ -13,20 +13,14 @@ import sys
 import optuna
 
 from klsweep.cli import main
-from klsweep.results import SweepRecord, default_storage
 from klsweep.spec import load_sweep
-from tests.orchestrate.conftest import sweep_file
+from tests.orchestrate.conftest import started_sweep_dir, sweep_file
 
 
 def _started(tmp_path):
     """A results directory as `sweep run` leaves it before its first trial: sweep.json only."""
     path = sweep_file(tmp_path, budget={"trials": 3})
-    sweep = load_sweep(path)
-    out = tmp_path / "out"
-    out.mkdir()
-    SweepRecord(name=sweep.name, sweep_file=path, study_name=sweep.name, storage=default_storage(),
-                objectives=[o.model_dump() for o in sweep.objectives], sweep=sweep.model_dump(mode="json")).write(out)
-    return out, sweep
+    return started_sweep_dir(tmp_path, path), load_sweep(path)
 
 
 def test_status_before_the_study_exists_and_with_only_running_trials(tmp_path, capsys):
