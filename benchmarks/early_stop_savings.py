@@ -169,6 +169,7 @@ def table_main(tables: list[Path], seeds: range, health: str | None, objective_s
     for table in tables:
         start = time.perf_counter()
         saved, file_false, file_stopped, file_best, file_objective, file_objective_false = [], 0, 0, 0, 0, 0
+        by_rule: dict[str, list[int]] = {}  # rule -> [stops, false stops]
         for seed in seeds:
             trials_ = table_sweep(table, seed, health, extra, objective_stop=objective_stop)
             total = sum(t["total"] for t in trials_)
@@ -183,6 +184,10 @@ def table_main(tables: list[Path], seeds: range, health: str | None, objective_s
             file_false += sum(up for _, up in stops)
             file_objective += sum(t["rule"] == STOP_KIND_OBJECTIVE for t, _ in stops)
             file_objective_false += sum(up and t["rule"] == STOP_KIND_OBJECTIVE for t, up in stops)
+            for t, up in stops:
+                counts = by_rule.setdefault(t["rule"], [0, 0])
+                counts[0] += 1
+                counts[1] += up
             best = max(trials_, key=lambda t: t["sign"] * t["final"] if math.isfinite(t["final"]) else -math.inf)
             file_best += best["stopped"]
         lo, hi = bootstrap_mean(saved)
@@ -191,6 +196,8 @@ def table_main(tables: list[Path], seeds: range, health: str | None, objective_s
               f"({file_objective} on the objective), {file_false} of them in the upper half of their sweep's range "
               f"({file_objective_false} on the objective); best-scoring trial stopped in {file_best} of {len(seeds)} "
               "sweeps")
+        print("  stops by rule (false stops): " + ", ".join(
+            f"{rule} {n} ({false})" for rule, (n, false) in sorted(by_rule.items(), key=lambda kv: -kv[1][0])))
         all_saved += saved
         false_stops, stopped_total, best_stopped = (false_stops + file_false, stopped_total + file_stopped,
                                                     best_stopped + file_best)
