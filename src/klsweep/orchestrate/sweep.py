@@ -378,31 +378,32 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
 
     try:
         _init_ray(sweep, address, out_dir)
-        tune_path = str(out_dir / TUNE_DIR)
-        if not restore:
-            _record_samples(record, out_dir, sweep.budget.trials)
-            if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=sweep.budget.trials, seed_trials=True,
-                                       quiet=quiet)) or _confirm(sweep, record, out_dir, quiet=quiet):
-                return _interrupted(sweep, out_dir)
-            return _finish(sweep, out_dir)
-        _repair.close_told_trials(tune_path, study_of(out_dir))
-        _repair.reconcile_search_state(tune_path, study_of(out_dir))
-        if tune.Tuner.can_restore(tune_path) and not _repair.tune_finished(tune_path, record.tune_num_samples):
-            if _interrupted_fit(tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
-                                                   resume_errored=False, restart_errored=False)):
-                return _interrupted(sweep, out_dir)
-        from klsweep.orchestrate.confirm import search_trial_count
+        with _sigterm_as_ctrl_c():
+            tune_path = str(out_dir / TUNE_DIR)
+            if not restore:
+                _record_samples(record, out_dir, sweep.budget.trials)
+                if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=sweep.budget.trials, seed_trials=True,
+                                           quiet=quiet)) or _confirm(sweep, record, out_dir, quiet=quiet):
+                    return _interrupted(sweep, out_dir)
+                return _finish(sweep, out_dir)
+            _repair.close_told_trials(tune_path, study_of(out_dir))
+            _repair.reconcile_search_state(tune_path, study_of(out_dir))
+            if tune.Tuner.can_restore(tune_path) and not _repair.tune_finished(tune_path, record.tune_num_samples):
+                if _interrupted_fit(tune.Tuner.restore(tune_path, trainable=_trainable(sweep), resume_unfinished=True,
+                                                       resume_errored=False, restart_errored=False)):
+                    return _interrupted(sweep, out_dir)
+            from klsweep.orchestrate.confirm import search_trial_count
 
-        remaining = sweep.budget.trials - search_trial_count(study_of(out_dir))
-        if remaining > 0:
-            _record_samples(record, out_dir, remaining)
-            if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=remaining, seed_trials=False,
-                                       quiet=quiet)):
+            remaining = sweep.budget.trials - search_trial_count(study_of(out_dir))
+            if remaining > 0:
+                _record_samples(record, out_dir, remaining)
+                if _interrupted_fit(_tuner(sweep, record, out_dir, num_samples=remaining, seed_trials=False,
+                                           quiet=quiet)):
+                    return _interrupted(sweep, out_dir)
+            if _confirm(sweep, record, out_dir, quiet=quiet):
                 return _interrupted(sweep, out_dir)
-        if _confirm(sweep, record, out_dir, quiet=quiet):
-            return _interrupted(sweep, out_dir)
-        _repair.fail_leftovers(study_of(out_dir))
-        return _finish(sweep, out_dir)
+            _repair.fail_leftovers(study_of(out_dir))
+            return _finish(sweep, out_dir)
     except KeyboardInterrupt:  # Ctrl-C outside Tune's loop (Ray starting, the study opening) or a second Ctrl-C
         return _interrupted(sweep, out_dir)
 
@@ -447,9 +448,43 @@ def _second_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+#: The signal that interrupted the sweep (SIGINT or SIGTERM), for :func:`_interrupted`'s last lines and exit status.
+_ended_by = [signal.SIGINT]
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """Within the block, SIGTERM ends the sweep as Ctrl-C does (:func:`_interrupted`: trials stopped and saved, the
+    study left resumable, ``continue with: sweep resume DIR``), with exit status 143 (128 + SIGTERM).
+
+    SIGTERM is how a sweep is ended from outside a terminal: SLURM at a job's time limit or preemption (SIGKILL follows
+    after ``KillWait``, 30 s by default), Kubernetes when a pod is deleted (``terminationGracePeriodSeconds``, 30 s),
+    ``timeout`` and ``kill``. ``ray.init`` installs abseil's failure signal handler for it in the driver, which
+    prints a stack dump and ends the process without Tune saving its experiment; the block replaces that handler
+    (entered after ``ray.init``: before, Ray would replace this one) by a SIGINT to the same process, which Tune's
+    handler or :func:`_second_sigint` then takes, and puts it back on exit. Main thread only, like every signal
+    handler.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _ended_by[:] = [signal.SIGINT]
+
+    def as_sigint(signum, frame) -> None:
+        _ended_by[:] = [signal.SIGTERM]
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, as_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _interrupted(sweep, out_dir: Path) -> int:
-    """After Ctrl-C: ``trials.csv`` as it stands, what finished (and the best so far), and the command that
-    continues the sweep. Returns 130 (128 + SIGINT, as a shell reports a command ended by Ctrl-C)."""
+    """After Ctrl-C (or SIGTERM, :func:`_sigterm_as_ctrl_c`): ``trials.csv`` as it stands, what finished (and the best
+    so far), and the command that continues the sweep. Returns 130 (128 + SIGINT, as a shell reports a command ended
+    by Ctrl-C), or 143 after SIGTERM."""
     from klsweep._format import console
     from klsweep.orchestrate.progress import write_trials_csv
     from klsweep.orchestrate.summary import counts_line, print_summary
@@ -461,12 +496,13 @@ def _interrupted(sweep, out_dir: Path) -> int:
         df = write_trials_csv(out_dir)
         print_summary(sweep, df, out_dir, ended=False)
         out = console()
-        out.print(f"\ninterrupted (Ctrl-C): {counts_line(sweep, df)}", highlight=False)
+        how = "Ctrl-C" if _ended_by[0] == signal.SIGINT else _ended_by[0].name
+        out.print(f"\ninterrupted ({how}): {counts_line(sweep, df)}", highlight=False)
         out.print(f"continue with: sweep resume {_shown(out_dir)}", highlight=False)
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
-    return 130
+    return 128 + _ended_by[0]
 
 
 def _shown(path: Path) -> str:
