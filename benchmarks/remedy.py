@@ -22,15 +22,24 @@ trial (its table holds no run restarted with a changed coefficient), so the runs
 ``--prescription 'kl_coef=*4'`` measures another prescription without editing the presets: the remedy arm's
 ``health:`` becomes the file's own plus every rule that has a remedy, re-added under its name with that remedy
 (a rule named like a preset rule replaces it, :class:`klsweep.health.rules.HealthConfig`); its cap stays.
+``--on-same-finding stop|escalate`` does the same with the rules' ``on_same_finding`` (what a rule does when the
+trial its remedy restarted is flagged again at or before the step that remedy answered). ``--kill-from DIR`` reuses
+the kill-only arms an earlier ``--out DIR`` kept (same seeds, trials, steps and ``health``: checked) instead of
+running them again: they do not depend on the remedy arm's options.
+
+``--bound DIR ...`` runs nothing: from the pairs an earlier ``--out DIR`` kept (``<file>-s<seed>-remedy`` and
+``-kill``), the least extra trial-steps any remedy policy pays to rescue half the flagged trials (:func:`bound`).
 
     nice -n 10 python benchmarks/remedy.py [--seeds 0 1 2] [--trials 8] [--steps 80] [--prescription KNOB=OP]
-                                           [--out DIR] [SWEEP ...]
+                                           [--on-same-finding stop|escalate] [--kill-from DIR] [--out DIR] [SWEEP ...]
+    python benchmarks/remedy.py --bound DIR [DIR ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -82,22 +91,36 @@ def prescription(items: list[str]) -> dict[str, str]:
     return {key.strip(): op.strip() for key, _, op in pairs}
 
 
-def remedy_health(health: HealthConfig, remedy: dict[str, str] | None) -> tuple[dict, list[Rule]]:
+def remedy_health(health: HealthConfig, update: dict[str, object] | None) -> tuple[dict, list[Rule]]:
     """The remedy arm's ``health:`` (as its override's JSON holds it) and its rules that have a remedy.
 
-    ``remedy`` None: the file's own ``health:``. Otherwise every rule with a remedy, re-added with ``remedy`` in
-    place of its own, which replaces the preset rule of that name; a bad operation raises pydantic's ValidationError
-    naming the rule and the knob before any sweep runs.
+    ``update`` None or empty: the file's own ``health:``. Otherwise every rule with a remedy, re-added with the fields
+    of ``update`` (``{"remedy": {"kl_coef": "*4"}}``, ``{"on_same_finding": "stop"}``) in place of its own, which
+    replaces the preset rule of that name; a bad value raises pydantic's ValidationError naming the rule and the
+    field before any sweep runs.
     """
     rules = [r for r in load_ruleset(health).rules if r.remedy]
     own = health.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-    if remedy is None:
+    if not update:
         return own, rules
-    rules = [Rule.model_validate({**r.model_dump(mode="json", by_alias=True), "remedy": remedy}) for r in rules]
+    rules = [Rule.model_validate({**r.model_dump(mode="json", by_alias=True), **update}) for r in rules]
     names = {r.name for r in rules}
     added = [r for r in health.rules if r.name not in names]
     dumped = [r.model_dump(mode="json", by_alias=True, exclude_defaults=True) for r in [*added, *rules]]
     return {**own, "rules": dumped}, rules
+
+
+def _same_run(out: Path, overrides: list[str]) -> bool:
+    """Whether ``out`` is a finished sweep directory run with exactly ``overrides`` (its sweep.json's); says so
+    when it exists and is not."""
+    try:
+        kept = json.loads((out / "sweep.json").read_text())["overrides"]
+    except (OSError, ValueError, KeyError):
+        return False
+    if kept != overrides or not (out / "trials.csv").is_file():
+        print(f"--kill-from: {out} was run with {kept}, not {overrides} (or did not finish): running it again")
+        return False
+    return True
 
 
 def best_within(run: dict, budget: int) -> float:
@@ -112,6 +135,83 @@ def best_within(run: dict, budget: int) -> float:
     return best
 
 
+def restart_costs(out: Path, remedy_rules: set[str]) -> tuple[list[int], int, int]:
+    """Per flagged trial of a remedy arm (:func:`summarise`), the fewest trial-steps a rescue of it adds to a
+    kill-only stop at its first finding: ``max_steps − from_step`` of its first restart (it must at least run again
+    from that restart point to the end); ``math.inf`` for a flagged trial no remedy restarted (a finding too close to
+    the end, no checkpoint before it). Returns (those costs, the arm's trial-steps with every flagged trial stopped at
+    its first finding, ``max_steps``).
+
+    Raises:
+        FileNotFoundError: ``out`` holds no trials.csv or sweep.json (not a finished sweep directory).
+    """
+    max_steps = int(json.loads((out / "sweep.json").read_text())["sweep"]["budget"]["max_steps"])
+    df = trials(out)
+    costs, stopped_at_first = [], 0
+    for _, row in df.iterrows():
+        records = json.loads(row["remedies"]) if isinstance(row.get("remedies"), str) else []
+        reason = row["stop_reason"] if isinstance(row["stop_reason"], str) else ""
+        first = min(records, key=lambda r: r["restart"]) if records else None
+        if first is None and not (row["health"] == "stopped" and any(f" by {n}:" in reason for n in remedy_rules)):
+            stopped_at_first += _steps_run(out, row["trial_id"])  # not flagged: runs as in kill-only
+            continue
+        stopped_at_first += int(first["step"]) if first else int(row["steps"])
+        costs.append(max_steps - int(first["from_step"]) if first else math.inf)
+    return costs, stopped_at_first, max_steps
+
+
+def bound(dirs: list[Path], share: float = 0.5) -> float:
+    """The least extra trial-steps, as a fraction of the kill-only arms' trial-steps, that any remedy policy pays to
+    rescue ``share`` of the flagged trials of the ``<file>-s<seed>-remedy`` / ``-kill`` pairs in ``dirs``.
+
+    A rescue runs at least from its restart point to the end (:func:`restart_costs`); the cheapest
+    ``ceil(share × flagged)`` are counted (the others stopped at their first finding, as kill-only stops them), per
+    sweep file and pooled. The restart points are those the remedy arm used (the last checkpoint before the finding's
+    evidence began, :func:`klsweep.orchestrate.remedy.trend_start`): a policy restarting later would pay less. Prints
+    per file, then the pooled fraction last; above 0.15 the two goals of issue 17 (rescued ≥ 50 %, extra ≤ 15 %)
+    cannot both be met on these runs.
+
+    Raises:
+        SystemExit: no pair found in ``dirs``.
+    """
+    pairs = sorted(r for d in dirs for r in d.glob("*-s*-remedy") if r.with_name(
+        r.name.removesuffix("-remedy") + "-kill").is_dir())
+    if not pairs:
+        raise SystemExit(f"--bound: no <file>-s<seed>-remedy and -kill pair under {', '.join(map(str, dirs))}")
+    by_file: dict[str, list] = {}
+    for remedy_dir in pairs:
+        kill_dir = remedy_dir.with_name(remedy_dir.name.removesuffix("-remedy") + "-kill")
+        sweep = load_sweep(json.loads((remedy_dir / "sweep.json").read_text())["sweep_file"])
+        rules = {r.name for r in load_ruleset(sweep.health).rules if r.remedy}
+        costs, base, max_steps = restart_costs(remedy_dir, rules)
+        kill = sum(_steps_run(kill_dir, t) for t in trials(kill_dir)["trial_id"])
+        entry = by_file.setdefault(remedy_dir.name.rsplit("-s", 1)[0], [[], 0, 0, max_steps])
+        entry[0] += costs
+        entry[1] += base
+        entry[2] += kill
+
+    def least(costs: list[float], kill: int) -> tuple[int, float]:
+        need = math.ceil(share * len(costs))
+        return need, sum(sorted(costs)[:need]) / kill
+
+    everything: list[float] = []
+    kill_all = base_all = 0
+    for name, (costs, base, kill, max_steps) in by_file.items():
+        need, extra = least(costs, kill)
+        print(f"{name}: {len(costs)} flagged, rescue costs (max_steps {max_steps} - restart point) "
+              f"{sorted(costs)}; the cheapest {need} add {extra:+.1%} to the kill-only arms' {kill} trial-steps "
+              f"(the remedy arms with every flagged trial stopped at its first finding: {base / kill - 1:+.1%} "
+              f"already, {base / kill - 1 + extra:+.1%} in all)")
+        everything += costs
+        kill_all, base_all = kill_all + kill, base_all + base
+    need, extra = least(everything, kill_all)
+    print(f"pooled: the cheapest {need} of {len(everything)} flagged add {extra:+.1%} "
+          f"({base_all / kill_all - 1 + extra:+.1%} with the arms' own difference); goal <= +15 %: "
+          f"{'the goals conflict' if extra > 0.15 else 'no conflict'}")
+    print(f"least extra trial-steps to rescue {share:.0%} of the flagged trials: {extra:.3f}")
+    return extra
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweeps", nargs="*", default=SWEEPS)
@@ -121,21 +221,37 @@ def main() -> None:
     parser.add_argument("--prescription", action="append", metavar="KNOB=OP", default=None,
                         help="the remedy of every rule that has one, e.g. kl_coef=*4 (repeat for several knobs; "
                         "default: the presets' own)")
+    parser.add_argument("--on-same-finding", choices=["repeat", "stop", "escalate"], default=None,
+                        help="the on_same_finding of every rule that has a remedy (default: the presets' own)")
+    parser.add_argument("--kill-from", type=Path, default=None, metavar="DIR",
+                        help="reuse the kill-only arms an earlier --out DIR kept, where they match")
     parser.add_argument("--out", type=Path, default=None, help="keep the sweep directories here")
+    parser.add_argument("--bound", type=Path, nargs="+", metavar="DIR", default=None,
+                        help="run nothing: the least extra trial-steps to rescue half the flagged trials of the pairs "
+                        "earlier --out DIRs kept")
     args = parser.parse_args()
-    remedy = prescription(args.prescription) if args.prescription else None
+    if args.bound:
+        bound(args.bound)
+        return
+    update: dict[str, object] = {}
+    if args.prescription:
+        update["remedy"] = prescription(args.prescription)
+    if args.on_same_finding:
+        update["on_same_finding"] = args.on_same_finding
     root = args.out or Path(tempfile.mkdtemp(prefix="klsweep-remedy-"))
     print(machine())
     flagged_all = rescued_all = 0
     for path in args.sweeps:
         sweep = load_sweep(path)
-        remedied, remedy_rules = remedy_health(sweep.health, remedy)
+        remedied, remedy_rules = remedy_health(sweep.health, update)
         rules = {r.name for r in remedy_rules}
-        described = ", ".join(f"{r.name} {r.remedy} (at most {r.max_remedies})" for r in remedy_rules)
-        print(f"{path}: remedy arm's rules {described} {'(--prescription)' if remedy else '(as shipped)'}; "
-              f"{args.trials} trials x {args.steps} steps, seeds {args.seeds}", flush=True)
+        described = ", ".join(f"{r.name} {r.remedy} (at most {r.max_remedies}, on_same_finding {r.on_same_finding})"
+                              for r in remedy_rules)
+        given = f"({', '.join(update)} given)" if update else "(as shipped)"
+        print(f"{path}: remedy arm's rules {described} {given}; {args.trials} trials x {args.steps} steps, "
+              f"seeds {args.seeds}", flush=True)
         health = json.dumps({**sweep.health.model_dump(mode="json", exclude_defaults=True), "remedies": False})
-        remedy_overrides = [f"health={json.dumps(remedied)}"] if remedy else []
+        remedy_overrides = [f"health={json.dumps(remedied)}"] if update else []
         metric = sweep.objectives[0].metric
         extra, gain, gain_equal = [], [], []
         flagged = rescued = 0
@@ -144,7 +260,11 @@ def main() -> None:
             runs = {}
             for mode, overrides in (("remedy", [*base, *remedy_overrides]), ("kill", [*base, f"health={health}"])):
                 out = root / f"{Path(path).stem}-s{seed}-{mode}"
-                wall = sweep_run(path, [*overrides, "--overwrite"] if out.exists() else overrides, out)
+                kept = args.kill_from / out.name if args.kill_from and mode == "kill" else None
+                if kept is not None and _same_run(kept, overrides):
+                    out, wall = kept, float("nan")
+                else:
+                    wall = sweep_run(path, [*overrides, "--overwrite"] if out.exists() else overrides, out)
                 runs[mode] = {**summarise(out, metric, rules), "wall": wall}
             r, k = runs["remedy"], runs["kill"]
             budget = min(r["trial_steps"], k["trial_steps"])

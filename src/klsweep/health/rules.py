@@ -15,6 +15,8 @@ A rule (YAML, validated here; never evaluated as code)::
       source: our calibration (verl's PPO baseline peaks at 0.227)
       remedy: {kl_coef: "*1.5"}   # optional, stop rules only: restart from the last checkpoint before the onset
       max_remedies: 2             #   with kl_coef × 1.5, at most twice per trial; then stop
+      on_same_finding: stop       #   optional: flagged again at or before the step it answered: stop (repeat,
+                                  #   the default: the remedy again; escalate: the remedy applied twice)
 
 Several conditions combine with ``all: [...]`` or ``any: [...]`` (each item: metric, stat, window, above/below).
 ``window``, ``for`` and ``after`` are training steps, not reports, so a log with one row every 25 steps is judged like
@@ -47,6 +49,10 @@ UNPRESCRIBABLE = ("seed", "data.seed")
 #: A remedy's operations on a knob's value: ``*1.5`` multiplies, ``/2`` divides, ``+0.01`` adds, ``-0.01``
 #: subtracts, ``=0.005`` sets.
 OPERATORS = ("*", "/", "+", "-", "=")
+#: What a rule does when the trial its remedy restarted is flagged again by it at or before the step of the finding
+#: that remedy answered: ``repeat`` the remedy (the default), ``stop`` the trial, or ``escalate`` (the remedy applied
+#: twice over).
+SameFinding = Literal["repeat", "stop", "escalate"]
 _OPERATION = re.compile(r"^\s*([*/+\-=])\s*([0-9.eE+\-]+)\s*$")
 
 
@@ -229,6 +235,12 @@ class Rule(BaseModel):
         "'=0.005') when the trial restarts from its last checkpoint before the onset instead of stopping",
     )
     max_remedies: int = Field(2, ge=0, description="remedies of this rule per trial; the next firing stops the trial")
+    on_same_finding: SameFinding = Field(
+        "repeat",
+        description="a remedied trial this rule flags again at or before the step of the finding its last remedy "
+        "answered (the dose changed nothing): repeat the remedy, stop the trial, or escalate (the prescription "
+        "applied twice: '*4' multiplies by 16, '/2' divides by 4, '+0.01' adds 0.02)",
+    )
 
     @model_validator(mode="after")
     def _remedy_replaces_a_stop(self) -> Rule:
@@ -236,6 +248,18 @@ class Rule(BaseModel):
             raise ValueError(
                 f"rule {self.name!r} has a remedy but action {self.action!r}: a remedy is tried instead of a stop. "
                 "Set action: stop, or remove remedy"
+            )
+        if self.on_same_finding != "repeat" and not self.remedy:
+            raise ValueError(
+                f"rule {self.name!r} sets on_same_finding: {self.on_same_finding} but has no remedy: it says what "
+                "happens when a remedy changed nothing. Add a remedy (e.g. remedy: {kl_coef: '*4'}), or remove "
+                "on_same_finding"
+            )
+        if self.on_same_finding == "escalate" and all(op.strip().startswith("=") for op in self.remedy.values()):
+            raise ValueError(
+                f"rule {self.name!r}: on_same_finding: escalate applies the remedy twice, and its remedy only sets "
+                f"values ({', '.join(f'{k}: {v!r}' for k, v in self.remedy.items())}), which twice is the same. "
+                "Use an operation that escalates ('*4', '/2', '+0.01'), or on_same_finding: stop"
             )
         return self
 

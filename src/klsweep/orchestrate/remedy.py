@@ -13,7 +13,9 @@ restarts ``verl.trainer.main_ppo`` from verl's own checkpoint of that step (``tr
 Who decides: the health stopper (:class:`klsweep.health.HealthStopper`) sees the stop first (Tune asks the stopper
 before the scheduler, ``TuneController._process_trial_result``) and asks :meth:`RemedyScheduler.plan`; a trial whose
 rule has no remedies left (``max_remedies``), whose prescription has no live knob, or that has no checkpoint before the
-finding began is stopped as before, its stop reason saying why it was not remedied. ``health: {remedies: false}``
+finding began is stopped as before, its stop reason saying why it was not remedied. A rule that fires again at or
+before the step its last remedy answered (the dose changed nothing) repeats its remedy, stops the trial or escalates
+it (its ``on_same_finding``: ``repeat``, ``stop``, ``escalate``, :func:`same_finding`). ``health: {remedies: false}``
 turns remedies off (:func:`remedies_on`), as the trainers that serve recorded runs do (tabular, replay).
 
 The adaptive KL controller: verl builds it from ``algorithm.kl_ctrl.kl_coef`` at every start and does not checkpoint
@@ -73,12 +75,32 @@ def remedies_on(sweep) -> bool:
     ``remedy``, the scheduler is ``none`` (ASHA stops instead), the trainer restarts trials
     (:attr:`klsweep.trainers.TrainerKind.no_restarts`: not the tabular and replay trainers, which serve recorded
     runs) and the sweep file does not say ``health: {remedies: false}`` (kill-only)."""
-    from klsweep.health import load_ruleset
     from klsweep.trainers import trainer_kind
 
     if not sweep.health.remedies or sweep.scheduler.type != "none" or trainer_kind(sweep.trainer).no_restarts:
         return False
-    return any(rule.remedy for rule in load_ruleset(sweep.health).rules)
+    return bool(remedy_rules(sweep))
+
+
+#: The rules with a remedy by ``id`` of the sweep's ``health:`` (a frozen :class:`klsweep.health.HealthConfig`, kept
+#: beside them so that its id is not reused): :func:`remedy_rules`.
+_REMEDY_RULES: dict[int, tuple[Any, tuple[Rule, ...]]] = {}
+
+
+def remedy_rules(sweep) -> tuple[Rule, ...]:
+    """The rules of the sweep's rule set that have a ``remedy``, in rule-set order, whether or not the sweep remedies
+    (:func:`remedies_on`). Loaded once per ``sweep.health`` (:func:`klsweep.health.load_ruleset` reads and validates
+    the preset's YAML; :func:`remedies_on`, :func:`checkpoint_every`, :func:`restart_reach` and
+    :class:`KeepRestartPoints` each ask at sweep start, and every trial asks again)."""
+    from klsweep.health import load_ruleset
+
+    health = sweep.health
+    cached = _REMEDY_RULES.get(id(health))
+    if cached is None or cached[0] is not health:
+        if len(_REMEDY_RULES) >= 16:  # a process that loads many sweeps (the tests) keeps the latest ones
+            _REMEDY_RULES.clear()
+        cached = _REMEDY_RULES[id(health)] = (health, tuple(r for r in load_ruleset(health).rules if r.remedy))
+    return cached[1]
 
 
 def checkpoint_every(sweep, overrides: Mapping[str, Any]) -> int:
@@ -119,9 +141,7 @@ def _alias_problem(name: str, operation: str, error: ValueError) -> str:
 
 def _some_remedy_applies(sweep) -> bool:
     """Whether a rule of the sweep's rule set has a remedy that :func:`cannot_apply` does not rule out."""
-    from klsweep.health import load_ruleset
-
-    return any(rule.remedy and not cannot_apply(rule, sweep.placement) for rule in load_ruleset(sweep.health).rules)
+    return any(not cannot_apply(rule, sweep.placement) for rule in remedy_rules(sweep))
 
 
 @dataclass(frozen=True)
@@ -133,18 +153,22 @@ class Remedy:
         checkpoint: Ray's ``_TrainingResult`` (checkpoint and the metrics reported with it) to restore.
         from_step: the training step of that checkpoint.
         changes: ``{"restart", "step", "rule", "from_step", "key", "old", "new"}`` per changed knob.
+        escalated: the rule's remedy applied twice (``on_same_finding: escalate``, :func:`same_finding`).
     """
 
     config: dict[str, Any]
     checkpoint: Any
     from_step: int
     changes: tuple[dict[str, Any], ...]
+    escalated: bool = False
 
     def text(self) -> str:
-        """``"kl_runaway at step 47: restarted from step 40 with algorithm.kl_ctrl.kl_coef 0.002 → 0.003"``."""
+        """``"kl_runaway at step 47: restarted from step 40 with algorithm.kl_ctrl.kl_coef 0.002 → 0.003"``, and
+        ``" (escalated: the remedy applied twice, as the last one changed nothing)"`` when it is."""
         first = self.changes[0]
         knobs = ", ".join(f"{c['key']} {c['old']:.4g} → {c['new']:.4g}" for c in self.changes)
-        return f"{first['rule']} at step {first['step']}: restarted from step {self.from_step} with {knobs}"
+        escalated = " (escalated: the remedy applied twice, as the last one changed nothing)" if self.escalated else ""
+        return f"{first['rule']} at step {first['step']}: restarted from step {self.from_step} with {knobs}{escalated}"
 
 
 def onset_step(rule: Rule, reason: StopReason) -> int:
@@ -178,11 +202,9 @@ def trend_start(rule: Rule, reason: StopReason) -> int:
 def restart_reach(sweep) -> int | None:
     """The longest :func:`lookback` of the sweep's rules with a remedy: a restart point of a finding at step ``s`` is
     at or before ``s − restart_reach``; None when the sweep does not remedy (:func:`remedies_on`)."""
-    from klsweep.health import load_ruleset
-
     if not remedies_on(sweep):
         return None
-    return max(lookback(rule) for rule in load_ruleset(sweep.health).rules if rule.remedy)
+    return max(lookback(rule) for rule in remedy_rules(sweep))
 
 
 def steps_to_keep(steps: list[int], newest: int, reach: int) -> set[int]:
@@ -234,7 +256,7 @@ def apply_operation(operation: str, value: float, key: str) -> float:
     return {"*": value * x, "/": value / x, "+": value + x, "-": value - x, "=": x}[op]
 
 
-def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Mapping[str, Any]
+def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Mapping[str, Any], times: int = 1
               ) -> tuple[dict[str, tuple[float, float]], list[str]]:
     """The knobs ``rule.remedy`` changes in a trial, and why the others were left alone.
 
@@ -249,6 +271,7 @@ def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Ma
         placement: the sweep's ``kl_placement`` (``Sweep.placement``).
         overrides: the trial's full flat verl overrides (:func:`klsweep.space.trial_overrides`).
         last: the trial's last reported metrics.
+        times: how many times each operation applies (2 escalates: ``*4`` multiplies by 16, ``+0.01`` adds 0.02).
 
     Returns:
         ``({verl key: (old, new)}, [why each skipped knob was skipped])``.
@@ -280,7 +303,9 @@ def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Ma
         if isinstance(old, bool) or not isinstance(old, (int, float)):
             skipped.append(f"{key} has no numeric value to change (it is {old!r})")
             continue
-        new = apply_operation(operation, float(old), name)
+        new = float(old)
+        for _ in range(times):
+            new = apply_operation(operation, new, name)
         changes[key] = (float(old), int(round(new)) if isinstance(old, int) and key != KL_COEF_KEY else new)
     return changes, skipped
 
@@ -337,6 +362,10 @@ class RemedyScheduler(FIFOScheduler):
         80 of 80) stops the trial as without remedies: a
         restart would run steps 61-80 again and rescue no step after them, and the finding would be forgotten (on
         sweeps/conservative.yaml one such trial ended "healthy" at 0.574, below the reference policy's 0.582).
+        A finding the trial's last remedy already answered (:func:`same_finding`: the same rule, at or before that
+        remedy's step) follows the rule's ``on_same_finding``: ``stop`` stops the trial (checked before the cap, its
+        reason saying the dose changed nothing), ``escalate`` applies the prescription twice (:func:`prescribe`'s
+        ``times``), ``repeat`` applies it once more.
         """
         from klsweep.space import trial_overrides
         from klsweep.trainers import runs_verl, trainer_kind
@@ -348,6 +377,10 @@ class RemedyScheduler(FIFOScheduler):
         if trial is None:
             return "the trial is not known to the sweep's scheduler"
         done = [r for r in trial.config.get(REMEDIES, ()) if r["rule"] == rule.name]
+        same = same_finding(trial.config.get(REMEDIES, ()), rule.name, reason.step)
+        if same is not None and rule.on_same_finding == "stop":
+            return (f"{rule.name} fired again at step {reason.step}, at or before step {same}, whose finding its last "
+                    "remedy answered: the dose changed nothing (on_same_finding: stop)")
         if len(_restarts(done)) >= rule.max_remedies:
             return f"max_remedies {rule.max_remedies} of {rule.name} reached"
         config = {k: v for k, v in trial.config.items() if k != REMEDIES}
@@ -356,7 +389,8 @@ class RemedyScheduler(FIFOScheduler):
         if isinstance(total, int) and total - reason.step < rule.for_:
             return (f"the finding is at step {reason.step} of {total}: a restart would only run again steps the trial "
                     f"has run, with fewer than {rule.for_} (the rule's for) left after it to rescue")
-        changes, skipped = prescribe(rule, self._sweep.placement, overrides, result)
+        escalated = same is not None and rule.on_same_finding == "escalate"
+        changes, skipped = prescribe(rule, self._sweep.placement, overrides, result, times=2 if escalated else 1)
         if not changes:  # decided before any checkpoint is looked for: no restart would change the trial
             return "its remedy cannot apply: " + ("; ".join(skipped) or "it changes nothing")
         start = trend_start(rule, reason)
@@ -374,7 +408,7 @@ class RemedyScheduler(FIFOScheduler):
         records = tuple({"restart": restart, "step": reason.step, "rule": rule.name, "from_step": from_step,
                          "key": key, "old": old, "new": new} for key, (old, new) in changes.items())
         config[REMEDIES] = [*trial.config.get(REMEDIES, ()), *records]
-        remedy = Remedy(config, checkpoint, from_step, records)
+        remedy = Remedy(config, checkpoint, from_step, records, escalated)
         self._pending[trial_id] = remedy
         return remedy
 
@@ -407,6 +441,18 @@ class RemedyScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         return "FIFO scheduling; trials a health rule remedies restart from a checkpoint (klsweep remedies)."
+
+
+def same_finding(remedies, rule_name: str, step: int) -> int | None:
+    """The step of the finding the trial's last remedy answered, when that remedy was ``rule_name``'s and the rule
+    fires again at ``step`` at or before it (the dose changed nothing: what ``on_same_finding`` decides); else None.
+    ``remedies``: the trial's :data:`REMEDIES` records. On sweeps/aggressive.yaml and sweeps/grpo_kl.yaml
+    (``kl_coef *4``, seeds 0-4) 29 of 48 remedied trials were flagged again at the very step of their first finding;
+    the second remedy rescued 2 of them."""
+    if not remedies:
+        return None
+    last = max(remedies, key=lambda r: r["restart"])
+    return int(last["step"]) if last["rule"] == rule_name and step <= last["step"] else None
 
 
 def _restarts(remedies) -> list[int]:
@@ -465,11 +511,9 @@ class KeepRestartPoints(Callback):
     """
 
     def __init__(self, sweep):
-        from klsweep.health import load_ruleset
-
         self._sweep = sweep
         self._reach = restart_reach(sweep) or 1
-        self._caps = {rule.name: rule.max_remedies for rule in load_ruleset(sweep.health).rules if rule.remedy}
+        self._caps = {rule.name: rule.max_remedies for rule in remedy_rules(sweep)}
 
     def on_trial_save(self, iteration: int, trials: list[Trial], trial: Trial, **info) -> None:
         manager = trial.run_metadata.checkpoint_manager
