@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -50,6 +51,8 @@ from early_stop_savings import bootstrap_mean, wilson
 
 from klsweep.health import load_ruleset
 from klsweep.health.rules import HealthConfig, Rule
+from klsweep.health.verdict import StopReason
+from klsweep.orchestrate.remedy import REMEDY_SAVE_FREQ, trend_start
 from klsweep.spec import load_sweep
 
 SWEEPS = ["sweeps/aggressive.yaml", "sweeps/grpo_kl.yaml"]
@@ -160,6 +163,26 @@ def restart_costs(out: Path, remedy_rules: set[str]) -> tuple[list[int], int, in
     return costs, stopped_at_first, max_steps
 
 
+def kill_costs(out: Path, remedy_rules: list[Rule], max_steps: int) -> list[float]:
+    """The same costs for the trials a rule with a remedy stopped in a kill-only arm: from the last checkpoint a
+    remedy sweep's embedded trial would hold (every :data:`~klsweep.orchestrate.remedy.REMEDY_SAVE_FREQ` steps)
+    before the finding's evidence began (:func:`~klsweep.orchestrate.remedy.trend_start`) to ``max_steps``;
+    ``math.inf`` where there is none, or the finding is fewer than the rule's ``for`` steps before the end (a remedy
+    sweep stops those too)."""
+    by_name = {r.name: r for r in remedy_rules}
+    costs: list[float] = []
+    for reason in trials(out)["stop_reason"].dropna():
+        found = re.search(r" at step (\d+) by (\w+):", reason)
+        rule = by_name.get(found.group(2)) if found else None
+        if rule is None:
+            continue
+        step = int(found.group(1))
+        start = trend_start(rule, StopReason(rule.name, "diverged", step))
+        restart = (start - 1) // REMEDY_SAVE_FREQ * REMEDY_SAVE_FREQ
+        costs.append(max_steps - restart if restart > 0 and max_steps - step >= rule.for_ else math.inf)
+    return costs
+
+
 def bound(dirs: list[Path], share: float = 0.5) -> float:
     """The least extra trial-steps, as a fraction of the kill-only arms' trial-steps, that any remedy policy pays to
     rescue ``share`` of the flagged trials of the ``<file>-s<seed>-remedy`` / ``-kill`` pairs in ``dirs``.
@@ -169,7 +192,9 @@ def bound(dirs: list[Path], share: float = 0.5) -> float:
     sweep file and pooled. The restart points are those the remedy arm used (the last checkpoint before the finding's
     evidence began, :func:`klsweep.orchestrate.remedy.trend_start`): a policy restarting later would pay less. Prints
     per file, then the pooled fraction last; above 0.15 the two goals of issue 17 (rescued ≥ 50 %, extra ≤ 15 %)
-    cannot both be met on these runs.
+    cannot both be met on these runs. The same bound from the kill-only arms' own flagged trials
+    (:func:`kill_costs`, restart points computed, not observed) is printed beside it, as a check that the remedy
+    arms' flagged trials (TPE proposes other trials there) are not unusually costly.
 
     Raises:
         SystemExit: no pair found in ``dirs``.
@@ -182,32 +207,39 @@ def bound(dirs: list[Path], share: float = 0.5) -> float:
     for remedy_dir in pairs:
         kill_dir = remedy_dir.with_name(remedy_dir.name.removesuffix("-remedy") + "-kill")
         sweep = load_sweep(json.loads((remedy_dir / "sweep.json").read_text())["sweep_file"])
-        rules = {r.name for r in load_ruleset(sweep.health).rules if r.remedy}
-        costs, base, max_steps = restart_costs(remedy_dir, rules)
+        rules = [r for r in load_ruleset(sweep.health).rules if r.remedy]
+        costs, base, max_steps = restart_costs(remedy_dir, {r.name for r in rules})
         kill = sum(_steps_run(kill_dir, t) for t in trials(kill_dir)["trial_id"])
-        entry = by_file.setdefault(remedy_dir.name.rsplit("-s", 1)[0], [[], 0, 0, max_steps])
+        entry = by_file.setdefault(remedy_dir.name.rsplit("-s", 1)[0], [[], 0, 0, max_steps, []])
         entry[0] += costs
         entry[1] += base
         entry[2] += kill
+        entry[4] += kill_costs(kill_dir, rules, max_steps)
 
     def least(costs: list[float], kill: int) -> tuple[int, float]:
         need = math.ceil(share * len(costs))
         return need, sum(sorted(costs)[:need]) / kill
 
     everything: list[float] = []
+    in_kill: list[float] = []
     kill_all = base_all = 0
-    for name, (costs, base, kill, max_steps) in by_file.items():
+    for name, (costs, base, kill, max_steps, own) in by_file.items():
         need, extra = least(costs, kill)
+        own_need, own_extra = least(own, kill)
         print(f"{name}: {len(costs)} flagged, rescue costs (max_steps {max_steps} - restart point) "
               f"{sorted(costs)}; the cheapest {need} add {extra:+.1%} to the kill-only arms' {kill} trial-steps "
               f"(the remedy arms with every flagged trial stopped at its first finding: {base / kill - 1:+.1%} "
-              f"already, {base / kill - 1 + extra:+.1%} in all)")
+              f"already, {base / kill - 1 + extra:+.1%} in all); the kill-only arms' own {len(own)} flagged: the "
+              f"cheapest {own_need} add {own_extra:+.1%}")
         everything += costs
+        in_kill += own
         kill_all, base_all = kill_all + kill, base_all + base
     need, extra = least(everything, kill_all)
+    own_need, own_extra = least(in_kill, kill_all)
     print(f"pooled: the cheapest {need} of {len(everything)} flagged add {extra:+.1%} "
-          f"({base_all / kill_all - 1 + extra:+.1%} with the arms' own difference); goal <= +15 %: "
-          f"{'the goals conflict' if extra > 0.15 else 'no conflict'}")
+          f"({base_all / kill_all - 1 + extra:+.1%} with the arms' own difference; the kill-only arms' own "
+          f"{len(in_kill)} flagged: {own_extra:+.1%}); goal <= +15 %: "
+          f"{'the goals conflict' if min(extra, own_extra) > 0.15 else 'no conflict'}")
     print(f"least extra trial-steps to rescue {share:.0%} of the flagged trials: {extra:.3f}")
     return extra
 
