@@ -45,13 +45,14 @@ def test_onset_is_the_first_step_the_conditions_held():
 
 
 def test_a_restart_goes_from_before_the_window_the_finding_read():
-    """kl_runaway (conservative preset): KL > 0.25 and slope10 > 0.01 for 3 steps, flagged at 46: held from 44, the
+    """kl_runaway (conservative preset): KL > 0.3 and slope10 > 0.01 for 3 steps, flagged at 46: held from 44, the
     slope read steps 35-44 at the onset; a drop over the whole run adds no window."""
     runaway = next(r for r in load_ruleset("conservative").rules if r.name == "kl_runaway")
     reason = StopReason("kl_runaway", "diverged", 46)
     assert (onset_step(runaway, reason), trend_start(runaway, reason)) == (44, 35)
     hacking = next(r for r in load_ruleset("conservative").rules if r.name == "reward_hacking")
-    assert trend_start(hacking, StopReason("reward_hacking", "diverged", 80)) == 61  # drop_from_max20 of the score
+    # for 11 (two validations in a row at test_freq 10) + drop_from_max20 of the score − 1: 30 steps back
+    assert trend_start(hacking, StopReason("reward_hacking", "diverged", 80)) == 80 - (11 + 20 - 1) + 1 == 51
     plain = _rule()
     assert trend_start(plain, reason) == onset_step(plain, reason) == 46
 
