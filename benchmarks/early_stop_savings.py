@@ -30,8 +30,11 @@ The health rules judge a recorded run the same way every time, so these count wh
 seed noise. After the health rules, the objective stopper (``stopping.objective``,
 :mod:`klsweep.orchestrate.objective_stop`, the same class the live sweep uses) judges every step: as the file says
 (``--objective file``), with its defaults (``on``) or not at all (``off``); its stops and their false stops are
-counted apart. The clairvoyant bound (every lower-half trial stopped at its first objective report) says how much
-any stopper judging the objective could save on these sweeps without a false stop.
+counted apart, and each file's stops and false stops per rule. The clairvoyant bound (every lower-half trial stopped
+at its first objective report) says how much any stopper judging the objective could save on these sweeps without a
+false stop; the ceiling (every trial that does not end in the upper half stopped at step 1, the earliest any stopper
+can act; all others run to their end) how much any stopper at all could, and with 5 % of its stops false (the
+issue's allowance: upper-half trials other than the best stopped at step 1 as well), per file and pooled.
 
     python benchmarks/early_stop_savings.py [--trials 12] [--steps 80] [--health default]
     python benchmarks/early_stop_savings.py --table [--sweeps 20] [--first-seed 0] [--objective file|on|off]
@@ -156,20 +159,68 @@ def bootstrap_mean(values: list[float], draws: int = 2000) -> tuple[float, float
     return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
+def ceiling(sweeps: list[list[tuple[int, bool, bool]]], false_share: float = 0.0) -> tuple[list[float], int]:
+    """The most any stopper could save on these sweeps: per sweep, the fraction of trial-steps saved had every trial
+    that does not end in the upper half of its sweep's range (the false-stop definition) been stopped at step 1, the
+    earliest a stopper can act (saving ``steps − 1``), and every upper-half trial run to its end.
+
+    ``false_share`` > 0 also stops upper-half trials at step 1, at most ``false_share`` of all stops (``⌊f K /
+    (1 − f)⌋`` with ``K`` lower-half trials), never a sweep's best-scoring trial, choosing those that add most to
+    the mean over sweeps (the largest ``(steps − 1) / sweep steps``): exact for these trial lists.
+
+    Args:
+        sweeps: per sweep, per trial ``(steps of its full run, ends in the upper half, is the best-scoring)``.
+        false_share: the share of the stops allowed to be false (0.05: the issue's goal).
+
+    Returns:
+        (fraction saved per sweep, the number of false stops added).
+    """
+    fractions = [sum(steps - 1 for steps, up, _ in sweep if not up) / sum(steps for steps, _, _ in sweep)
+                 for sweep in sweeps]
+    stops = sum(not up for sweep in sweeps for _, up, _ in sweep)
+    allowed = math.floor(false_share * stops / (1 - false_share) + 1e-9)
+    gains = sorted((((steps - 1) / sum(s for s, _, _ in sweep), i) for i, sweep in enumerate(sweeps)
+                    for steps, up, best in sweep if up and not best), reverse=True)[:allowed]
+    for gain, i in gains:
+        fractions[i] += gain
+    return fractions, len(gains)
+
+
+def bounds_text(clairvoyant: list[float], runs: list[list[tuple[int, bool, bool]]]) -> str:
+    """One line: the clairvoyant bound and the :func:`ceiling` without and with 5 % false stops, each the mean over
+    sweeps with its bootstrap 95 % interval."""
+    parts = [f"clairvoyant bound (every lower-half trial stopped at its first objective report) "
+             f"{statistics.fmean(clairvoyant):.3f} [{bootstrap_mean(clairvoyant)[0]:.3f}, "
+             f"{bootstrap_mean(clairvoyant)[1]:.3f}]"]
+    for share in (0.0, 0.05):
+        fractions, added = ceiling(runs, share)
+        lo, hi = bootstrap_mean(fractions)
+        label = ("ceiling (every trial not ending in the upper half stopped at step 1)" if not share
+                 else f"with {share:.0%} of the stops false ({added} upper-half trials stopped at step 1)")
+        parts.append(f"{label} {statistics.fmean(fractions):.3f} [{lo:.3f}, {hi:.3f}]")
+    return "; ".join(parts)
+
+
 def table_main(tables: list[Path], seeds: range, health: str | None, objective_stop: bool | ObjectiveStop,
                extra: tuple[str, ...] = ()) -> None:
     """``--table``: many sweeps per table file; prints the savings line per file, the pooled figure last.
 
-    Besides the savings it prints the clairvoyant bound: the fraction saved had every trial whose full run ends in
-    the lower half of its sweep's range been stopped at its first objective report (and nothing else stopped that
-    the health rules did not): no stopper that judges on the objective can save more without false stops."""
+    Besides the savings it prints, per file and pooled, the clairvoyant bound: the fraction saved had every trial
+    whose full run ends in the lower half of its sweep's range been stopped at its first objective report (and
+    nothing else stopped that the health rules did not): no stopper that judges on the objective can save more
+    without false stops; and the ceiling (:func:`ceiling`): every trial but the upper-half ones stopped at step 1,
+    without false stops and with 5 % of the stops false, which no stopper can beat on these trial lists."""
     all_saved: list[float] = []
     bound: list[float] = []
+    all_runs: list[list[tuple[int, bool, bool]]] = []
     false_stops = stopped_total = best_stopped = objective_stops = objective_false = 0
     for table in tables:
         start = time.perf_counter()
         saved, file_false, file_stopped, file_best, file_objective, file_objective_false = [], 0, 0, 0, 0, 0
         by_rule: dict[str, list[int]] = {}  # rule -> [stops, false stops]
+        file_bound: list[float] = []
+        runs: list[list[tuple[int, bool, bool]]] = []
+        missed = 0
         for seed in seeds:
             trials_ = table_sweep(table, seed, health, extra, objective_stop=objective_stop)
             total = sum(t["total"] for t in trials_)
@@ -177,8 +228,8 @@ def table_main(tables: list[Path], seeds: range, health: str | None, objective_s
             scores = sorted(t["sign"] * t["final"] for t in trials_ if math.isfinite(t["final"]))
             middle = (scores[0] + scores[-1]) / 2 if scores else math.inf  # of the range: collapsed runs tie
             upper = [math.isfinite(t["final"]) and t["sign"] * t["final"] > middle for t in trials_]
-            bound.append(sum(t["total"] - (t["used"] if up else min(t["used"], t["first"]))
-                             for t, up in zip(trials_, upper)) / total)
+            file_bound.append(sum(t["total"] - (t["used"] if up else min(t["used"], t["first"]))
+                                  for t, up in zip(trials_, upper)) / total)
             stops = [(t, up) for t, up in zip(trials_, upper) if t["stopped"]]
             file_stopped += len(stops)
             file_false += sum(up for _, up in stops)
@@ -190,24 +241,27 @@ def table_main(tables: list[Path], seeds: range, health: str | None, objective_s
                 counts[1] += up
             best = max(trials_, key=lambda t: t["sign"] * t["final"] if math.isfinite(t["final"]) else -math.inf)
             file_best += best["stopped"]
+            missed += sum(not up and not t["stopped"] for t, up in zip(trials_, upper))
+            runs.append([(t["total"], up, t is best) for t, up in zip(trials_, upper)])
         lo, hi = bootstrap_mean(saved)
         print(f"{table.name}: {len(seeds)} sweeps in {time.perf_counter() - start:.0f} s; trial-steps saved "
               f"{statistics.fmean(saved):.3f} [{lo:.3f}, {hi:.3f}]; {file_stopped} trials stopped "
               f"({file_objective} on the objective), {file_false} of them in the upper half of their sweep's range "
               f"({file_objective_false} on the objective); best-scoring trial stopped in {file_best} of {len(seeds)} "
-              "sweeps")
+              f"sweeps; {missed} lower-half trials ran to their end")
         print("  stops by rule (false stops): " + ", ".join(
             f"{rule} {n} ({false})" for rule, (n, false) in sorted(by_rule.items(), key=lambda kv: -kv[1][0])))
+        print(f"  {bounds_text(file_bound, runs)}")
         all_saved += saved
+        bound += file_bound
+        all_runs += runs
         false_stops, stopped_total, best_stopped = (false_stops + file_false, stopped_total + file_stopped,
                                                     best_stopped + file_best)
         objective_stops, objective_false = objective_stops + file_objective, objective_false + file_objective_false
     lo, hi = bootstrap_mean(all_saved)
     flo, fhi = wilson(false_stops, stopped_total)
     olo, ohi = wilson(objective_false, objective_stops)
-    blo, bhi = bootstrap_mean(bound)
-    print(f"sweep seeds {seeds.start}-{seeds.stop - 1}; clairvoyant bound (every lower-half trial stopped at its first "
-          f"objective report): {statistics.fmean(bound):.3f} [{blo:.3f}, {bhi:.3f}]")
+    print(f"sweep seeds {seeds.start}-{seeds.stop - 1}, pooled: {bounds_text(bound, all_runs)}")
     print(f"false stops: {false_stops} of {stopped_total} stopped trials [{flo:.3f}, {fhi:.3f}] (goal ≤ 0.05); "
           f"on the objective {objective_false} of {objective_stops} [{olo:.3f}, {ohi:.3f}]; "
           f"best-scoring trial stopped in {best_stopped} of {len(all_saved)} sweeps (goal 0)")
