@@ -22,7 +22,7 @@ import pytest
 from klsweep.orchestrate import _ray_session
 from klsweep.results import SweepRecord, default_storage
 from klsweep.spec import load_sweep
-from tests.orchestrate.conftest import sweep_file
+from tests.orchestrate.conftest import started_sweep_dir, sweep_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -305,3 +305,15 @@ def test_overwrite_ends_the_killed_drivers_ray(tmp_path):
     assert rerun.returncode in (0, 1), rerun.stdout + rerun.stderr
     assert not _running(session | _session_processes(recorded["session_dir"]))
     assert f"processes of Ray session {recorded['session_name']}" in rerun.stderr
+
+
+def test_resume_of_a_driver_killed_before_its_first_trial(tmp_path):
+    # SIGKILL while Ray starts leaves sweep.json and the driver lock, no study and no Tune experiment: the resume runs
+    # the sweep from its first trial instead of refusing with "the study is not in its storage yet"
+    path = sweep_file(tmp_path, "early", budget={"trials": 1, "max_steps": 2})
+    out = started_sweep_dir(tmp_path, path)
+    resumed = _sweep("resume", str(out), "--quiet")
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
+    assert "the driver ended before the sweep's first trial" in resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    _check_consistent(out, 1)

@@ -378,6 +378,10 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
 
     try:
         _init_ray(sweep, address, out_dir)
+        if restore and not _study_created(out_dir, record):
+            print("resume: the driver ended before the sweep's first trial (its study was not created yet): the "
+                  "sweep starts from its first trial", file=sys.stderr)
+            restore = False
         with _sigterm_as_ctrl_c():
             tune_path = str(out_dir / TUNE_DIR)
             if not restore:
@@ -406,6 +410,16 @@ def _fit(sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quie
             return _finish(sweep, out_dir)
     except KeyboardInterrupt:  # Ctrl-C outside Tune's loop (Ray starting, the study opening) or a second Ctrl-C
         return _interrupted(sweep, out_dir)
+
+
+def _study_created(out_dir: Path, record: SweepRecord) -> bool:
+    """Whether the sweep's Optuna study exists: `sweep run` creates it with its first trial's Tuner, so a driver
+    killed before (SIGKILL while Ray started, an OOM kill) leaves ``sweep.json`` and nothing that ran."""
+    try:
+        study_of(out_dir, record)
+    except ResultsError:
+        return False
+    return True
 
 
 def _confirm(sweep, record: SweepRecord, out_dir: Path, *, quiet: bool) -> bool:
