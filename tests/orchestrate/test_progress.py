@@ -42,6 +42,7 @@ def test_live_view_shows_parameters_and_running_metrics():
 
     trial.run_metadata.last_result = {"training_iteration": 4, VAL: 0.5, "health": "healthy"}
     progress.on_trial_complete(2, [trial], trial)
+    # a trial outside a sweep (no storage, no study to number it): its Tune id alone
     assert out.getvalue() == (f"[1/3] abc12345 TERMINATED kl_coef=0.002 {PARAMS[1]}=2 {PARAMS[2]}=1 step=4 "
                               f"{VAL}=0.5\n")
 
@@ -109,6 +110,9 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
              "score 1.56 [1.56, 1.56]")
     assert f"{first}\n" in _render(progress)
     piped = progress._console.file
+    # the finished trial by its Optuna number (the study's trial 4 holds Tune id t00004), as the summary names it;
+    # [1/6] counts trials in the order they finished
+    assert piped.getvalue().startswith("[1/6] trial 4 (t00004) TERMINATED step=5 ")
     assert "KL frontier" not in piped.getvalue()  # not yet: the study may not have the trial that just ended
     progress.on_trial_start(2, [trial], trial)
     progress.on_trial_start(2, [trial], trial)  # no trial ended since: nothing new on the pipe

@@ -5,10 +5,11 @@ Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step a
 terminal :class:`SweepProgress` redraws a table (trial, status, searched parameters, step, KL, entropy, score,
 objective, health) and, under it, the KL frontier forecast (:func:`forecast_line`: KL* and the peak score with their
 intervals, as ``sweep status`` prints them); elsewhere (CI, a file, a pipe) it prints one line per finished trial
-and, after a trial finished, the forecast when it changed, so logs stay readable. Both go to stdout, with the
-summary (``sweep run ... > log.txt`` keeps them); Ray's own messages and klsweep's warnings go to stderr.
-:class:`TrialsCsv` rewrites ``trials.csv`` as trials start and end, so ``status`` and a notebook never read a stale
-one.
+(``[9/12] trial 8 (4982d11d) TERMINATED ...``: the count in finish order, then the Optuna trial number and the Tune
+trial id, as the summary names trials) and, after a trial finished, the forecast when it changed, so logs stay
+readable. Both go to stdout, with the summary (``sweep run ... > log.txt`` keeps them); Ray's own messages and
+klsweep's warnings go to stderr. :class:`TrialsCsv` rewrites ``trials.csv`` as trials start and end, so ``status``
+and a notebook never read a stale one.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class SweepProgress(Callback):
             reason = f" ({stop_reason})" if stop_reason and not stop_reason.startswith("remedied:") else ""
             reason += f" (remedied {row['remedies']})" if row.get("remedies") else ""
             self._console.print(
-                f"[{self._done}/{self._total}] {trial.trial_id} {row['status']}{params} step={short(row.get('step'))} "
+                f"[{self._done}/{self._total}] {_name(trial)} {row['status']}{params} step={short(row.get('step'))} "
                 f"{objectives}{reason}",
                 markup=False,
                 highlight=False,
@@ -227,6 +228,18 @@ class SweepProgress(Callback):
             self._print_forecast()
         if self._live is not None:
             self._live.stop()
+
+
+def _name(trial) -> str:
+    """A finished trial as the summary and ``sweep status`` name it: ``trial <Optuna number> (<Tune trial id>)``; the
+    Tune id alone for a trial outside a sweep or whose study cannot be read now (a line must not stop the sweep)."""
+    from klsweep.orchestrate.wandb_logging import _optuna_number
+
+    try:
+        number = _optuna_number(trial) if trial.storage is not None else None
+    except Exception:
+        number = None
+    return trial.trial_id if number is None else f"trial {number} ({trial.trial_id})"
 
 
 def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float]]] | None = None) -> str:
