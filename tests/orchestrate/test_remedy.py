@@ -323,6 +323,40 @@ def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_fr
     assert report(6, 0.005)[0] is False and trial.trial_id not in stopper._history  # ended: history dropped
 
 
+def test_the_prescription_applies_to_the_coefficient_of_the_checkpoint_it_restarts_from(tmp_path):
+    # an adaptive controller grows β while KL stays above target: 0.05 at the checkpoint of step 2, 0.2 at the finding
+    # (step 4). The restart resumes the policy of step 2, so "*0.1" gives 0.005, not 0.02 (×0.1 of the controller's
+    # growth after the checkpoint; on sweeps/conservative.yaml "*4" from step 50's β restarted at step 28 was ×40)
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
+
+    from klsweep.health import HealthStopper
+    from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
+    from klsweep.results import TOTAL_STEPS
+
+    adaptive = {"algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.target_kl": 0.03,
+                "algorithm.kl_ctrl.horizon": 500, "data.train_batch_size": 4,
+                "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "critic.ppo_mini_batch_size": 4,
+                "actor_rollout_ref.rollout.n": 2}
+    sweep = load_sweep(sweep_file(tmp_path, overrides=adaptive, health={"preset": "none", "rules": [BETA_REMEDY]}))
+    scheduler = RemedyScheduler(sweep)
+    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=lambda c: overrides_of(sweep, c),
+                            remedies=scheduler)
+    trial = Trial("run_trial", config={KL_COEF_KEY: 0.001}, stub=True)
+    scheduler.on_trial_add(None, trial)
+    (tmp_path / "c").mkdir()
+    trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
+        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")),
+        metrics={STEP: 2, KL_COEFF_METRIC: 0.05, "config": dict(trial.config)}))
+    for step, beta in ((1, 0.002), (2, 0.05), (3, 0.1), (4, 0.2)):
+        result = {STEP: step, TOTAL_STEPS: 6, KL_COEFF_METRIC: beta, "config": dict(trial.config)}
+        assert stopper(trial.trial_id, result) is False
+    remedy = scheduler._pending.pop(trial.trial_id)
+    assert remedy.from_step == 2 and remedy.config[KL_COEF_KEY] == pytest.approx(0.005)
+    assert [(r["old"], r["new"]) for r in remedy.changes] == [(0.05, pytest.approx(0.005))]
+
+
 @pytest.mark.slow
 @pytest.mark.fault
 def test_sigkill_of_the_driver_around_a_restart_then_resume_loses_and_duplicates_nothing(tmp_path):

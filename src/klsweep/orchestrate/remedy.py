@@ -20,7 +20,8 @@ turns remedies off (:func:`remedies_on`), as the trainers that serve recorded ru
 
 The adaptive KL controller: verl builds it from ``algorithm.kl_ctrl.kl_coef`` at every start and does not checkpoint
 it (:mod:`klsweep.launchers.resume`), so a restart from the trial's initial coefficient would jump back to it; the
-prescription applies to the coefficient the trial last logged (``actor/reward_kl_penalty_coeff``) instead.
+prescription applies to the coefficient the trial logged at the restart's checkpoint step
+(``actor/reward_kl_penalty_coeff``) instead.
 
 Each remedy is recorded in the trial's Tune config (:data:`REMEDIES`, which survives ``sweep resume``: the cap counts
 from it) and in its Optuna trial's user attribute of the same name: a list of ``{"restart", "step", "rule",
@@ -262,15 +263,16 @@ def prescribe(rule: Rule, placement: str, overrides: Mapping[str, Any], last: Ma
 
     Aliases resolve as parameters do (:func:`klsweep.verl.presets.resolve_key` for ``placement``); a knob inert
     under the trial's ``overrides`` (:func:`klsweep.verl.liveness.inert_reason`) or without a numeric value is skipped.
-    The in-reward KL coefficient of an adaptive controller starts from the coefficient the trial last logged
-    (``actor/reward_kl_penalty_coeff`` in ``last``), not from its initial value: verl resets its controller to
+    The in-reward KL coefficient of an adaptive controller starts from the coefficient the trial logged
+    (``actor/reward_kl_penalty_coeff`` in ``last``: the metrics of the checkpoint it restarts from), not from its
+    initial value: verl resets its controller to
     ``algorithm.kl_ctrl.kl_coef`` on every start.
 
     Args:
         rule: a rule with a ``remedy``.
         placement: the sweep's ``kl_placement`` (``Sweep.placement``).
         overrides: the trial's full flat verl overrides (:func:`klsweep.space.trial_overrides`).
-        last: the trial's last reported metrics.
+        last: the trial's reported metrics at the step it restarts from (its checkpoint's).
         times: how many times each operation applies (2 escalates: ``*4`` multiplies by 16, ``+0.01`` adds 0.02).
 
     Returns:
@@ -398,6 +400,10 @@ class RemedyScheduler(FIFOScheduler):
         if checkpoint is None:
             return (f"no checkpoint before step {start}, where the finding began (checkpoints every "
                     "trainer.save_freq steps)")
+        # the restart resumes the policy of the checkpoint's step, so the prescription applies to the adaptive
+        # coefficient logged there: the finding's includes the controller's growth since (on sweeps/conservative.yaml
+        # "*4" of step 50's coefficient, restarted at step 28, was ×40 of step 28's)
+        changes, _ = prescribe(rule, self._sweep.placement, overrides, checkpoint.metrics, times=2 if escalated else 1)
         from klsweep.verl.presets import resolve_key
 
         for key, (_, new) in changes.items():
