@@ -106,8 +106,11 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
 
 
 #: A validation score of the Gao RL law (Gao et al. 2022, eq. 2) with alpha 1, beta 0.5 over a reference of 0.2:
-#: peak at d* = exp(alpha / beta - 1) = e, KL* = e**2 = 7.389 nats/sequence, peak score 0.2 + 0.5 e = 1.559.
-VAL = "val-core/gsm8k/acc/mean@1"
+#: peak at d* = exp(alpha / beta - 1) = e, KL* = e**2 = 7.389 nats/sequence, peak score 0.2 + 0.5 e = 1.559. A score
+#: above 1 is no accuracy (verl's ``acc`` is 0/1 correctness, its means lie in [0, 1] and the frontier clips them
+#: there), so it is logged as verl's validation ``reward``, the reward function's own scale (the core metric of a
+#: data source whose reward function returns no ``acc``, ``_val_metrics_update`` in verl/trainer/ppo/ray_trainer.py).
+VAL = "val-core/gsm8k/reward/mean@1"
 GAO_ALPHA, GAO_BETA, GAO_REFERENCE, RESPONSE_TOKENS = 1.0, 0.5, 0.2, 100.0
 FRONTIER_OBJECTIVES = [{"metric": VAL, "mode": "max"}, {"metric": "actor/kl_loss", "mode": "min"}]
 

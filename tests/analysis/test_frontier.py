@@ -362,3 +362,31 @@ def test_a_fit_without_an_interior_peak_says_so_in_words(synthetic_sweep):
     assert line.startswith("KL frontier (Gao RL form, 4 trials): no interior peak: the fitted gain still rises at "
                            "the largest KL seen (16 nats/sequence; ")
     assert "inf" not in line.replace("interior", "")
+
+
+def test_the_summary_bounds_an_accuracys_peak_and_says_when_a_kl_bound_is_extrapolated():
+    """The line a new user read: 'peak score 0.624 [0.618, 3.74e+06]' for verl's validation accuracy (a mean of 0/1
+    correctness: within [0, 1]) and 'KL* [0.386, 3.54e+18]' from a sweep whose largest KL was 4 nats/sequence. The
+    peak score's interval is clipped to [0, 1]; a KL* bound beyond 10 × 4 = 40 nats/sequence is an extrapolation and
+    said so. A reward (verl's ``val-core/<source>/reward/...``, the reward function's own scale) is not clipped."""
+    from klsweep.analysis.frontier import FormFit, Frontier, SweepFrontier, score_range
+
+    def line(metric, kl_interval, peak_interval, peak_score=0.624):
+        fit = FormFit("rl", 1.0, 0.5, 0.01, 1.5, 2.25, peak_score, {"kl_star": kl_interval,
+                                                                    "peak_score": peak_interval})
+        frontier = Frontier(reference=0.3, fits={"rl": fit}, best=fit, n=5, d_max=2.0, level=0.8, n_points=25)
+        empty = pd.DataFrame()
+        return SweepFrontier(metric, "", "", empty, empty, frontier, None).summary()
+
+    accuracy = "val-core/openai/gsm8k/acc/mean@4"
+    assert line(accuracy, (0.386, 3.54e18), (0.618, 3.74e6)).startswith(
+        "KL frontier (Gao RL form, 5 trials): KL* = 2.25 nats/sequence [0.386, > 40 (extrapolated)] (80 %), peak "
+        "score 0.624 [0.618, 1]")
+    assert "[0.386, 39] (80 %), peak score 0.624 [0.618, 0.7]" in line(accuracy, (0.386, 39.0), (0.618, 0.7))
+    assert "peak score 1 (the fit's 1.2 is outside the accuracy's range) [0.9, 1]" in line(
+        accuracy, (0.386, 39.0), (0.9, 1.5), peak_score=1.2)
+    reward = "val-core/openai/gsm8k/reward/mean@4"
+    assert "peak score 0.624 [0.618, 3.74e+06]" in line(reward, (0.386, math.inf), (0.618, 3.74e6))
+    assert "KL* = 2.25 nats/sequence [0.386, unbounded]" in line(reward, (0.386, math.inf), (0.618, 3.74e6))
+    assert [score_range(m) for m in (accuracy, "val-aux/arith/acc/maj@8/mean", "val-aux/arith/acc/std@8", reward,
+                                     None)] == [(0.0, 1.0), (0.0, 1.0), None, None, None]

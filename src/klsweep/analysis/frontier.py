@@ -35,6 +35,7 @@ paper's KL is per sequence. :func:`frontier_paths` converts with the mean respon
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -54,6 +55,13 @@ RESPONSE_LENGTH = "response_length/mean"
 #: Fewer trials than this leave the two-parameter fit and its leave-one-trial-out error meaningless.
 MIN_POINTS = 4
 _KEYS = ("alpha", "beta", "d_star", "kl_star", "peak_score")
+#: A KL* interval bound beyond this multiple of the largest KL the sweep reached rests on resamples whose peak lies
+#: where no trial went: :meth:`SweepFrontier.summary` prints it as ``> X (extrapolated)``, not as a number.
+EXTRAPOLATION_FACTOR = 10.0
+#: verl's validation accuracies, ``val-core/<source>/acc/<mean|maj|best|worst>@N[/mean]`` (and ``val-aux/...``):
+#: means over 0/1 correctness (``process_validation_metrics`` in verl/trainer/ppo/metric_utils.py over the reward
+#: function's ``acc``, e.g. verl/utils/reward_score/math_dapo.py's bool), so within [0, 1]. ``std@N`` is not one.
+_ACCURACY = re.compile(r"^val-(core|aux)/.+/acc/(mean|maj|best|worst)@\d+(/mean)?$")
 
 
 def gao_gain(form: Form, d: np.ndarray | float, alpha: float, beta: float) -> np.ndarray:
@@ -417,7 +425,9 @@ class SweepFrontier:
         extrapolated (beyond the largest KL reached); or the reason there is no fit. With confirmation re-runs the
         count is of configs (``N configs, R runs``: a re-run is one more seed of the config it confirms). A fit with
         no finite peak says so in words (never ``inf``): the gain still rises at the largest KL seen, or never rises;
-        an interval bound no resample reached is ``unbounded``."""
+        an interval bound no resample reached is ``unbounded``, a KL* bound beyond :data:`EXTRAPOLATION_FACTOR` times
+        the largest KL reached ``> X (extrapolated)``, and the peak score of an accuracy (:func:`score_range`) is
+        clipped to [0, 1] (a bootstrap upper bound of 3.74e+06 for an accuracy of 0.624 said nothing)."""
         f = self.frontier
         if f is None:
             return f"KL frontier: not fitted: {self.reason}"
@@ -436,8 +446,14 @@ class SweepFrontier:
         if b.kl_star == 0:
             return head + ("no gain: the fitted score never rises above the reference policy's "
                            f"({f.reference:.3g}) at any KL")
-        line = (f"{head}KL* = {b.kl_star:.3g} nats/sequence [{_bound(kl_lo)}, {_bound(kl_hi)}] ({pct}), peak score "
-                f"{b.peak_score:.3g} [{_bound(p_lo)}, {_bound(p_hi)}]")
+        reached = f.d_max ** 2
+        limit = EXTRAPOLATION_FACTOR * reached
+        top = score_range(self.score_metric)
+        peak_score = f"{b.peak_score:.3g}"
+        if top is not None and not top[0] <= b.peak_score <= top[1]:
+            peak_score = f"{_clip(b.peak_score, top)} (the fit's {b.peak_score:.3g} is outside the accuracy's range)"
+        line = (f"{head}KL* = {b.kl_star:.3g} nats/sequence [{_bound(kl_lo, limit)}, {_bound(kl_hi, limit)}] ({pct}), "
+                f"peak score {peak_score} [{_clip(p_lo, top)}, {_clip(p_hi, top)}]")
         warnings = []
         width = f.interval_width()
         if not math.isfinite(width):
@@ -445,14 +461,32 @@ class SweepFrontier:
         elif width > 1:
             warnings.append(f"interval too wide to act on (relative width {width:.3g} > 1): run more trials")
         if f.extrapolated:
-            warnings.append(f"extrapolated: the peak lies beyond the largest KL reached ({f.d_max ** 2:.3g} "
+            warnings.append(f"extrapolated: the peak lies beyond the largest KL reached ({reached:.3g} "
                             "nats/sequence)")
         return line + "".join(f"; ⚠ {w}" for w in warnings)
 
 
-def _bound(value: float) -> str:
-    """An interval bound for :meth:`SweepFrontier.summary`: ``unbounded`` when not finite, else 3 digits."""
+def _bound(value: float, limit: float = math.inf) -> str:
+    """A KL* interval bound for :meth:`SweepFrontier.summary`: ``unbounded`` when not finite, ``> limit
+    (extrapolated)`` beyond ``limit`` (:data:`EXTRAPOLATION_FACTOR` times the largest KL reached), else 3 digits."""
+    if not math.isfinite(value):
+        return "unbounded"
+    return f"> {limit:.3g} (extrapolated)" if value > limit else f"{value:.3g}"
+
+
+def _clip(value: float, bounds: tuple[float, float] | None) -> str:
+    """A peak-score bound for :meth:`SweepFrontier.summary`, clipped to the metric's range ``bounds`` (a confidence
+    interval intersected with the values the score can take keeps its coverage); ``unbounded`` when not finite."""
+    if bounds is not None:
+        value = min(max(value, bounds[0]), bounds[1])
     return f"{value:.3g}" if math.isfinite(value) else "unbounded"
+
+
+def score_range(metric: str | None) -> tuple[float, float] | None:
+    """The values ``metric`` can take: ``(0, 1)`` for verl's validation accuracies (``val-core/<source>/acc/mean@N``
+    and the other means, majorities, bests and worsts of the 0/1 ``acc``, see :data:`_ACCURACY`); ``None`` (no known
+    bound) for any other score, e.g. ``val-core/<source>/reward/mean@N``, the reward function's own scale."""
+    return (0.0, 1.0) if metric and _ACCURACY.match(metric) else None
 
 
 def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
