@@ -116,3 +116,23 @@ def test_multi_objective_health_is_a_constraint(ray_local, tmp_path):
     for t in front:
         assert t.values == [pytest.approx(0.6), pytest.approx(0.006)]
     assert not any(math.isnan(v) for t in front for v in t.values)
+
+
+def test_a_step_run_again_replaces_the_abandoned_runs_value(tmp_path):
+    # A remedy restarts a trial from its checkpoint of step 3 (klsweep.orchestrate.remedy): step 4 is reported again
+    # by the restarted run, and a health stop there makes it PRUNED, whose value Optuna takes from the last
+    # intermediate value: the restarted run's 0.1, as in trials.csv, not the abandoned run's 0.4
+    from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_REASON
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    searcher = KlsweepSearch(space=_space, metric="val", mode="max", sampler=optuna.samplers.RandomSampler(seed=0),
+                             study_name="s", storage=storage, overrides_of=_overrides, total_steps=STEPS)
+    assert searcher.suggest("t1") is not None
+    for step, val in ((2, 0.2), (4, 0.4), (4, 0.1)):
+        searcher.on_trial_result("t1", {"val": val, "training_iteration": step})
+    searcher.on_trial_complete("t1", {"val": 0.1, "training_iteration": 4, STEP: 4, HEALTH: "stopped",
+                                      STOP_REASON: "diverged at step 4 by kl_high", STOP_KIND: "diverged"})
+    [trial] = optuna.load_study(study_name="s", storage=storage).trials
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert trial.intermediate_values == {2: pytest.approx(0.2), 4: pytest.approx(0.1)}
+    assert trial.value == pytest.approx(0.1)

@@ -122,11 +122,12 @@ class KlsweepSearch(OptunaSearch):
                 last[name] = value
         value = last.get(self.metric) if not isinstance(self.metric, list) else None
         if value is not None and self.metric in result and math.isfinite(value):
-            with warnings.catch_warnings():
-                # A trial resumed from its checkpoint runs again the steps after it, with the same values; Optuna
-                # keeps the first report of a step and warns about the second.
-                warnings.filterwarnings("ignore", message="The reported value is ignored", category=UserWarning)
-                self._ot_trials[trial_id].report(value, result["training_iteration"])
+            # The storage's setter, not Trial.report, which keeps a step's first value: a remedy restarts the trial
+            # from a checkpoint (klsweep.orchestrate.remedy) and the steps it runs again replace the abandoned run's,
+            # so a PRUNED trial's value (Optuna takes its last intermediate value) is its final run's, as in
+            # trials.csv. A resume from a checkpoint runs the steps after it again with the same values.
+            ot_trial = self._ot_trials[trial_id]
+            ot_trial.storage.set_trial_intermediate_value(ot_trial._trial_id, result["training_iteration"], value)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
