@@ -282,8 +282,8 @@ def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
         load_ruleset(rules)
     typo = next(p for p in e.value.problems if "rules.0.acton" in p)
     assert typo == (f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: "
-                    "name, match, for, after, action, kind, advice, source, remedy, max_remedies, all, any, metric, "
-                    "above, below, stat, window, peak_above")
+                    "name, match, for, after, action, kind, advice, source, remedy, max_remedies, on_same_finding, "
+                    "all, any, metric, above, below, stat, window, peak_above")
 
 
 def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_space(tmp_path):
@@ -296,7 +296,7 @@ def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_sp
     with pytest.raises(SweepFileError) as e:
         load_sweep(copied)
     text = "\n".join(e.value.problems)
-    assert "search_space: no file 'no_such_space' (looked in " in text and str(tmp_path) in text
+    assert "search_space: no file 'no_such_space' or 'no_such_space.yaml' (looked in " in text and str(tmp_path) in text
     assert "copy the search space next to the sweep file" in text
     assert "this sweep has no parameters" in text  # the seed trial's knock-on, not 'Parameters: ' and nothing
 

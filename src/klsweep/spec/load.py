@@ -10,7 +10,9 @@ strings, as verl expects strings there), ``1e-3`` is a float, dates stay strings
 
 from __future__ import annotations
 
+import copy
 import difflib
+import os
 import re
 import types
 import typing
@@ -79,7 +81,9 @@ def load_sweep(path: str | Path, cli_overrides: Iterable[str] = ()) -> Sweep:
         path: the YAML sweep file.
         cli_overrides: ``FIELD=VALUE`` strings (dotted sweep-file paths, values parsed as YAML), e.g.
             ``budget.trials=4``, ``overrides.actor_rollout_ref.actor.kl_loss_coef=0.01``,
-            ``parameters.kl_coef.max=0.1``.
+            ``parameters.kl_coef.max=0.1`` (applied after the ``search_space`` include: it changes an included
+            parameter's field as it changes one the file defines). Relative paths (``search_space``,
+            ``replay.trace``, ``tabular.table``): :func:`find_file`.
 
     Returns:
         the validated :class:`Sweep`; ``sweep.warnings`` holds non-fatal findings, ``sweep.where(*path)`` the
@@ -121,15 +125,31 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
         raise SweepFileError([f"{path}:1: the file is {kind} — a sweep file is a YAML mapping with at least "
                               "`name`, `algorithm` and `objective` (see sweeps/conservative.yaml)"])
     problems: list[str] = []
+    reported: set[tuple[str, ...]] = set()
+    # the search space the file names after the overrides, included first: an override of an included parameter's
+    # field (parameters.kl_coef.max=0.5) then merges into it, as into a parameter of the file's own
+    overridden, overridden_lines = copy.deepcopy(data), dict(lines)
+    for text in cli_overrides:
+        _apply_override(overridden, text, overridden_lines)
+    if isinstance(overridden.get("search_space"), str):
+        where = overridden_lines.get(("search_space",), str(path))
+        problems.extend(_include_search_space(path, data, lines, overridden["search_space"], where))
     for text in cli_overrides:
         problem = _apply_override(data, text, lines)
         if problem:
             problems.append(f"command line {text!r}: {problem}")
-    if isinstance(data.get("search_space"), str):
-        problems.extend(_include_search_space(path, data, lines))
-    if isinstance(data.get("replay"), dict) and isinstance(data["replay"].get("trace"), str):
-        problems.extend(_resolve_trace(path, data["replay"], lines))
-    reported: set[tuple[str, ...]] = set()
+    for section, key, fix in _PATH_FIELDS:
+        block = data.get(section)
+        if not isinstance(block, dict) or not isinstance(block.get(key), str) or not block[key]:
+            continue
+        file, looked = find_file(block[key], path)
+        if file is not None:
+            block[key] = str(file)  # absolute: trials run in Ray workers with another working directory
+            continue
+        where = lines.get((section, key), str(path))
+        problems.append(f"{where}: {section}.{key}: no file {block[key]!r} (looked in {', '.join(looked)}) — {fix}")
+        data.pop(section)  # reported: not also "trainer ... needs" it, nor a check that reads the missing file
+        reported.add((section,))
     for _ in range(5):  # each round removes at least one entry; real files settle in two or three
         try:
             sweep = Sweep.model_validate(data)
@@ -328,41 +348,60 @@ def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
         i += j
 
 
-def _resolve_trace(sweep_path: Path, replay: dict, lines: Lines) -> list[str]:
-    """Make ``replay.trace`` absolute (trials run in Ray workers with another working directory)."""
-    name = replay["trace"]
-    candidates = [Path(name), sweep_path.parent / name]
+#: The sweep-file fields that name a file, read with :func:`find_file` (the search space has its own folders too):
+#: (section, key, what to give instead of a missing file).
+_PATH_FIELDS = (
+    ("replay", "trace", "give the path of a verl jsonl, console log, W&B CSV or Tune progress.csv"),
+    ("tabular", "table", "give a table written by benchmarks/tabular/generate.py, e.g. "
+                         "benchmarks/tabular/grpo_kl.jsonl.gz"),
+)
+
+
+def find_file(name: str, sweep_file: Path, *, then: Iterable[Path] = (), suffix: str = "") -> tuple[Path | None,
+                                                                                                    list[str]]:
+    """The file a path written in a sweep file names, the one rule of every path field (``search_space``,
+    ``replay.trace``, ``tabular.table``): a relative path is read from the sweep file's folder first, as Hydra and
+    most tools read a config's relative paths, then from the working directory (klsweep's first place before, kept
+    so that files relying on it still load), then from the folders ``then``; an absolute path is itself.
+
+    Args:
+        name: the path as written.
+        sweep_file: the sweep file that names it.
+        then: further folders to look in, in order (the search space's ``search_spaces/`` folders).
+        suffix: also looked for as ``name + suffix`` in each place (``.yaml``: a search space given by its name),
+            unless ``name`` ends with it.
+
+    Returns:
+        ``(file, folders)``: the first file found, absolute with links resolved (None when none is found), and the
+        folders looked in, in order, as absolute paths for an error message.
+    """
+    names = [name] + ([name + suffix] if suffix and not name.endswith(suffix) else [])
+    candidates = [folder / n for folder in (sweep_file.parent, Path.cwd(), *then) for n in names]
     found = next((c for c in candidates if _is_file(c)), None)
-    if found is None:
-        where = lines.get(("replay", "trace"), str(sweep_path))
-        looked = ", ".join(dict.fromkeys(str(c.parent.resolve()) for c in candidates))
-        return [f"{where}: replay.trace: no file {name!r} (looked in {looked})"
-                " — give the path of a verl jsonl, console log, W&B CSV or Tune progress.csv"]
-    replay["trace"] = str(found.resolve())
-    return []
+    looked = dict.fromkeys(os.path.abspath(c.parent) for c in candidates)
+    return (found.resolve() if found is not None else None), list(looked)
 
 
 def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
-    except OSError:  # a name too long for the file system
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
         return False
 
 
-def _include_search_space(sweep_path: Path, data: dict, lines: Lines) -> list[str]:
-    """Merge the ``parameters`` of the file ``data['search_space']`` names under the sweep's own parameters."""
-    name = data["search_space"]
-    where = lines.get(("search_space",), str(sweep_path))
-    candidates = [Path(name), sweep_path.parent / name]
-    # next to the sweep file's folder (sweeps/ beside search_spaces/), the working directory, and klsweep's own
-    # checkout (a shipped sweep file copied elsewhere still finds the shipped spaces)
+def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str, where: str) -> list[str]:
+    """Merge the ``parameters`` of the search space ``name`` (written at ``where``) under the sweep's own parameters.
+
+    ``name`` is found by :func:`find_file`, as ``name`` or ``name.yaml``: next to the sweep file, in the working
+    directory, then in the ``search_spaces/`` folder beside the sweep file's folder (sweeps/ beside search_spaces/),
+    in the working directory and in klsweep's own checkout (a shipped sweep file copied elsewhere still finds the
+    shipped spaces)."""
     shipped = Path(__file__).resolve().parents[3] / "search_spaces"
-    for folder in (sweep_path.parent.parent / "search_spaces", Path("search_spaces"), shipped):
-        candidates += [folder / name, folder / f"{name}.yaml"]
-    found = next((c for c in candidates if _is_file(c)), None)
+    folders = (sweep_path.parent.parent / "search_spaces", Path("search_spaces"), shipped)
+    found, looked = find_file(name, sweep_path, then=folders, suffix=".yaml")
     if found is None:
-        looked = ", ".join(sorted({str(c.parent.resolve()) for c in candidates}))
-        return [f"{where}: search_space: no file {name!r} (looked in {looked})"
+        names = repr(name) + (f" or {name + '.yaml'!r}" if not name.endswith(".yaml") else "")
+        return [f"{where}: search_space: no file {names} (looked in {', '.join(looked)})"
                 " — give a name from search_spaces/ or a path, or copy the search space next to the sweep file"]
     try:
         space_data, space_lines = _read(found)

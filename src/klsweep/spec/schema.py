@@ -13,7 +13,6 @@ is a parameter defined *earlier* in the file.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -349,7 +348,7 @@ class Replay(BaseModel):
     trace: str = Field(
         min_length=1,
         description="the log to play back: verl file-logger jsonl, verl console log, W&B CSV export, Ray Tune "
-        "progress.csv or result.json (relative paths: from the working directory, else from the sweep file's folder)",
+        "progress.csv or result.json (a relative path: from the sweep file's folder, else the working directory)",
     )
     speed: float = Field(
         0.0, ge=0, allow_inf_nan=False,
@@ -372,21 +371,8 @@ class Tabular(BaseModel):
     table: str = Field(
         min_length=1,
         description="the table file written by benchmarks/tabular/generate.py (benchmarks/tabular/<sweep>.jsonl.gz; "
-        "relative paths: from the working directory)",
+        "a relative path: from the sweep file's folder, else the working directory)",
     )
-
-    @field_validator("table")
-    @classmethod
-    def _existing(cls, value: str) -> str:
-        path = Path.cwd() / value  # absolute: trials run in Ray workers with another working directory
-        try:
-            found = path.is_file()
-        except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-            found = False
-        if not found:
-            raise ValueError(f"no file {value!r} (looked in {Path.cwd()}): give a table written by "
-                             "benchmarks/tabular/generate.py, e.g. benchmarks/tabular/grpo_kl.jsonl.gz")
-        return str(path)
 
 
 class Sweep(BaseModel):
@@ -417,7 +403,8 @@ class Sweep(BaseModel):
         default_factory=dict, description="fixed verl overrides for every trial, flat dotted keys"
     )
     search_space: str | None = Field(
-        None, description="a file of search_spaces/ (name or path) whose `parameters` are included; this file's win"
+        None, description="a search space (name, with or without .yaml, or path) whose `parameters` are included; "
+        "this file's win. Looked for next to the sweep file, in the working directory, then in search_spaces/"
     )
     parameters: dict[str, Parameter] = Field(
         default_factory=dict, description="searched parameters, W&B style, keyed by verl key or alias"
