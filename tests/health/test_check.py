@@ -153,7 +153,10 @@ def test_a_warn_only_judgement_is_inconclusive(tmp_path, capsys):
     assert main(["health", "check", str(log), "--rules", str(rules), "--json"]) == 3
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "inconclusive" and out["fired"]["score_watch"]["action"] == "warn"
-    assert out["judged"] == 1 and out["stop_judged"] == 0
+    # the rule and builtin.nonfinite_metric (it read critic/score/mean, all finite) judged it; neither can stop
+    assert set(out["judges"]) - set(out["not_applicable"]) == {"score_watch", "builtin.nonfinite_metric"}
+    assert out["judges"]["builtin.nonfinite_metric"] == "warn"
+    assert out["judged"] == 2 and out["stop_judged"] == 0
 
 
 def test_kl_on_in_the_run_config_without_a_kl_metric_is_said(tmp_path, capsys):

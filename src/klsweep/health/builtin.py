@@ -4,6 +4,10 @@
 - ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn; stop only once it lasts a
   number of steps (verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer
   skips them).
+- ``builtin.nonfinite_metric``: any other metric a rule or check reads (score, entropy, response length, validation
+  score, ...) NaN/inf → warn, never stop (a ``null`` in verl's file-logger jsonl is one): the rules reading it skip
+  that report, so without this finding a run whose score went NaN would look healthy. The coverage lines of those
+  rules count such reports as non-finite, not as missing.
 - ``builtin.no_signal``: every advantage 0 (``critic/advantages/max`` and ``/min`` are 0; verl whitens or
   group-normalises advantages to mean 0, so max == 0 means all 0) or every score 0 → stop as no_signal
   (rllm#54), not as divergence.
@@ -18,6 +22,9 @@
 - ``builtin.kl_explosion``: reference KL mean at or above ``kl_explosion`` (default 9: k3 clamps each token to
   [-10, 10] in verl's ``core_algos.kl_penalty``, so a mean near 10 means most tokens are at the clamp) → diverged.
   Judged per token (token-sum aggregations are divided by the tokens summed: :mod:`klsweep.health.signals`).
+
+Only a finite value counts as a judgement: a check that saw its metrics only as NaN/inf is listed "not applicable"
+with that reason (the non-finite checks report them).
 
 Every "for N" of these checks counts training steps, not reports (:class:`~klsweep.health.streak.Streak`): a log
 with one report every 25 steps is judged like the full log within 25 steps.
@@ -57,12 +64,32 @@ Values = Mapping[str, tuple[str, float] | None]
 
 
 class BuiltinCheck:
-    """One built-in check. ``check`` returns a finding or None; ``judged`` says whether it could ever judge."""
+    """One built-in check. ``check`` returns a finding or None; ``judged`` says whether it could ever judge;
+    ``action`` is the strongest finding it can give (``stop``, or ``warn`` for a check that never stops a run)."""
 
     name = "builtin"
+    action = "stop"
 
     def __init__(self) -> None:
         self.judged = False
+        self.nonfinite_seen = False  # its metrics were logged, but only as NaN/inf
+
+    def _finite(self, metrics: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, float]:
+        """The finite values of ``keys`` in this report; notes a NaN/inf one for :meth:`_never`."""
+        out = {}
+        for key in keys:
+            value = number(metrics.get(key))
+            if value is not None:
+                if math.isfinite(value):
+                    out[key] = value
+                else:
+                    self.nonfinite_seen = True
+        return out
+
+    def _never(self, keys: tuple[str, ...], more: str = "") -> str:
+        """Why the check never judged: its metrics were never logged, or only as NaN/inf."""
+        said = "logged, but never finite" if self.nonfinite_seen else "never logged"
+        return f"{said} (looked for {', '.join(keys)}{more})"
 
     def check(self, step: int, metrics: Mapping[str, Any], values: Values) -> Event | None:
         raise NotImplementedError
@@ -135,6 +162,44 @@ class NonfiniteGradNorm(BuiltinCheck):
         )
 
 
+class NonfiniteMetric(BuiltinCheck):
+    """A NaN/inf value of any signal the rule set reads, other than the ``skip`` keys (the losses and grad norms the
+    other non-finite checks judge) → warn. Never stops: a NaN score or entropy is a broken metric or reward, but
+    not by itself a broken update (the losses say that)."""
+
+    name = "builtin.nonfinite_metric"
+    action = "warn"
+
+    def __init__(self, skip: tuple[str, ...]):
+        super().__init__()
+        self.skip = frozenset(skip)
+
+    def check(self, step, metrics, values):
+        bad: dict[str, float] = {}
+        for hit in values.values():
+            if hit is None or hit[0].removesuffix(" per token") in self.skip or hit[0].startswith("config:"):
+                continue
+            self.judged = True
+            if not math.isfinite(hit[1]):
+                bad[hit[0]] = hit[1]
+        if not bad:
+            return None
+        return Event(
+            rule=self.name,
+            kind="nonfinite",
+            step=step,
+            values=bad,
+            advice="find where the metric turns NaN/inf (a reward function returning NaN or inf, an empty batch, a "
+            "division by 0); rules that read it skip these reports",
+            message=", ".join(f"{k} = {v}" for k, v in bad.items())
+            + " (non-finite: NaN or ±inf, null in verl's file-logger jsonl); no rule can judge it here",
+            action=self.action,
+        )
+
+    def why_not_applicable(self):
+        return "no metric a rule or check reads was logged (besides the losses and grad norms)"
+
+
 class NoSignal(BuiltinCheck):
     name = "builtin.no_signal"
 
@@ -144,8 +209,8 @@ class NoSignal(BuiltinCheck):
         self.streak = Streak()
 
     def check(self, step, metrics, values):
-        adv = {k: v for k in ADVANTAGE_METRICS if (v := number(metrics.get(k))) is not None}
-        score = {k: v for k in SCORE_RANGE_METRICS if (v := number(metrics.get(k))) is not None}
+        adv = self._finite(metrics, ADVANTAGE_METRICS)
+        score = self._finite(metrics, SCORE_RANGE_METRICS)
         if not adv and not score:
             return None
         self.judged = True
@@ -169,7 +234,7 @@ class NoSignal(BuiltinCheck):
         )
 
     def why_not_applicable(self):
-        return f"never logged (looked for {', '.join((*ADVANTAGE_METRICS, *SCORE_RANGE_METRICS))})"
+        return self._never((*ADVANTAGE_METRICS, *SCORE_RANGE_METRICS))
 
 
 def _not_updating(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -213,7 +278,7 @@ class NoUpdate(BuiltinCheck):
             return None
         idle = _not_updating(metrics)
         if idle is None:  # updating (a non-zero grad norm), or nothing to judge by
-            self.judged = self.judged or any(number(metrics.get(k)) is not None for k in UPDATE_METRICS)
+            self.judged = self.judged or bool(self._finite(metrics, UPDATE_METRICS))
             self.streak.reset(step)
             return None
         flat = self._flat(values)
@@ -240,7 +305,7 @@ class NoUpdate(BuiltinCheck):
     def why_not_applicable(self):
         if self.rounded:
             return "the log prints rounded values (3 decimals): 0.000 is not exactly 0"
-        return f"never logged (looked for {', '.join(UPDATE_METRICS)} with a KL or entropy metric)"
+        return self._never(UPDATE_METRICS, " with a KL or entropy metric")
 
 
 class KlDead(BuiltinCheck):
@@ -257,7 +322,7 @@ class KlDead(BuiltinCheck):
         if self.rounded or self.signals.setup.kl_off:
             return None
         kl, coef = values.get("ref_kl"), values.get("kl_coef")
-        if kl is None:
+        if kl is None or not math.isfinite(kl[1]):  # NaN/inf: builtin.nonfinite_loss's finding
             return None
         if step <= self.after:
             self.streak.reset(step)
@@ -293,7 +358,7 @@ class KlDead(BuiltinCheck):
             return "the KL coefficient is 0: KL is on but weighs nothing (a config warning, not a dead KL path)"
         if self.frozen:
             return "the actor never updated (actor/grad_norm or actor/lr exactly 0): see builtin.no_update"
-        if "ref_kl" in self.signals.keys_seen:
+        if "ref_kl" in self.signals.finite:
             return f"no report after the warm-up (step {self.after})"
         return self.signals.why_absent("ref_kl")
 
@@ -375,6 +440,7 @@ def builtin_checks(config: BuiltinConfig, signals: Signals, rounded: bool) -> li
     if config.nonfinite_loss:
         checks.append(NonfiniteLoss())
     checks.append(NonfiniteGradNorm(config.nonfinite_grad_norm_streak))
+    checks.append(NonfiniteMetric((*(NonfiniteLoss._keys if config.nonfinite_loss else ()), *GRAD_NORM_METRICS)))
     if config.kl_explosion > 0:
         checks.append(KlExplosion(signals, config.kl_explosion))
     checks.append(KlNegative(signals, config.negative_kl_tolerance))

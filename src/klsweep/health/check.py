@@ -57,8 +57,8 @@ def coverage(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     the verdict that follows.
 
     A rule or built-in check judged the log unless the engine lists it under ``not_applicable`` (its metrics never
-    appeared, its window was never covered, ...). Every built-in check can stop a run; a rule can when its action is
-    ``stop``.
+    appeared or were never finite, its window was never covered, ...). A check or rule can stop a run when its action
+    in ``judges`` is ``stop`` (every built-in check but ``builtin.nonfinite_metric``, which warns).
 
     Returns:
         ``{"verdict", "judged", "total", "stop_judged", "stop_total", "kl_not_logged"}``: ``verdict`` is the
@@ -139,6 +139,7 @@ def health_check(
             "run_config": t.config,
             "ruleset": ruleset.name,
             "skipped_lines": t.skipped,
+            "skipped": [{"line": number, "why": why} for number, why in t.skipped_lines],
             "timeline": timeline,
             **summary,
         }
@@ -148,6 +149,23 @@ def health_check(
     return EXIT_CODES[summary["verdict"]]
 
 
+#: Skipped lines the text output names one by one; the rest are counted (``--json`` lists them all).
+SKIPPED_SHOWN = 5
+
+
+def _skipped_text(t: Trace) -> list[str]:
+    """``skipped 2 lines, not read as reports: line 11 (not JSON), line 32 (truncated last line: ...)``, or nothing."""
+    if not t.skipped_lines:
+        return []
+    shown = [f"line {number} ({why})" for number, why in t.skipped_lines[:SKIPPED_SHOWN]]
+    more = t.skipped - len(shown)
+    s = "s" if t.skipped > 1 else ""
+    return [
+        f"skipped {t.skipped} line{s}, not read as reports: {', '.join(shown)}"
+        + (f" and {more} more (--json lists them all)" if more else "")
+    ]
+
+
 def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     s = summary
     lines = [
@@ -155,6 +173,7 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
         f"({_steps(s['first_step'], s['last_step'])})"
         + (", values rounded to 3 decimals" if t.rounded else "")
         + (", run config from the log" if t.config else ", no run config (rules that need it are not applicable)"),
+        *_skipped_text(t),
         f"rule set: {ruleset.name} ({len(ruleset.rules)} rules + built-in checks)",
         "",
         "timeline:" if timeline else "timeline: no rule fired",

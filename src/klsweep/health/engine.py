@@ -337,9 +337,12 @@ class HealthEngine:
             series = self._series[condition.metric]
             covered = series.steps[-1] - series.first_step + 1 if series.steps else 0
             if covered < need:
+                nonfinite = self._signals.nonfinite_text(condition.metric)
                 return (
                     f"{condition.label()} needs {need} steps covered (at least two reports), the run covered "
-                    f"{covered} (steps {series.first_step}-{series.steps[-1]}, {series.count} reports)"
+                    f"{covered}{' with finite values' if nonfinite else ''} (steps {series.first_step}-"
+                    f"{series.steps[-1]}, {series.count} reports)"
+                    + (f"; {nonfinite}: see builtin.nonfinite_metric" if nonfinite else "")
                 )
             floor = getattr(condition, "peak_above", 0.0)
             if floor and self._series[condition.metric].run_max <= floor:
@@ -357,8 +360,9 @@ class HealthEngine:
         pre-stop ``val_score`` report, else the best ``critic/score/mean``: ``{"metric", "step", "value"}`` or None),
         ``reports``, ``first_step``, ``last_step``, ``fired`` (per rule: action, kind, count, first_step, last_step),
         ``not_applicable`` (rule → reason), ``judges`` (every built-in check and rule → its action: a built-in check
-        stops; what could judge the log is ``judges`` less ``not_applicable``), ``scale`` (how token sums were put per
-        token: ``{metric: text}``, empty when the run's ``loss_agg_mode`` logs per-token values).
+        stops, but ``builtin.nonfinite_metric`` only warns; what could judge the log is ``judges`` less
+        ``not_applicable``), ``scale`` (how token sums were put per token: ``{metric: text}``, empty when the run's
+        ``loss_agg_mode`` logs per-token values).
         """
         reason = self._reason
         best_signal = next((n for n in _BEST_SIGNALS if n in self._best), None)
@@ -383,7 +387,7 @@ class HealthEngine:
             "last_step": self._last_step,
             "fired": {name: dict(record) for name, record in self._fired.items()},
             "not_applicable": self.not_applicable(),
-            "judges": {**{c.name: "stop" for c in self._builtins}, **{r.name: r.action for r in self.ruleset.rules}},
+            "judges": {**{c.name: c.action for c in self._builtins}, **{r.name: r.action for r in self.ruleset.rules}},
             "scale": {k: self.scale.describe(k) for k in SCALED} if self.scale.summed else {},
         }
 

@@ -61,7 +61,7 @@ class Trace:
         reports: (step, metrics) in file order; step None when the log has none.
         rounded: no value has more than 3 decimals (verl's console logger rounds; jsonl converted from console lines).
         config: the run's flat verl overrides when the log holds them (Tune), else None.
-        skipped: lines that could not be parsed (e.g. a truncated last line).
+        skipped_lines: (1-based line number, why) of each of those lines, in file order (:func:`skip_reason`).
         runs: the run names of a W&B export (``"<run> - <metric>"`` headers), in column order; [] for other logs.
         run: the run whose reports these are (a W&B export), else None.
     """
@@ -71,9 +71,14 @@ class Trace:
     reports: list[tuple[int | None, dict[str, Any]]] = field(default_factory=list)
     rounded: bool = False
     config: dict[str, Any] | None = None
-    skipped: int = 0
+    skipped_lines: list[tuple[int, str]] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
     run: str | None = None
+
+    @property
+    def skipped(self) -> int:
+        """How many lines could not be read as reports."""
+        return len(self.skipped_lines)
 
 
 def parse_value(text: str) -> float | str:
@@ -190,7 +195,40 @@ def decode_json_line(line: str | bytes) -> JsonRecord:
             config = flat_verl_config(obj["config"]) or None
         step = _int(obj.get("step", obj.get("training_iteration")))
         return JsonRecord("tune-result-json", step, _tune_nonfinite(obj), config)
-    raise ValueError('neither a verl file-logger record {"step": N, "data": {...}} nor a Ray Tune result')
+    raise NotARecord('neither a verl file-logger record {"step": N, "data": {...}} nor a Ray Tune result')
+
+
+class NotARecord(ValueError):
+    """A JSON line that is neither a verl file-logger record nor a Ray Tune result."""
+
+
+def skip_reason(line: str, error: ValueError, last: bool, unfinished: bool = False) -> str:
+    """Why :func:`decode_json_line` refused ``line``, in words: ``truncated ...`` for a record cut short,
+    ``not JSON``, or ``JSON but not a verl record``.
+
+    Args:
+        line: the refused line.
+        error: what :func:`decode_json_line` raised for it.
+        last: it is the file's last non-empty line.
+        unfinished: the file does not end with a newline after it.
+
+    A record is cut short when msgspec reports the input truncated, or when it is an unfinished last line that opens
+    like one (``{``). verl's ``FileLogger`` writes each record with its newline, so a cut last line is a write still
+    under way (the run is running) or one a kill interrupted.
+    """
+    if isinstance(error, NotARecord):
+        return "JSON but not a verl record"
+    truncated = unfinished and line.startswith("{")
+    if not truncated:
+        try:
+            _MSGSPEC.decode(line)
+        except msgspec.DecodeError as e:
+            truncated = "truncated" in str(e)
+    if not truncated:
+        return "not JSON"
+    if last:
+        return "truncated last line: a verl run still writing, or killed mid-write, leaves one"
+    return "truncated record mid-file: a run killed mid-write and resumed into the same file leaves one"
 
 
 def _nulls_as_nan(data: dict[str, Any]) -> dict[str, Any]:
@@ -226,14 +264,17 @@ def _nonfinite_text(text: str) -> float | None:
 
 def _read_json_lines(path: Path, text: str) -> Trace:
     trace = Trace(path, "verl-jsonl")
-    for line in text.splitlines():
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    unfinished = not text.endswith(("\n", "\r"))
+    for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
             continue
         try:
             record = decode_json_line(line)
-        except ValueError:
-            trace.skipped += 1
+        except ValueError as e:
+            trace.skipped_lines.append((number, skip_reason(line, e, number == last, unfinished and number == last)))
             continue
         if record.format == "tune-result-json":
             trace.format = record.format
@@ -334,11 +375,18 @@ def _int(value: Any) -> int | None:
 
 
 def _looks_rounded(reports: list[tuple[int | None, dict[str, Any]]]) -> bool:
-    """True when no float in the first 50 reports has more than 3 decimals (a log converted from console lines)."""
-    for _, metrics in reports[:50]:
+    """True when the first 50 reports that hold a finite non-integer float hold none with more than 3 decimals (a log
+    converted from console lines); False when no report holds one (all NaN, integers: nothing says it was rounded)."""
+    checked = 0
+    for _, metrics in reports:
+        fractional = False
         for value in metrics.values():
             if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
                 m = _DECIMALS.search(repr(value))
                 if m is None or len(m.group(1)) > 3 or "e" in repr(value).lower():
                     return False
-    return True
+                fractional = True
+        checked += fractional
+        if checked == 50:
+            break
+    return checked > 0

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from numbers import Real
 from typing import Any
 
+from klsweep.health.streak import steps_text
 from klsweep.verl.metrics import (
     ALIASES,
     KL_IN_LOSS_COEF_METRICS,
@@ -180,6 +181,8 @@ class Signals:
         self.names = tuple(dict.fromkeys(names))
         self._share_terms: deque[tuple[int, float, float]] = deque()  # (step, |KL term|, |actor loss|)
         self.keys_seen: dict[str, str] = {}  # signal -> the verl key it was last read from
+        self.finite: set[str] = set()  # signals read with a finite value at least once
+        self.nonfinite: dict[str, list[Any]] = {}  # signal -> [verl key, reports, first step, last step] of NaN/inf
         self._val_keys: tuple[Any, list[str]] = (None, [])  # (a report's key set, its validation keys, sorted)
         special = {"kl_coef": self._kl_coef, "kl_loss_share": self._kl_loss_share, VAL_SCORE: self._val_score}
         self._readers = [
@@ -198,7 +201,27 @@ class Signals:
             out[name] = hit
             if hit is not None:
                 self.keys_seen[name] = hit[0]
+                if math.isfinite(hit[1]):
+                    self.finite.add(name)
+                else:
+                    self._note_nonfinite(name, hit[0], step)
         return out
+
+    def _note_nonfinite(self, name: str, key: str, step: int) -> None:
+        seen = self.nonfinite.get(name)
+        if seen is None:
+            self.nonfinite[name] = [key, 1, step, step]
+        else:
+            seen[0], seen[1], seen[3] = key, seen[1] + 1, step
+
+    def nonfinite_text(self, name: str) -> str:
+        """``"critic/score/mean non-finite in 21 reports (steps 10-30)"``: the reports where signal ``name`` was
+        logged NaN or ±inf (a ``null`` in verl's file-logger jsonl), which no rule can judge; "" when none."""
+        seen = self.nonfinite.get(name)
+        if seen is None:
+            return ""
+        key, count, first, last = seen
+        return f"{key} non-finite in {count} report{'s' if count > 1 else ''} ({steps_text(first, last)})"
 
     def _per_token(self, name: str, hit: tuple[str, float], metrics: Mapping[str, Any]) -> tuple[str, float] | None:
         value = self.scale.per_token(hit[0], hit[1], metrics)
@@ -283,8 +306,14 @@ class Signals:
         return first_present(metrics, hits)
 
     def why_absent(self, name: str) -> str:
-        """Why a signal was never read in this run, for the "not applicable" list."""
+        """Why a signal was never read with a finite value in this run, for the "not applicable" list."""
         s = self.setup
+        if name in self.nonfinite and name not in self.finite:
+            key, count, first, last = self.nonfinite[name]
+            return (
+                f"{key} logged in {count} report{'s' if count > 1 else ''} ({steps_text(first, last)}), non-finite at "
+                "every one (NaN or ±inf; null in verl's file logger): no value to judge"
+            )
         if name in self.unscaled and name not in self.keys_seen:
             return self.unscaled[name]
         if name == "ref_kl" and s.kl_off:
