@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from klsweep.health.rules import Rule, WindowCondition
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
 from klsweep.trainers import runs_verl, trainer_kind
 from klsweep.verl import presets
@@ -89,6 +90,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                          "trial instead. Use scheduler: none for remedies")
                         for i, rule in enumerate(sweep.health.rules) if rule.remedy)
     warnings.extend(_remedies_off(sweep))
+    warnings.extend(_rules_out_of_reach(sweep))
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
     stop = sweep.stopping.objective
@@ -427,6 +429,36 @@ def _remedies_off(sweep: Sweep) -> Iterator[Problem]:
     if named:
         yield ("health",), (f"trainer {sweep.trainer}: remedies off, {why}: {', '.join(named)} stop their trial "
                              "instead of restarting it (as with health: {remedies: false})")
+
+
+def _first_firing_step(rule: Rule) -> int:
+    """The earliest training step at which ``rule`` can fire in a trial that reports every step from step 0.
+
+    Its streak starts no earlier than ``after + 1`` (the warm-up, :class:`klsweep.health.streak.Streak`) nor before
+    its conditions are judged: a window statistic of W steps once the run covers W steps (step W − 1 from a report
+    at step 0; every condition under ``all``, the first judged one under ``any``); ``drop_from_max``, ``value`` and
+    ``ratio_to_first`` at once. It fires once held for ``for`` steps: ``max(after + 1, judged) + for − 1``.
+    """
+    judged = [c.window - 1 if isinstance(c, WindowCondition) else 0 for c in rule.conditions]
+    first = max(judged) if rule.match == "all" else min(judged)
+    return max(rule.after + 1, first) + rule.for_ - 1
+
+
+def _rules_out_of_reach(sweep: Sweep) -> Iterator[Problem]:
+    """One warning naming the health rules that cannot fire within ``budget.max_steps`` (:func:`_first_firing_step`):
+    a trial such a stop rule would stop ends COMPLETE and healthy, a warn rule never warns."""
+    from klsweep.health import load_ruleset
+
+    steps = sweep.budget.max_steps
+    late = [(rule, _first_firing_step(rule)) for rule in load_ruleset(sweep.health).rules]
+    late = [(rule, first) for rule, first in late if first > steps]
+    if not late:
+        return
+    named = ", ".join(f"{rule.name} ({rule.describe()}: step {first} at the earliest)" for rule, first in late)
+    yield ("budget", "max_steps"), (
+        f"{steps} steps end every trial before these health rules can fire: {named}. A trial such a stop rule would "
+        f"stop ends COMPLETE and healthy. Raise budget.max_steps to {max(f for _, f in late)} or more, or lower their "
+        "`after`/`for` (a rule of the same name in health.rules replaces the preset's)")
 
 
 def _table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dict[str, Any]) -> Iterator[Problem]:
