@@ -149,3 +149,27 @@ def test_an_all_null_log_says_its_metrics_were_logged_non_finite_not_never_logge
     assert {name for name, text in why.items() if "never logged" in text} == {"reward_hacking", "reward_variance"}
     _, out = _check(capsys, log)
     assert "rounded" not in out.splitlines()[0]
+
+
+def test_a_rule_whose_metrics_were_finite_only_apart_says_non_finite_not_missing(tmp_path, capsys):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "preset: none\n"
+        "rules:\n"
+        "  - name: both\n"
+        "    all: [{metric: critic/score/mean, below: 0.05}, {metric: actor/entropy, below: 0.1}]\n"
+        "    action: stop\n"
+    )
+    # entropy is finite at odd steps and null at even ones; the score is logged at even steps only
+    rows = [
+        (s, {"actor/entropy": 0.5} if s % 2 else {"actor/entropy": math.nan, "critic/score/mean": 0.2})
+        for s in range(1, 11)
+    ]
+    log = tmp_path / "run.jsonl"
+    log.write_bytes(b"\n".join(_lines(rows)) + b"\n")
+    assert main(["health", "check", str(log), "--rules", str(rules), "--json"]) == 3  # nothing that stops judged
+    report = json.loads(capsys.readouterr().out)
+    assert report["not_applicable"]["both"] == (
+        "critic/score/mean, actor/entropy were never finite in the same report "
+        "(actor/entropy non-finite in 5 reports (steps 2-10))"
+    )

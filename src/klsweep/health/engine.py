@@ -350,6 +350,9 @@ class HealthEngine:
                 return f"{condition.label()} waits for a maximum above {floor:g}; the run's best was {best:.4g}"
         if self._last_step is not None and self._last_step <= rule.after:
             return f"no report after the warm-up (after: {rule.after})"
+        nonfinite = "; ".join(text for m in rule.metrics if (text := self._signals.nonfinite_text(m)))
+        if nonfinite:
+            return f"{', '.join(rule.metrics)} were never finite in the same report ({nonfinite})"
         return f"{', '.join(rule.metrics)} were never logged in the same report"
 
     def summary(self) -> dict[str, Any]:
