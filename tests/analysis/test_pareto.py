@@ -120,6 +120,21 @@ def test_kl_scales_mixed_on_the_front_warn_and_synonyms_do_not():
                                        "actor/kl_loss (low_var_kl, token-mean)"]
 
 
+def test_trials_ranked_against_kl_on_another_scale_warn_even_when_the_front_holds_one_scale():
+    """grpo_kl searches loss_agg_mode: a seq-mean-token-sum trial's KL is a sum over the sequence's tokens (267 where
+    token-mean trials log 0.01), so it is dominated and the front holds token-mean trials only; the front's scale
+    alone said nothing while the ranking compared unlike KLs. The note names each scale and how many trials it has."""
+    df = HAND.assign(**{KL_TYPE: "low_var_kl", AGG: "token-mean"})
+    df.loc[df["number"] == 7, AGG] = "seq-mean-token-sum"  # dominated by trial 0 (hand table above)
+    with pytest.warns(KlScaleWarning) as caught:
+        front = pareto_front(df, [("score", "max"), ("kl", "min")])
+    assert front.attrs["kl_scale"] == ["actor/kl_loss (low_var_kl, token-mean)"] and 7 not in set(front["number"])
+    assert str(caught[0].message).startswith(
+        "the trials compared mix KL scales (actor/kl_loss (low_var_kl, seq-mean-token-sum): 1 trial; actor/kl_loss "
+        "(low_var_kl, token-mean): 5 trials): the front holds only actor/kl_loss (low_var_kl, token-mean)")
+    assert front.attrs["notes"] == [str(caught[0].message)]
+
+
 def test_kl_scale_of_kl_in_reward_and_defaults():
     df = pd.DataFrame({"config/algorithm.use_kl_in_reward": [True, False],
                        "config/algorithm.kl_penalty": ["k1", None],

@@ -128,3 +128,17 @@ def test_front_png_marks_remedied_trials_as_the_plotly_front_does(synthetic_swee
     [ring] = [c for c in ax.collections if c.get_label() == "remedied (2)"]
     assert [tuple(map(float, p)) for p in ring.get_offsets()] == list(zip(data.remedied.x, data.remedied.y))
     assert sorted(t.get_text() for t in ax.texts) == ["R1", "R2"]
+
+
+def test_front_png_caption_names_every_plotted_kl_scale_and_warns_when_they_mix():
+    """front.png said 'KL plotted: actor/kl_loss (low_var_kl, token-mean)' (the front's scale) while it drew
+    seq-mean-token-sum trials on the same axis: it names the scale of every trial drawn and carries the warning."""
+    from .test_pareto import AGG, HAND, KL_TYPE
+
+    df = HAND.assign(**{KL_TYPE: "low_var_kl", AGG: "token-mean"})
+    df.loc[df["number"] == 7, AGG] = "seq-mean-token-sum"
+    data = front_data(df, [("score", "max"), ("kl", "min")])
+    assert data.scales == ["actor/kl_loss (low_var_kl, seq-mean-token-sum)", "actor/kl_loss (low_var_kl, token-mean)"]
+    caption = " ".join(render(data).axes[0].get_title(loc="left").split())
+    assert caption.startswith("KL plotted: actor/kl_loss (low_var_kl, seq-mean-token-sum); actor/kl_loss "
+                              "(low_var_kl, token-mean) ⚠ the trials compared mix KL scales")

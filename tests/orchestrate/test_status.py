@@ -168,3 +168,39 @@ def test_status_shows_each_remedied_trials_whole_schedule_beside_its_proposed_pa
     header = Console(file=io.StringIO(), width=400)
     header.print(trials_table(load_sweep(sweep_file(tmp_path)), df.drop(columns="remedies")))
     assert "remedies" not in header.file.getvalue() and "→" not in header.file.getvalue()
+
+
+def test_status_marks_kl_and_entropy_measured_on_another_scale():
+    """grpo_kl searches loss_agg_mode: under seq-mean-token-sum verl's actor/kl_loss and actor/entropy are sums over
+    a sequence's tokens (agg_loss), 267.4 and 771.8 beside per-token 0.0123 and 1.25, and were shown unmarked. The
+    rows on another scale than most are marked and the caption names both scales; KL of the k1 row is on a third
+    scale (another estimator) while its entropy, aggregated by token-mean, is not marked. The most common scale is the
+    unmarked one."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from klsweep.orchestrate.status import trials_table
+
+    sweep = load_sweep("sweeps/grpo_kl.yaml")
+    agg, kl_type = "config/actor_rollout_ref.actor.loss_agg_mode", "config/actor_rollout_ref.actor.kl_loss_type"
+    df = pd.DataFrame({"number": [0, 1, 2, 3, 4, 5], "state": ["COMPLETE"] * 6,
+                       "config/actor_rollout_ref.actor.kl_loss_coef": [0.001, 0.002, 0.003, 0.004, 0.005, 0.006],
+                       kl_type: ["low_var_kl", "low_var_kl", "low_var_kl", "kl", "low_var_kl", "low_var_kl"],
+                       agg: ["token-mean", "seq-mean-token-sum", "token-mean", "token-mean", "seq-mean-token-sum",
+                             "token-mean"],
+                       "steps": [80] * 6, "last/ref_kl": [0.0123, 267.4, 0.0125, 0.0131, 301.0, 0.0119],
+                       "last/entropy": [1.25, 771.8, 1.5, 1.0, 802.0, 1.125], "last/score": [0.5] * 6,
+                       "kl_metric": ["actor/kl_loss"] * 6, "health": ["healthy"] * 6})
+    console = Console(file=io.StringIO(), width=400)
+    console.print(trials_table(sweep, df))
+    lines = console.file.getvalue().splitlines()
+    rows = {line.split("│")[0].strip(): [c.strip() for c in line.split("│")] for line in lines if "│" in line}
+    assert [rows[n][6:8] for n in "012345"] == [["0.0123", "1.25"], ["267.4†", "771.8†"], ["0.0125", "1.5"],
+                                                ["0.0131‡", "1"], ["301†", "802†"], ["0.0119", "1.125"]]
+    caption = " ".join(" ".join(line for line in lines if not set("│┃━") & set(line)).split())
+    assert caption == ("KL on different scales, not comparable across them: unmarked actor/kl_loss (low_var_kl, "
+                       "token-mean); KL†: actor/kl_loss (low_var_kl, seq-mean-token-sum); KL‡: actor/kl_loss "
+                       "(kl, token-mean) entropy on different scales, not comparable across them: unmarked "
+                       "loss_agg_mode token-mean; entropy†: loss_agg_mode seq-mean-token-sum")

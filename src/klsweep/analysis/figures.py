@@ -60,7 +60,7 @@ class FrontData:
     groups: list[Points]  # feasible trials, one series per way KL acts
     front: Points | None  # the front, in x order; None when it is empty
     least_infeasible: Points | None  # with an empty front: the closest trials, labelled ``#rank``
-    scales: list[str]  # the KL scale(s) plotted
+    scales: list[str]  # the KL scales of every trial drawn (the notes warn when feasible ones differ)
     notes: list[str]  # the notes of :func:`klsweep.analysis.pareto.pareto_front`
     remedied: Points | None = None  # trials a health rule's remedy restarted (issue 17), labelled ``R<restarts>``
 
@@ -333,7 +333,7 @@ def front_data(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | N
         x=x, x_mode=x_mode, y=y, y_mode=y_mode, remedied=remedied if len(fixed) else None,
         infeasible=points("infeasible (stopped, pruned or failed)", bad) if len(bad) else None,
         groups=groups, front=best, least_infeasible=least,
-        scales=list(front.attrs.get("kl_scale") or sorted(set(kl_scale(df[ok])))),
+        scales=sorted(set(kl_scale(df))),
         notes=list(front.attrs.get("notes", [])),
     )
 

@@ -12,7 +12,7 @@ KL comparability: ``actor/kl_loss`` is aggregated with the run's ``actor.loss_ag
 ``actor.kl_loss_type`` (``verl.trainer.ppo.core_algos.agg_loss`` and ``kl_penalty``); ``actor/reward_kl_penalty``
 with ``algorithm.kl_penalty`` as a per-sequence token mean (``apply_kl_penalty`` in
 ``verl/trainer/ppo/ray_trainer.py``). Trials that differ there measure KL on different scales; the front names the KL
-it uses (:func:`kl_scale`) and warns when it mixes scales.
+it uses (:func:`kl_scale`) and warns when it mixes scales or was chosen among trials on several.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
     Warns:
         EmptyFrontWarning: no trial is feasible; ``attrs["least_infeasible"]`` lists trial numbers in
             :func:`least_infeasible` order.
-        KlScaleWarning: the front mixes KL scales (compare like with like).
+        KlScaleWarning: the front mixes KL scales, or the feasible trials it was chosen from do (the warning
+            names each scale and its trials; compare like with like).
 
     Raises:
         ResultsError: see :func:`objective_columns`.
@@ -125,11 +126,21 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
         return front
     scales = sorted(set(kl_scale(front)))
     front.attrs["kl_scale"] = scales
+    compared = kl_scale(candidates).value_counts()
     if len(scales) > 1:
         notes.append(
             f"the front mixes KL scales ({'; '.join(scales)}): KL values of trials with a different estimator, "
             "loss_agg_mode or KL mechanism are not comparable. Compare within one scale (filter the table by "
             "config/actor_rollout_ref.actor.kl_loss_type and loss_agg_mode) before trading reward against KL."
+        )
+        warnings.warn(notes[-1], KlScaleWarning, stacklevel=2)
+    elif len(compared) > 1:
+        notes.append(
+            "the trials compared mix KL scales ("
+            + "; ".join(f"{scale}: {n} trial{'s' if n > 1 else ''}" for scale, n in sorted(compared.items()))
+            + f"): the front holds only {scales[0]}, but its trials were ranked against KL values on other scales "
+            "(a token-sum is hundreds of times a token-mean), so which of them are dominated means little. Compare "
+            "within one scale (filter the table by config/actor_rollout_ref.actor.kl_loss_type and loss_agg_mode)."
         )
         warnings.warn(notes[-1], KlScaleWarning, stacklevel=2)
     return front

@@ -108,7 +108,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-                 frontier.summary(), remedies, confirmed)
+                 frontier.summary(), remedies, confirmed, views["front"].scales)
     _atomic_write(out_dir / REPORT, page)
     if not pngs:
         print(f"report: {out_dir / REPORT}")
@@ -179,7 +179,7 @@ def _table(df: pd.DataFrame) -> str:
 
 
 def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-          frontier: str, remedies: pd.DataFrame, confirmed: pd.DataFrame) -> str:
+          frontier: str, remedies: pd.DataFrame, confirmed: pd.DataFrame, kl_plotted: list[str]) -> str:
     from plotly.offline import get_plotlyjs
 
     def fig(name: str) -> str:
@@ -188,7 +188,7 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
     name = html.escape(str(info.get("name", "")))
     objectives = ", ".join(f"{html.escape(o['metric'])} ({o['mode']})" for o in info["objectives"])
     notes = "".join(f"<p class='warn'>⚠ {html.escape(n)}</p>" for n in front.attrs.get("notes", []))
-    kl = "; ".join(front.attrs.get("kl_scale", [])) or "n/a"
+    kl = "; ".join(kl_plotted) or "n/a"
     commands = []
     for _, row in front.iterrows():
         commands.append(f"<p>trial {row['number']}:</p>")

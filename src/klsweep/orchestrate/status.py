@@ -77,7 +77,14 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
     objective's last value, the health verdict and, when a trial was remedied (issue 17), its whole schedule
     (:func:`klsweep.orchestrate.remedy.schedule_line`) in a ``remedies`` column. The parameters are the proposed
     ones, as the Optuna trial keeps them; where a remedy changed one, its cell also shows the value the last remedy
-    restarted the trial with (``0.002→0.0347``), and a caption under the table says so."""
+    restarted the trial with (``0.002→0.0347``), and a caption under the table says so.
+
+    KL and entropy of trials measured on another scale than most rows' are marked (``267.4†``) and the caption
+    names each scale: KL by :func:`klsweep.analysis.pareto.kl_scale` (estimator, aggregation, mechanism), entropy by
+    ``loss_agg_mode`` (verl's ``actor/entropy`` is ``agg_loss`` of the token entropies with the actor's
+    ``loss_agg_mode``, verl/trainer/ppo/ray_trainer.py): under ``seq-mean-token-sum`` both are sums over a
+    sequence's tokens, hundreds of times a per-token mean."""
+    from klsweep.analysis.pareto import kl_scale
     from klsweep.orchestrate.remedy import schedule_line
     from klsweep.space import SEED_KEY, parameters
     from klsweep.trainers import remedy_schedule
@@ -96,16 +103,55 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
     remedied = schedules.astype(bool).any()
     if remedied:
         columns["remedies"] = "remedies"
-    caption = ("a→b: a, the value the search proposed; b, the one the trial's last remedy restarted it with (the "
-               "remedies column lists every restart)") if any(set(f) & set(columns) for f in finals) else None
-    table = Table(show_edge=False, pad_edge=False, caption=caption, caption_justify="left")
+    captions = ["a→b: a, the value the search proposed; b, the one the trial's last remedy restarted it with (the "
+                "remedies column lists every restart)"] if any(set(f) & set(columns) for f in finals) else []
+    marks = {}
+    for column, label, scales in (("last/ref_kl", "KL", kl_scale(df)),
+                                  ("last/entropy", "entropy", _aggregation(df))):
+        has_value = df[column].notna() if column in df else pd.Series(False, index=df.index)
+        marks[column], caption = _scale_marks(scales[has_value], label)
+        captions += [caption] if caption else []
+    table = Table(show_edge=False, pad_edge=False, caption="\n".join(captions) or None, caption_justify="left")
     for label in columns.values():
         table.add_column(label)
-    for schedule, final, (_, row) in zip(schedules, finals, df.iterrows()):
+    for schedule, final, (i, row) in zip(schedules, finals, df.iterrows()):
         cells = [schedule if column == "remedies" else short(_cell(row.get(column))) for column in columns]
         cells = [f"{cell}→{short(final[column])}" if column in final else cell for cell, column in zip(cells, columns)]
+        cells = [cell + marks[column].get(i, "") if column in marks and cell else cell
+                 for cell, column in zip(cells, columns)]
         table.add_row(*(Text(cell) for cell in cells))
     return table
+
+
+#: Marks of the scales other than the most common one, in :func:`_scale_marks` order.
+_MARKS = "†‡§¶"
+
+
+def _scale_marks(scales: pd.Series, label: str) -> tuple[pd.Series, str]:
+    """Per row of ``scales`` (the scale each trial's ``label`` value is on), its mark: none for the most common
+    scale, one of :data:`_MARKS` for each other (a fifth and later share the last); and the caption naming them
+    (empty when every row is on one scale)."""
+    counts = scales.value_counts()
+    if len(counts) < 2:
+        return pd.Series("", index=scales.index, dtype=str), ""
+    order = sorted(counts.index, key=lambda scale: (-counts[scale], scale))
+    mark = {scale: "" if n == 0 else _MARKS[min(n, len(_MARKS)) - 1] for n, scale in enumerate(order)}
+    others = "; ".join(f"{label}{mark[scale]}: {scale}" for scale in order[1:])
+    caption = (f"{label} on different scales, not comparable across them: unmarked {order[0]}; {others}")
+    return scales.map(mark), caption
+
+
+def _aggregation(df: pd.DataFrame) -> pd.Series:
+    """Per trial, the ``loss_agg_mode`` its ``actor/entropy`` is aggregated with (verl's default ``token-mean`` when
+    its row does not say), with a set ``loss_scale_factor`` under ``seq-mean-token-sum-norm``."""
+    from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE
+
+    key = "config/actor_rollout_ref.actor.loss_agg_mode"
+    modes = df[key].fillna(DEFAULT_LOSS_AGG_MODE) if key in df else pd.Series(DEFAULT_LOSS_AGG_MODE, index=df.index)
+    factor = df.get("config/actor_rollout_ref.actor.loss_scale_factor", pd.Series(None, index=df.index))
+    return pd.Series([f"loss_agg_mode {m}" + (f", loss_scale_factor={f}" if m == "seq-mean-token-sum-norm"
+                                              and _cell(f) is not None else "") for m, f in zip(modes, factor)],
+                     index=df.index, dtype=str)
 
 
 def _cell(value):
