@@ -217,3 +217,27 @@ def test_the_horizon_is_checked_at_the_largest_batch_the_space_can_propose(tmp_p
     (error,) = [line for line in printed.splitlines() if line.startswith("  error: ")]
     assert "algorithm.kl_ctrl.horizon=200 is too short for 2048 responses per step" in error
     assert "1 - 0.2 × 2048 / 200 = -1.05" in error and "> 409.6" in error
+
+
+def test_plan_prints_the_commands_as_run_status_and_the_report_print_them():
+    # sweep run records a trial's overrides as JSON (the Optuna user attribute), status and the report read them back
+    # into a trials.csv row and print reproduce_commands(overrides_of(row)): whole floats as ints, null left out
+    import json
+
+    import pandas as pd
+
+    from klsweep.analysis.load import overrides_of
+    from klsweep.space import trial_overrides
+    from klsweep.trainers import reproduce_lines
+
+    sweep = load_sweep(REPO / "sweeps" / "grpo_kl.yaml")
+    recorded = json.loads(json.dumps(trial_overrides(sweep, planned_params(sweep, 1)[0])))
+    row = pd.DataFrame([{f"config/{k}": v for k, v in recorded.items()}]).iloc[0]
+    as_run = reproduce_lines(sweep.trainer, overrides_of(row))
+    out = io.StringIO()
+    plan(str(REPO / "sweeps" / "grpo_kl.yaml"), [], n=1, out=out)
+    printed = [line.strip() for line in out.getvalue().splitlines() if line.startswith("  ")]
+    assert printed == as_run
+    verl = next(line for line in printed if line.startswith("python3 -m verl.trainer.main_ppo"))
+    assert " algorithm.gamma=1 " in verl and " actor_rollout_ref.actor.clip_ratio_c=3 " in verl
+    assert "=1.0 " not in verl and "loss_scale_factor" not in verl  # verl's default loss_scale_factor is null

@@ -137,8 +137,10 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     random start-up: each trial's draw is seeded by the sweep seed and its number, :mod:`~.samplers`), or a trial
     the sampler proposes from the results of finished trials, which ``plan`` cannot know: those are shown as the
     random start-up draw of that trial number, and labelled so. The commands are the ones ``sweep run`` and
-    ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines`).
+    ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines` of the overrides as the trial's ``trials.csv``
+    row gives them back, :func:`klsweep.analysis.load.overrides_of`).
     """
+    from klsweep.analysis.load import overrides_of
     from klsweep.orchestrate.samplers import MODEL_BASED
     from klsweep.space import seed_params, trial_overrides
     from klsweep.trainers import reproduce_lines
@@ -167,7 +169,8 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
         print(f"trial {i} ({origin}): {shown}", file=out)
         for warning in warnings:
             print(f"  warning: {warning}", file=out)
-        for line in reproduce_lines(sweep.trainer, overrides_i):
+        # as sweep run records the trial and status and the report read it back (whole floats as ints, null left out)
+        for line in reproduce_lines(sweep.trainer, overrides_of({f"config/{k}": v for k, v in overrides_i.items()})):
             print(f"  {line}", file=out)
     if guided:
         print(f"note: from trial {startup} on, sweep run's {name} sampler proposes each trial from the results of "
