@@ -92,3 +92,13 @@ def test_ctrl_c_while_joining_the_cluster_leaves_nothing_behind(tmp_path):
     assert "Traceback" not in stdout + stderr
     assert stderr.strip().splitlines()[-1] == "sweep run: interrupted (Ctrl-C)"
     assert not out.exists()
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
+    # `sweep health check LOG | head -1`: head exits after one line, the next write gets EPIPE
+    err = tmp_path / "stderr.txt"
+    done = subprocess.run(f"{sys.executable} -m klsweep.cli health check tests/data/traces/grpo_no_signal.jsonl "
+                          f"2> {err} | head -c 1 > /dev/null; exit ${{PIPESTATUS[0]}}", shell=True,
+                          executable="/bin/bash", timeout=120)
+    assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports it
+    assert err.read_text() == ""  # no BrokenPipeError traceback, no "Exception ignored" from the exit flush

@@ -9,6 +9,7 @@ Heavy modules (Ray, Optuna, torch, verl) are imported inside each command, never
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from klsweep import __version__
@@ -166,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # `sweep run`/`resume` say more once their results directory holds a sweep
         print(f"sweep {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `sweep ... | head` closed the pipe: as `cat | head`, end quietly
+        # Python's advice (docs.python.org/3/library/signal.html, "Note on SIGPIPE"): point stdout at devnull so the
+        # interpreter's flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command ended by a closed pipe
 
 
 if __name__ == "__main__":
