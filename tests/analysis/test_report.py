@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.image import imread
 
@@ -229,3 +230,23 @@ def test_report_counts_re_runs_apart_keeps_them_off_the_front_and_ranks_by_mean(
     assert cells[:6] == ["0", "False", "3", "3", "3", "[0, 1, 2]"]
     assert float(cells[6]) == pytest.approx(search_score + 0.1, abs=1e-3)  # mean of s, s + 0.1, s + 0.2
     assert float(cells[8]) == pytest.approx(0.1, abs=1e-3)  # sample sd of 0, 0.1, 0.2
+
+
+def test_report_compute_table_has_labels_percentages_and_no_all_zero_gpu_columns():
+    """The compute table showed compute_accounting's raw columns (steps_saved, saved_share 0.25) and, on a CPU sweep,
+    three GPU-hour columns of zeros. Two trials of a 10-step budget, 2 s per step: one stopped at step 5 by
+    kl_runaway, one ran 10 steps; 5 of 20 trial-steps saved = 25.0 %, 10 s = 0.00278 h saved."""
+    from klsweep.analysis.accounting import compute_accounting
+    from klsweep.analysis.report import _compute_table
+
+    df = pd.DataFrame({"number": [0, 1], "state": ["PRUNED", "COMPLETE"], "health": ["stopped", "healthy"],
+                       "steps": [5, 10], "wall_s": [10.0, 20.0],
+                       "stop_reason": ["diverged at step 5 by kl_runaway: KL 2 > 1", ""]})
+    cpu = _compute_table(compute_accounting(df, 10, 0.0, by="reason"))
+    assert list(cpu.columns) == ["stop reason", "trials", "trial-steps used", "trial-steps saved", "steps saved",
+                                 "trial-hours used", "trial-hours saved", "steps run again after remedies"]
+    assert list(cpu["steps saved"]) == ["25.0 %", "0.0 %", "25.0 %"]
+    assert cpu["trial-hours saved"].iloc[0] == pytest.approx(10 / 3600)
+    gpu = _compute_table(compute_accounting(df, 10, 2.0, by="reason"))
+    assert {"GPU-hours used", "GPU-hours saved", "GPU-hours saved (share)"} <= set(gpu.columns)
+    assert gpu["GPU-hours saved (share)"].iloc[-1] == "25.0 %"  # 2 GPUs × 10 s of 2 × 40 GPU-s

@@ -101,7 +101,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         "slice": SliceData(study, 0, info["objectives"][0]["metric"]),
         "stop_reasons": table_data(stops if len(stops) else pd.DataFrame({"stop_reason": ["no trial was stopped"]}),
                                    "Stop reasons"),
-        "accounting": table_data(accounting, _accounting_title(accounting, max_steps, gpu)),
+        "accounting": table_data(_compute_table(accounting), _accounting_title(accounting, max_steps, gpu)),
     }
     figures = {name: plotly_figure(views[name])
                for name in ("front", "frontier", "curves", "importance", "knobs", "slice")}
@@ -132,9 +132,29 @@ def _ruleset(health):
 
 def _accounting_title(accounting: pd.DataFrame, max_steps: int, gpu: float) -> str:
     total = accounting.set_index("reason").loc["total"]
-    return (f"Compute: {int(total['steps_used'])} trial-steps and {total['gpu_h_used']:.3g} GPU-h used; "
-            f"{int(total['steps_saved'])} steps and {total['gpu_h_saved']:.3g} GPU-h saved vs every trial to "
+    hours, unit = ("gpu_h", "GPU-h") if gpu > 0 else ("wall_h", "trial-h")
+    return (f"Compute: {int(total['steps_used'])} trial-steps and {total[f'{hours}_used']:.3g} {unit} used; "
+            f"{int(total['steps_saved'])} steps and {total[f'{hours}_saved']:.3g} {unit} saved vs every trial to "
             f"{max_steps} steps ({gpu:g} GPU per trial)")
+
+
+#: Column labels of the compute table (:func:`klsweep.analysis.accounting.compute_accounting` columns).
+_COMPUTE_LABELS = {"reason": "stop reason", "trials": "trials", "steps_used": "trial-steps used",
+                   "steps_saved": "trial-steps saved", "saved_share": "steps saved", "wall_h_used": "trial-hours used",
+                   "wall_h_saved": "trial-hours saved", "gpu_h_used": "GPU-hours used",
+                   "gpu_h_saved": "GPU-hours saved", "gpu_h_saved_share": "GPU-hours saved (share)",
+                   "steps_rerun": "steps run again after remedies"}
+
+
+def _compute_table(accounting: pd.DataFrame) -> pd.DataFrame:
+    """The compute table as the report shows it: labelled columns (:data:`_COMPUTE_LABELS`), the shares saved as
+    percentages of the whole sweep (``24.3 %``), and no GPU-hour columns when every one is 0 (a CPU sweep)."""
+    gpu = [c for c in accounting.columns if c.startswith("gpu_h_")]
+    shown = accounting.drop(columns=gpu) if not accounting[gpu].astype(float).to_numpy().any() else accounting.copy()
+    for column in ("saved_share", "gpu_h_saved_share"):
+        if column in shown:
+            shown[column] = [f"{v * 100:.1f} %" for v in shown[column]]
+    return shown.rename(columns=_COMPUTE_LABELS)
 
 
 def _trial_counts(df: pd.DataFrame) -> str:
@@ -230,6 +250,6 @@ their trials from a checkpoint), {total['wall_h_used']:.3g} trial-hours and {tot
 GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
 and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {max_steps} steps (saved steps are costed
 at each trial's own seconds per step), per stop reason: a health rule, the objective stopper, the
-scheduler.</p>{_table(accounting)}
+scheduler.</p>{_table(_compute_table(accounting))}
 </body></html>
 """
