@@ -142,3 +142,21 @@ def test_front_png_caption_names_every_plotted_kl_scale_and_warns_when_they_mix(
     caption = " ".join(render(data).axes[0].get_title(loc="left").split())
     assert caption.startswith("KL plotted: actor/kl_loss (low_var_kl, seq-mean-token-sum); actor/kl_loss "
                               "(low_var_kl, token-mean) ⚠ the trials compared mix KL scales")
+
+
+def test_curves_png_and_plotly_give_each_of_12_trials_its_own_colour_and_line_style(synthetic_sweep):
+    """curves.png drew trial 10 in trial 0's colour (plotly's palette has 10): trials 10 and 11 are dashed, so every
+    trial of a 12-trial sweep has its own colour-and-style pair, in the PNG and on the report's plotly figure."""
+    from klsweep.analysis.figures import curves_data
+    from klsweep.analysis.load import load_history
+    from klsweep.analysis.plots import curves_figure
+
+    run_dir = synthetic_sweep(12)
+    df, history = load(run_dir), load_history(run_dir)
+    ax = render(curves_data(history, df, None)).axes[0]
+    styles = [(line.get_color(), line.get_linestyle()) for line in ax.lines if line.get_label().startswith("trial")]
+    assert len(styles) == 12 and len(set(styles)) == 12
+    assert [style for _, style in styles].count("--") == 2
+    traces = [t for t in curves_figure(history, df, None).data if t.mode == "lines" and t.showlegend is not False]
+    pairs = [(t.line.color, t.line.dash) for t in traces]
+    assert len(pairs) == 12 and len(set(pairs)) == 12 and [dash for _, dash in pairs].count("dash") == 2

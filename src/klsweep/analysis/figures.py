@@ -35,6 +35,9 @@ CURVES = (("ref_kl", "reference KL"), ("entropy", "actor/entropy"), ("score", "c
 STABLE_IMPORTANCE_TRIALS = 50
 #: Trial colours of the curves, in order (plotly's default qualitative palette, hex).
 PALETTE: tuple[str, ...] = tuple(plotly.colors.qualitative.Plotly)
+#: Line styles (plotly's ``dash`` names) of the curves: trial ``i`` is drawn in colour ``i % 10`` and style
+#: ``i // 10 % 4``, so 40 trials have 40 distinct colour-and-style pairs (colour alone repeated from the 11th trial).
+DASHES: tuple[str, ...] = ("solid", "dash", "dot", "dashdot")
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Line:
     steps: list[float]
     values: list[float]
     stop_reason: str | None  # set when a health rule stopped the trial (its last point is marked)
+    dash: str = "solid"  # one of :data:`DASHES`
 
 
 @dataclass
@@ -432,7 +436,8 @@ def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, object
             series = steps[steps["metric"] == metric].sort_values("step")
             stopped = trial.get("health") == "stopped"
             lines.append(Line(f"trial {trial['number']}", PALETTE[i % len(PALETTE)], metric, series["step"].tolist(),
-                              series["value"].tolist(), str(trial.get("stop_reason")) if stopped else None))
+                              series["value"].tolist(), str(trial.get("stop_reason")) if stopped else None,
+                              DASHES[i // len(PALETTE) % len(DASHES)]))
         baseline = baselines.get(alias)
         values = [v for line in lines for v in line.values if v == v]  # NaN reports are not drawn
         values += [baseline] if baseline is not None else []

@@ -120,7 +120,7 @@ def _curves(data: CurvesData) -> go.Figure:
         for line in panel.lines:
             fig.add_trace(go.Scatter(x=line.steps, y=line.values, mode="lines", name=line.name,
                                      legendgroup=line.name, showlegend=row_no == 1,
-                                     line=dict(color=line.color, width=1.5),
+                                     line=dict(color=line.color, width=1.5, dash=line.dash),
                                      hovertemplate=f"{line.name}<br>{line.metric}: %{{y:.4g}} at step %{{x}}"
                                                    "<extra></extra>"),
                           row=row_no, col=1)

@@ -145,13 +145,18 @@ def _frontier(data: FrontierData, width_in: float) -> Figure:
     return fig
 
 
+#: matplotlib's line style of each of plotly's ``dash`` names (:data:`klsweep.analysis.figures.DASHES`).
+_LINESTYLES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
+
+
 def _curves(data: CurvesData, width_in: float) -> Figure:
     fig = Figure(figsize=(width_in, 3.0 * len(data.panels)), layout="constrained")
     axes = fig.subplots(len(data.panels), 1, sharex=True, squeeze=False)[:, 0]
     fig.suptitle(data.title, x=0.01, ha="left", fontweight="bold")
     for ax, panel in zip(axes, data.panels):
         for line in panel.lines:
-            ax.plot(line.steps, line.values, color=line.color, linewidth=1.2, label=line.name)
+            ax.plot(line.steps, line.values, color=line.color, linestyle=_LINESTYLES[line.dash], linewidth=1.2,
+                    label=line.name)
             if line.stop_reason is not None:
                 ax.plot(line.steps[-1:], line.values[-1:], linestyle="none", marker="X", markersize=9,
                         color=line.color, markeredgecolor="black")
