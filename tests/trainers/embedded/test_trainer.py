@@ -122,3 +122,23 @@ def test_process_mode_writes_verl_file_logger_lines(tmp_path):
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].startswith("error: actor_rollout_ref.actor.kl_loss_type='k4'")
+
+
+def test_console_line_prints_numpy_scalars_as_plain_numbers(tmp_path):
+    """From step 2 the trainer's metrics held numpy scalars and the console log read
+    'critic/vf_explained_var:np.float64(0.125)'; it prints 0.125, in verl's 'step:N - key:value' format, and klsweep's
+    log reader reads the line back to the same values."""
+    import numpy as np
+
+    from klsweep.health.readers import read_trace
+    from klsweep.trainers.embedded.__main__ import console_line
+
+    line = console_line(2, {"actor/pg_loss": 0.5, "critic/vf_explained_var": np.float64(0.125),
+                            "actor/grad_norm": np.float32(0.25), "response_length/max": np.int64(7),
+                            "actor/kl_loss": np.float64("nan")})
+    assert line == ("step:2 - actor/pg_loss:0.5 - critic/vf_explained_var:0.125 - actor/grad_norm:0.25 - "
+                    "response_length/max:7 - actor/kl_loss:nan")
+    log = tmp_path / "console.log"
+    log.write_text(line + "\n")
+    [(step, metrics)] = read_trace(log).reports
+    assert step == 2 and metrics["critic/vf_explained_var"] == 0.125 and math.isnan(metrics["actor/kl_loss"])

@@ -45,8 +45,15 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 
 
 def console_line(step: int, metrics: dict[str, float]) -> str:
-    """verl's console logger line (``verl.utils.logger.aggregate_logger.concat_dict_to_str``)."""
-    return " - ".join([f"step:{step}", *(f"{k}:{v!r}" for k, v in metrics.items())])
+    """verl's console logger line (``verl.utils.logger.aggregate_logger.concat_dict_to_str``: ``step:N - key:value``),
+    with numpy scalars as plain Python numbers (``0.25``; verl's ``pprint.pformat`` prints numpy 2 scalars as
+    ``np.float64(0.25)``, which klsweep's log reader parses but a reader of the log should not have to)."""
+    return " - ".join([f"step:{step}", *(f"{k}:{_plain(v)!r}" for k, v in metrics.items())])
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (``item()``); anything else as it is."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
 
 
 #: verl's file naming the latest saved step in ``trainer.default_local_dir`` (verl.utils.checkpoint.checkpoint_manager).
