@@ -125,20 +125,25 @@ def test_process_mode_writes_verl_file_logger_lines(tmp_path):
 
 
 def test_console_line_prints_numpy_scalars_as_plain_numbers(tmp_path):
-    """From step 2 the trainer's metrics held numpy scalars and the console log read
-    'critic/vf_explained_var:np.float64(0.125)'; it prints 0.125, in verl's 'step:N - key:value' format, and klsweep's
-    log reader reads the line back to the same values."""
+    """With the adaptive in-reward KL controller the console log read 'actor/reward_kl_penalty_coeff:np.float64(...)'
+    from step 2 on (the controller's value is a numpy float); it prints plain numbers, in verl's 'step:N - key:value'
+    format, and klsweep's log reader reads the line back to the same values."""
     import numpy as np
 
     from klsweep.health.readers import read_trace
     from klsweep.trainers.embedded.__main__ import console_line
 
-    line = console_line(2, {"actor/pg_loss": 0.5, "critic/vf_explained_var": np.float64(0.125),
+    history = run(EVERYTHING)
+    coeff = history[2]["actor/reward_kl_penalty_coeff"]
+    assert type(coeff).__module__ == "numpy"
+    printed = console_line(2, history[2])
+    assert "np." not in printed and f"actor/reward_kl_penalty_coeff:{float(coeff)!r}" in printed
+    line = console_line(2, {"actor/pg_loss": 0.5, "actor/reward_kl_penalty_coeff": np.float64(0.125),
                             "actor/grad_norm": np.float32(0.25), "response_length/max": np.int64(7),
                             "actor/kl_loss": np.float64("nan")})
-    assert line == ("step:2 - actor/pg_loss:0.5 - critic/vf_explained_var:0.125 - actor/grad_norm:0.25 - "
+    assert line == ("step:2 - actor/pg_loss:0.5 - actor/reward_kl_penalty_coeff:0.125 - actor/grad_norm:0.25 - "
                     "response_length/max:7 - actor/kl_loss:nan")
     log = tmp_path / "console.log"
     log.write_text(line + "\n")
     [(step, metrics)] = read_trace(log).reports
-    assert step == 2 and metrics["critic/vf_explained_var"] == 0.125 and math.isnan(metrics["actor/kl_loss"])
+    assert step == 2 and metrics["actor/reward_kl_penalty_coeff"] == 0.125 and math.isnan(metrics["actor/kl_loss"])
