@@ -102,3 +102,17 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
                           executable="/bin/bash", timeout=120)
     assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports it
     assert err.read_text() == ""  # no BrokenPipeError traceback, no "Exception ignored" from the exit flush
+
+
+def test_help_is_plain_text_and_every_resume_option_is_explained(capsys):
+    """`sweep --help` showed the docstring's RST ``sweep``, and `sweep resume --help` listed --address and --quiet
+    with no text."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "The sweep command: run | resume" in top and "``" not in top
+    with pytest.raises(SystemExit):
+        main(["resume", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--address ADDRESS Ray cluster address (default: the launch profile's" in text
+    assert "--quiet no live table" in text

@@ -84,7 +84,7 @@ def _cmd_health_check(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
     p.add_argument("--version", action="version", version=f"klsweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -109,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     rs = add("resume", _cmd_resume)
     rs.add_argument("run_dir")
     rs.add_argument("overrides", nargs="*", help="e.g. budget.trials=32 to extend a finished sweep")
-    rs.add_argument("--address")
-    rs.add_argument("--quiet", action="store_true")
+    rs.add_argument("--address", help="Ray cluster address (default: the launch profile's, else a private local "
+                                      "Ray; an --address given to `sweep run` is not saved: give it again)")
+    rs.add_argument("--quiet", action="store_true", help="no live table")
 
     pl = add("plan", _cmd_plan)
     pl.add_argument("sweep_file")
