@@ -49,7 +49,10 @@ random ÷ file's sampler, grid ÷ file's sampler and oracle ÷ file's sampler of
 (bootstrap 95 % intervals over sweeps), and random ÷ oracle: the most any sampler could show against random here.
 
     python benchmarks/search_efficiency.py --table [--trials 16] [--seeds 20] [--first-seed 0]
-        [--objective file|on|off] [TABLE ...]
+        [--objective file|on|off] [--set KEY=VALUE ...] [TABLE ...]
+
+``--table --trace`` prints no ratio: where the file's sampler and random search send their trials, by trial number
+(:func:`trace_main`), the diagnosis of why TPE loses to random on conservative and grpo_kl (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -392,6 +395,49 @@ def table_main(tables: list[Path], trials: int, seeds: range, stop: Any) -> None
     print(f"trial-steps ratios {', '.join(last)} (goal: random ≥ 3, grid ≥ 4)")
 
 
+def trace_main(tables: list[Path], trials: int, seeds: range, stop: Any) -> None:
+    """``--trace``: where the file's sampler and random search send their trials, over the sweeps of ``seeds``.
+
+    Per table, measure and searcher: per trial number, the percentage of sweeps whose trial ended healthy (``h%``)
+    and, single objective, healthy at a within-noise point (``g%``); the sweeps whose trial 2 (the first model
+    trial of tpe and gp at the default start-up of 2) was served the grid point of the seed trial again; and the
+    served KL coefficient of each trial of the first sweep (``x``: stopped, ``*``: healthy at a within-noise point).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tabular"))
+    from early_stop_savings import table_sweep
+    from reference import reference
+
+    for table in tables:
+        problem = pareto_problem(table)
+        good = {json.dumps(p, sort_keys=True) for p in within_noise(reference(table))}
+        for measure in ("single", "pareto") if problem else ("single",):
+            for name in ("file", "random"):
+                sweeps = []
+                for seed in seeds:
+                    extra = sampler_extra(table, name, trials)
+                    if measure == "single":
+                        sweeps.append([{"point": json.dumps(t["point"], sort_keys=True), "healthy": not t["stopped"]}
+                                       for t in table_sweep(table, seed, None, extra, objective_stop=stop)])
+                    else:
+                        sweeps.append(pareto_sweep(table, seed, (*extra, problem["objective"]), stop))
+                label = f"{table.name} {measure} {name}"
+                for key, hit in (("h%", lambda t: t["healthy"]), ("g%", lambda t: t["healthy"] and t["point"] in good)):
+                    if key == "g%" and measure == "pareto":
+                        continue
+                    shares = [100 * sum(hit(s[i]) for s in sweeps if i < len(s)) // len(sweeps) for i in range(trials)]
+                    print(f"{label} {key} by trial: {' '.join(f'{v:3d}' for v in shares)}")
+                again = sum(len(s) > 2 and s[2]["point"] == s[0]["point"] for s in sweeps)
+                first = []
+                for t in sweeps[0]:
+                    point = json.loads(t["point"]).items()
+                    coef = next((v for k, v in point if k.endswith(("kl_coef", "kl_loss_coef"))), None)
+                    mark = "" if t["healthy"] else "x"
+                    mark = "*" if t["healthy"] and t["point"] in good else mark
+                    first.append("?" if coef is None else f"{coef:.3g}{mark}")
+                print(f"{label}: trial 2 served the seed trial's point in {again} of {len(sweeps)} sweeps; sweep "
+                      f"{seeds[0]}: {' '.join(first)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -407,6 +453,8 @@ def main() -> None:
                              "defaults, or off")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="--table: a sweep-file override of the file's searcher only ('sampler={name: gp}')")
+    parser.add_argument("--trace", action="store_true",
+                        help="--table: where the file's sampler and random search send their trials, by trial number")
     parser.add_argument("tables", nargs="*", type=Path, help="--table: table files (default: benchmarks/tabular/*)")
     args = parser.parse_args()
     FILE_OVERRIDES.extend(args.set)
@@ -417,9 +465,10 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     print(f"machine: {machine()}" + (f"; file's sampler with {' '.join(args.set)}" if args.set else ""))
     if args.table:
-        table_main(args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.trials,
-                   range(args.first_seed, args.first_seed + args.seeds),
-                   {"file": True, "on": ObjectiveStop(), "off": False}[args.objective])
+        (trace_main if args.trace else table_main)(
+            args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz")), args.trials,
+            range(args.first_seed, args.first_seed + args.seeds),
+            {"file": True, "on": ObjectiveStop(), "off": False}[args.objective])
         return
     start = time.perf_counter()
     results = table(args.steps, args.batch)
