@@ -51,3 +51,23 @@ def test_notebook_runs_on_a_sweep(synthetic_sweep):
     # the frontier cell calls sweep_frontier: these generated trials log no response length, and it says so
     assert ("KL frontier: not fitted: no trial logged a reference KL, response_length/mean and critic/score/mean at "
             "the same step") in text
+
+
+@pytest.mark.slow
+def test_notebook_reproduces_a_remedied_trial_as_its_segment_schedule(synthetic_sweep):
+    """The reproduce cell left the trial's remedies out: trial 0, rescued by a kl_runaway remedy at step 6 that
+    restarted it from step 4's checkpoint with kl_coef 0.015 (was 0.01), printed one command that runs as proposed
+    to the end. It prints the two segments, as trials.csv, sweep status and the report do."""
+    from klsweep.analysis.load import load, overrides_of
+    from klsweep.trainers import reproduce_lines
+
+    from .test_report import remedied_specs
+
+    run_dir = synthetic_sweep(remedied_specs(), name="remedied")
+    text = text_of(run_notebook(run_dir))
+    chosen = load(run_dir).set_index("number").loc[0]
+    expected = reproduce_lines("embedded", overrides_of(chosen), chosen["remedies"])
+    assert "trial 0: value/critic/score/mean" in text and "\n".join(expected) in text
+    assert expected[0].startswith("segment 1 of 2: steps 1-6 (kl_runaway fired at step 6)")
+    assert any(line.startswith("segment 2 of 2: steps 5 to the end from the checkpoint of step 4 with "
+                               "algorithm.kl_ctrl.kl_coef=0.015") for line in expected)
