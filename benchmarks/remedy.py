@@ -71,7 +71,7 @@ def summarise(out: Path, metric: str, remedy_rules: set[str]) -> dict:
     healthy = (df["health"] != "stopped") & value.notna()
     best = float(value[healthy].max()) if healthy.any() else float("nan")
     remedied = df["remedies"].notna() if "remedies" in df else pd.Series(False, index=df.index)
-    reasons = df["stop_reason"].fillna("")
+    reasons = df["stop_reason"].astype(object).fillna("")  # all NaN (float) when no trial stopped
     by_rule = reasons.apply(lambda r: any(f" by {name}:" in r for name in remedy_rules))
     flagged = remedied | ((df["health"] == "stopped") & by_rule)
     rescued = flagged & healthy & (value >= WITHIN * best)
