@@ -149,10 +149,10 @@ def test_a_remedy_under_asha_is_said_to_stop_instead(tmp_path):
     rule.pop("conditions"), rule.update(metric="ref_kl", above=0.25)
     health = {"preset": "default", "rules": [rule]}
     asha = load_sweep(sweep_file(tmp_path, health=health, scheduler={"type": "asha", "grace_period": 5}))
-    (warning,) = [w for w in asha.warnings if "remedy" in w]
+    (warning,) = [w for w in asha.warnings if "has a remedy but scheduler" in w]
     assert "health.rules.0.remedy: rule 'a' has a remedy but scheduler is asha" in warning
     assert "Use scheduler: none for remedies" in warning
-    assert not [w for w in load_sweep(sweep_file(tmp_path, health=health)).warnings if "remedy" in w]
+    assert not [w for w in load_sweep(sweep_file(tmp_path, health=health)).warnings if "has a remedy but" in w]
 
 
 def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials_current_line(tmp_path):
@@ -169,7 +169,7 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     for step, remedies in [(10, []), (20, []), (30, []), (40, []), (45, []), (50, [first])]:
         folder = tmp_path / f"c{step}"
         folder.mkdir()
-        metrics = {STEP: step, "config": {KL_COEF_KEY: 0.05, REMEDIES: remedies}}
+        metrics = {STEP: step, KL_COEFF_METRIC: 0.08, "config": {KL_COEF_KEY: 0.05, REMEDIES: remedies}}
         trial.run_metadata.checkpoint_manager.register_checkpoint(
             _TrainingResult(checkpoint=Checkpoint.from_directory(str(folder)), metrics=metrics))
     scheduler = RemedyScheduler(load_sweep(sweep_file(tmp_path, budget={"max_steps": 80})))
@@ -182,7 +182,7 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
 
     assert plan(48).from_step == 40  # not 45: that run was abandoned at the restart from 40
     remedy = plan(55)
-    assert remedy.from_step == 50 and remedy.config[KL_COEF_KEY] == pytest.approx(0.12)  # 0.08 logged × 1.5
+    assert remedy.from_step == 50 and remedy.config[KL_COEF_KEY] == pytest.approx(0.12)  # 0.08 logged at 50 × 1.5
     assert [(r["restart"], r["from_step"]) for r in remedy.config[REMEDIES]] == [(1, 40), (2, 50)]
     assert plan(5) == "no checkpoint before step 5, where the finding began (checkpoints every trainer.save_freq steps)"
     trial.set_config(remedy.config)
@@ -462,7 +462,7 @@ def test_a_finding_at_the_last_steps_stops_the_trial_instead_of_restarting_it(tm
         (tmp_path / f"c{step}").mkdir()
         trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
             checkpoint=Checkpoint.from_directory(str(tmp_path / f"c{step}")),
-            metrics={STEP: step, "config": dict(trial.config)}))
+            metrics={STEP: step, KL_COEFF_METRIC: 0.08, "config": dict(trial.config)}))
     scheduler = RemedyScheduler(load_sweep(sweep_file(tmp_path)))
     scheduler.on_trial_add(None, trial)
 

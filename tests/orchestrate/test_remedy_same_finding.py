@@ -82,7 +82,8 @@ def test_escalating_applies_each_operation_twice():
 
 
 def test_the_scheduler_stops_or_escalates_a_same_finding(tmp_path):
-    """plan() on a trial restarted once by beta_high at step 30 from step 20, flagged again at 30 (and at 34)."""
+    """plan() on a trial restarted once by beta_high at step 30 from step 20 (0.08 → 0.04), flagged again at 30 (and
+    at 34): the next remedy starts from the 0.04 the restart resumed with, not from the 0.08 its checkpoint logged."""
     from ray.train._internal.checkpoint_manager import _TrainingResult
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
@@ -91,8 +92,10 @@ def test_the_scheduler_stops_or_escalates_a_same_finding(tmp_path):
     first = {**_record(1, 30), "from_step": 20, "old": 0.08, "new": 0.04}
     trial = Trial("run_trial", config={KL_COEF_KEY: 0.04, REMEDIES: [first]}, stub=True)
     (tmp_path / "c").mkdir()
+    # the checkpoint the first restart went from: taken before it, logging the coefficient before its remedy
     trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
-        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")), metrics={STEP: 20, "config": dict(trial.config)}))
+        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")),
+        metrics={STEP: 20, KL_COEFF_METRIC: 0.08, "config": {KL_COEF_KEY: 0.08}}))
     scheduler = RemedyScheduler(sweep)
     scheduler.on_trial_add(None, trial)
 
@@ -166,10 +169,10 @@ def test_the_rules_with_a_remedy_are_loaded_once_per_sweep(tmp_path, monkeypatch
 
     monkeypatch.setattr(klsweep.health, "load_ruleset", counted)
     path = sweep_file(tmp_path, health={"preset": "default", "rules": [BETA_HALVED]})
-    sweep = load_sweep(path)
+    sweep, other = load_sweep(path), load_sweep(path)  # two sweeps, each with its own health object
+    calls.clear()  # sweep validation's own loads
     assert remedies_on(sweep) and checkpoint_every(sweep, {"trainer.total_training_steps": 80}) == REMEDY_SAVE_FREQ
     assert restart_reach(sweep) == 20  # the default preset's reward_hacking: for 1 + a 20-step window - 1
     assert KeepRestartPoints(sweep)._caps == {"kl_runaway": 2, "reward_hacking": 2, "beta_high": 3}
     assert calls == [sweep.health]
-    other = load_sweep(path)  # another sweep (its own health object): loaded for it
-    assert restart_reach(other) == 20 and calls == [sweep.health, other.health]
+    assert restart_reach(other) == 20 and calls == [sweep.health, other.health]  # the other one: loaded for it

@@ -403,7 +403,8 @@ class RemedyScheduler(FIFOScheduler):
         # the restart resumes the policy of the checkpoint's step, so the prescription applies to the adaptive
         # coefficient logged there: the finding's includes the controller's growth since (on sweeps/conservative.yaml
         # "*4" of step 50's coefficient, restarted at step 28, was ×40 of step 28's)
-        changes, _ = prescribe(rule, self._sweep.placement, overrides, checkpoint.metrics, times=2 if escalated else 1)
+        logged = _logged_at(checkpoint, trial.config.get(REMEDIES, ()))
+        changes, _ = prescribe(rule, self._sweep.placement, overrides, logged, times=2 if escalated else 1)
         from klsweep.verl.presets import resolve_key
 
         for key, (_, new) in changes.items():
@@ -447,6 +448,20 @@ class RemedyScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         return "FIFO scheduling; trials a health rule remedies restart from a checkpoint (klsweep remedies)."
+
+
+def _logged_at(checkpoint, remedies) -> dict[str, Any]:
+    """The metrics a restart from ``checkpoint`` prescribes from (:func:`prescribe`'s ``last``): the checkpoint's,
+    but for one taken before the trial's latest restart that changed the in-reward KL coefficient (a second restart
+    from the same or an earlier checkpoint) the coefficient that restart resumed with: the checkpoint logged the
+    coefficient of the run that restart abandoned, before its remedy (β 0.05 at step 3, restarted from 3 at 0.025
+    and flagged again: the next remedy starts from 0.025, not from 0.05 again, which would restart it as before)."""
+    metrics = dict(checkpoint.metrics)
+    done = len(_restarts((metrics.get("config") or {}).get(REMEDIES, ())))
+    later = [r for r in remedies if r["restart"] > done and r["key"] == KL_COEF_KEY]
+    if later:
+        metrics[KL_COEFF_METRIC] = max(later, key=lambda r: r["restart"])["new"]
+    return metrics
 
 
 def same_finding(remedies, rule_name: str, step: int) -> int | None:
