@@ -46,7 +46,8 @@ trials, then straight to the answer). Two measures:
 
 A sweep that never gets there counts all its steps (a lower bound). The last lines give, per measure, the ratios
 random ÷ file's sampler, grid ÷ file's sampler and oracle ÷ file's sampler of the mean cost pooled over the files
-(bootstrap 95 % intervals over sweeps), and random ÷ oracle: the most any sampler could show against random here.
+(bootstrap 95 % intervals over sweeps), and random ÷ oracle and grid ÷ oracle: the most any sampler could show
+against random and grid here.
 
     python benchmarks/search_efficiency.py --table [--trials 16] [--seeds 20] [--first-seed 0]
         [--objective file|on|off] [--set KEY=VALUE ...] [TABLE ...]
@@ -390,8 +391,11 @@ def table_main(tables: list[Path], trials: int, seeds: range, stop: Any) -> None
                   f"{len(costs['file'])} sweeps)")
             if name != "oracle":
                 last.append(f"{measure} {name}/file {ratio:.2f}")
-        ceiling = statistics.fmean(costs["random"]) / statistics.fmean(costs["oracle"])
-        print(f"{measure}: random ÷ oracle {ceiling:.2f} (the most any sampler could show against random)")
+        for name in ("random", "grid"):
+            ceiling = statistics.fmean(costs[name]) / statistics.fmean(costs["oracle"])
+            lo, hi = ratio_interval(costs[name], costs["oracle"])
+            print(f"{measure}: {name} ÷ oracle {ceiling:.2f} [{lo:.2f}, {hi:.2f}] (the most any sampler could show "
+                  f"against {name})")
     print(f"trial-steps ratios {', '.join(last)} (goal: random ≥ 3, grid ≥ 4)")
 
 
