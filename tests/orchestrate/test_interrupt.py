@@ -29,6 +29,14 @@ def _running_trials(out) -> int:
     return sum(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
 
 
+def _tracebacks(output: str) -> list[str]:
+    """The tracebacks in a driver's output, but Tune's own log of a failed background sync of its experiment state
+    (``wait_for_sync`` in ray/tune/execution/experiment_state.py, Ray 2.60: logged, not raised; the next save syncs
+    again). Seen once, at load 10+, when the interrupt's last save overlapped the sync before it."""
+    blocks = output.split("Traceback (most recent call last):")[1:]
+    return [block for block in blocks if "in wait_for_sync" not in block]
+
+
 @pytest.mark.parametrize(("signum", "said", "status"),
                          [(signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143)])
 def test_ctrl_c_or_sigterm_during_the_first_trial(tmp_path, signum, said, status):
@@ -56,7 +64,7 @@ def test_ctrl_c_or_sigterm_during_the_first_trial(tmp_path, signum, said, status
             driver.wait()
 
     assert driver.returncode == status, stdout + stderr
-    assert "Traceback" not in stdout + stderr and "SIGTERM received" not in stderr
+    assert not _tracebacks(stdout + stderr) and "SIGTERM received" not in stderr
     study = optuna.load_study(study_name="intr", storage=f"sqlite:///{out / 'study.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]  # left for `sweep resume`
     lines = stdout.splitlines()
