@@ -91,6 +91,12 @@ class BuiltinCheck:
         said = "logged, but never finite" if self.nonfinite_seen else "never logged"
         return f"{said} (looked for {', '.join(keys)}{more})"
 
+    def _nonfinite(self, step: int, bad: dict[str, float], advice: str, note: str = "") -> Event:
+        """The finding of this check at ``step`` for its NaN/inf values ``bad`` (``key = value, ...`` + ``note``),
+        with the check's ``action``."""
+        return Event(rule=self.name, kind="nonfinite", step=step, values=bad, advice=advice,
+                     message=", ".join(f"{k} = {v}" for k, v in bad.items()) + note, action=self.action)
+
     def check(self, step: int, metrics: Mapping[str, Any], values: Values) -> Event | None:
         raise NotImplementedError
 
@@ -112,16 +118,8 @@ class NonfiniteLoss(BuiltinCheck):
                     bad[key] = value
         if not bad:
             return None
-        return Event(
-            rule=self.name,
-            kind="nonfinite",
-            step=step,
-            values=bad,
-            advice="lower the learning rate or grad_clip; check for micro-batches larger than the per-GPU share "
-            "(verl#2505)",
-            message=", ".join(f"{k} = {v}" for k, v in bad.items()),
-            action="stop",
-        )
+        return self._nonfinite(step, bad, advice="lower the learning rate or grad_clip; check for micro-batches "
+                               "larger than the per-GPU share (verl#2505)")
 
     def why_not_applicable(self):
         return f"never logged (looked for {', '.join(self._keys)})"
@@ -184,17 +182,10 @@ class NonfiniteMetric(BuiltinCheck):
                 bad[hit[0]] = hit[1]
         if not bad:
             return None
-        return Event(
-            rule=self.name,
-            kind="nonfinite",
-            step=step,
-            values=bad,
-            advice="find where the metric turns NaN/inf (a reward function returning NaN or inf, an empty batch, a "
-            "division by 0); rules that read it skip these reports",
-            message=", ".join(f"{k} = {v}" for k, v in bad.items())
-            + " (non-finite: NaN or ±inf, null in verl's file-logger jsonl); no rule can judge it here",
-            action=self.action,
-        )
+        return self._nonfinite(step, bad, advice="find where the metric turns NaN/inf (a reward function returning "
+                               "NaN or inf, an empty batch, a division by 0); rules that read it skip these reports",
+                               note=" (non-finite: NaN or ±inf, null in verl's file-logger jsonl); no rule can judge "
+                               "it here")
 
     def why_not_applicable(self):
         return "no metric a rule or check reads was logged (besides the losses and grad norms)"
