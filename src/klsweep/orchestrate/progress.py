@@ -233,10 +233,10 @@ class SweepProgress(Callback):
 def _name(trial) -> str:
     """A finished trial as the summary and ``sweep status`` name it: ``trial <Optuna number> (<Tune trial id>)``; the
     Tune id alone for a trial outside a sweep or whose study cannot be read now (a line must not stop the sweep)."""
-    from klsweep.orchestrate.wandb_logging import _optuna_number
+    from klsweep.orchestrate.searcher import optuna_number
 
     try:
-        number = _optuna_number(trial) if trial.storage is not None else None
+        number = optuna_number(trial) if trial.storage is not None else None
     except Exception:
         number = None
     return trial.trial_id if number is None else f"trial {number} ({trial.trial_id})"

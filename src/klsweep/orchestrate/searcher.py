@@ -34,6 +34,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -205,3 +206,15 @@ def _as_float(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def optuna_number(trial) -> int | None:
+    """The Optuna trial number of a Tune trial (the searcher tags it with the Tune trial id when it suggests it), from
+    the study of the sweep directory the trial's Tune experiment is in; None when the study does not say."""
+    from klsweep.analysis.load import study_of
+
+    sweep_dir = Path(trial.storage.experiment_fs_path).parent
+    for told in study_of(sweep_dir).get_trials(deepcopy=False):
+        if told.user_attrs.get(ATTR_RAY_TRIAL_ID) == trial.trial_id:
+            return told.number
+    return None

@@ -37,7 +37,8 @@ from ray.air.util.node import _force_on_current_node
 from klsweep._format import param_labels, short
 from klsweep.health.stopper import REMEDY_NOTE
 from klsweep.orchestrate.remedy import REMEDIES, overrides_of, schedule_line
-from klsweep.results import ATTR_RAY_TRIAL_ID, HEALTH, STOP_KIND, STOP_REASON
+from klsweep.orchestrate.searcher import optuna_number
+from klsweep.results import HEALTH, STOP_KIND, STOP_REASON
 
 
 class _FlushingWandbLoggingActor(_WandbLoggingActor):
@@ -103,7 +104,7 @@ class VerlWandbCallback(WandbLoggerCallback):
 
     def log_trial_start(self, trial) -> None:
         # WandbLoggerCallback passes self.kwargs to wandb.init after its own arguments, so these win.
-        number = _optuna_number(trial)
+        number = optuna_number(trial)
         remedies = list(trial.config.get(REMEDIES, ()))
         restart = max((int(r["restart"]) for r in remedies), default=0)
         if trial in self._trial_logging_futures and self._segment.get(trial, 0) != restart:
@@ -156,18 +157,6 @@ class VerlWandbCallback(WandbLoggerCallback):
             self._remote_logger_class = ray.remote(  # type: ignore[assignment]  # Ray's attribute starts as None
                 num_cpus=0, **on_this_node, runtime_env={"env_vars": env_vars})(self._logger_actor_cls)
         super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
-
-
-def _optuna_number(trial) -> int | None:
-    """The Optuna trial number of a Tune trial (the searcher tags it with the Tune trial id when it suggests it), from
-    the study of the sweep directory the trial's Tune experiment is in; None when the study does not say."""
-    from klsweep.analysis.load import study_of
-
-    sweep_dir = Path(trial.storage.experiment_fs_path).parent
-    for told in study_of(sweep_dir).get_trials(deepcopy=False):
-        if told.user_attrs.get(ATTR_RAY_TRIAL_ID) == trial.trial_id:
-            return told.number
-    return None
 
 
 def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
