@@ -284,25 +284,35 @@ def _results(out, trial_id: str) -> list[dict]:
     return pd.read_csv(progress).to_dict("records")
 
 
-def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_from_the_checkpoint(tmp_path):
+def _stopper_with_a_checkpoint(tmp_path, kl_coef: float, metrics: dict, **fields):
+    """A :class:`RemedyScheduler` and :class:`HealthStopper` of a sweep with the rule ``BETA_REMEDY`` (sweep-file
+    ``fields`` as :func:`sweep_file`'s), and a stub Tune trial at ``kl_coef`` with a checkpoint reported with
+    ``metrics`` (and the trial's config): ``(scheduler, stopper, trial)``."""
     from ray.train._internal.checkpoint_manager import _TrainingResult
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
 
-    from klsweep.health import HealthStopper, load_ruleset
-    from klsweep.health.stopper import REMEDY_NOTE
-    from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler, overrides_of
-    from klsweep.results import HEALTH, STOP_KIND, STOP_REASON, TOTAL_STEPS
+    from klsweep.health import HealthStopper
+    from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
 
-    sweep = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": [BETA_REMEDY]}))
+    sweep = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": [BETA_REMEDY]}, **fields))
     scheduler = RemedyScheduler(sweep)
     stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=lambda c: overrides_of(sweep, c),
                             remedies=scheduler)
-    trial = Trial("run_trial", config={KL_COEF_KEY: 0.05}, stub=True)
+    trial = Trial("run_trial", config={KL_COEF_KEY: kl_coef}, stub=True)
     scheduler.on_trial_add(None, trial)
     (tmp_path / "c").mkdir()
     trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
-        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")), metrics={STEP: 2, "config": dict(trial.config)}))
+        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")), metrics={**metrics, "config": dict(trial.config)}))
+    return scheduler, stopper, trial
+
+
+def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_from_the_checkpoint(tmp_path):
+    from klsweep.health.stopper import REMEDY_NOTE
+    from klsweep.orchestrate.remedy import REMEDIES
+    from klsweep.results import HEALTH, STOP_KIND, STOP_REASON, TOTAL_STEPS
+
+    scheduler, stopper, trial = _stopper_with_a_checkpoint(tmp_path, 0.05, {STEP: 2})
 
     def report(step: int, beta: float) -> tuple[bool, dict]:
         result = {STEP: step, TOTAL_STEPS: 6, KL_COEFF_METRIC: beta, "config": dict(trial.config)}
@@ -327,28 +337,14 @@ def test_the_prescription_applies_to_the_coefficient_of_the_checkpoint_it_restar
     # an adaptive controller grows β while KL stays above target: 0.05 at the checkpoint of step 2, 0.2 at the finding
     # (step 4). The restart resumes the policy of step 2, so "*0.1" gives 0.005, not 0.02 (×0.1 of the controller's
     # growth after the checkpoint; on sweeps/conservative.yaml "*4" from step 50's β restarted at step 28 was ×40)
-    from ray.train._internal.checkpoint_manager import _TrainingResult
-    from ray.tune import Checkpoint
-    from ray.tune.experiment import Trial
-
-    from klsweep.health import HealthStopper
-    from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
     from klsweep.results import TOTAL_STEPS
 
     adaptive = {"algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.target_kl": 0.03,
                 "algorithm.kl_ctrl.horizon": 500, "data.train_batch_size": 4,
                 "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "critic.ppo_mini_batch_size": 4,
                 "actor_rollout_ref.rollout.n": 2}
-    sweep = load_sweep(sweep_file(tmp_path, overrides=adaptive, health={"preset": "none", "rules": [BETA_REMEDY]}))
-    scheduler = RemedyScheduler(sweep)
-    stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=lambda c: overrides_of(sweep, c),
-                            remedies=scheduler)
-    trial = Trial("run_trial", config={KL_COEF_KEY: 0.001}, stub=True)
-    scheduler.on_trial_add(None, trial)
-    (tmp_path / "c").mkdir()
-    trial.run_metadata.checkpoint_manager.register_checkpoint(_TrainingResult(
-        checkpoint=Checkpoint.from_directory(str(tmp_path / "c")),
-        metrics={STEP: 2, KL_COEFF_METRIC: 0.05, "config": dict(trial.config)}))
+    scheduler, stopper, trial = _stopper_with_a_checkpoint(tmp_path, 0.001, {STEP: 2, KL_COEFF_METRIC: 0.05},
+                                                           overrides=adaptive)
     for step, beta in ((1, 0.002), (2, 0.05), (3, 0.1), (4, 0.2)):
         result = {STEP: step, TOTAL_STEPS: 6, KL_COEFF_METRIC: beta, "config": dict(trial.config)}
         assert stopper(trial.trial_id, result) is False
