@@ -43,6 +43,8 @@ TASK_NAME = "arith"
 """The embedded task's name, verl's ``data_source``: the middle of the validation metric."""
 VAL_METRIC = f"val-core/{TASK_NAME}/acc/mean@1"
 """The validation metric: greedy gold accuracy on held-out prompts (fraction), verl's ``val-core`` naming."""
+MAX_RESPONSE_LENGTH = 26
+"""Longest ``data.max_response_length`` the model's position embedding covers (prompt 6 + 26 = 32 positions)."""
 
 EMBEDDED_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 16,
@@ -273,8 +275,6 @@ def _optional_float(value: Any) -> float | None:
 
 
 def _check_runnable(s: Settings, cfg) -> None:
-    from klsweep.trainers.embedded.reference import MAX_RESPONSE_LENGTH
-
     problems = []
     if s.adv_estimator not in SUPPORTED_ESTIMATORS:
         problems.append(

@@ -22,13 +22,10 @@ import torch
 from torch.nn import functional as F
 
 from klsweep.trainers.embedded import task
-from klsweep.trainers.embedded.config import TASK_NAME
+from klsweep.trainers.embedded.config import MAX_RESPONSE_LENGTH, TASK_NAME
 from klsweep.trainers.embedded.model import ModelSize, TinyTransformer, generate
 
 logger = logging.getLogger(__name__)
-
-MAX_RESPONSE_LENGTH = 26
-"""Longest ``data.max_response_length`` the position embedding covers (prompt 6 + 26 = 32 positions)."""
 
 SIZE = ModelSize(vocab_size=task.VOCAB_SIZE, max_length=task.PROMPT_LENGTH + MAX_RESPONSE_LENGTH)
 """The default (and only) model size: 2 layers, 64 wide, 4 heads (~105k parameters)."""
