@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from klsweep._yaml import unknown_field_fix
 from klsweep.errors import SweepFileError
 from klsweep.health.rules import PRESETS, BuiltinConfig, HealthConfig, PresetFile, Rule, RuleSet
 
@@ -20,8 +21,6 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def validation_problems(error: ValidationError, where: str) -> list[str]:
     """One line per pydantic error: ``"<where>: rules.0.conditions.0: <message> (got <input>)"``; an unknown field
     gets the closest valid one and the valid fields there (as a rules file writes them: ``for``, ``metric``, ...)."""
-    from klsweep.spec.load import unknown_field_fix  # klsweep.spec imports this package: import on use
-
     lines = []
     for e in error.errors():
         path = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
@@ -30,7 +29,8 @@ def validation_problems(error: ValidationError, where: str) -> list[str]:
         got = e.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
         if e["type"] == "extra_forbidden":
-            msg, shown = "unknown field", f"{shown} — {unknown_field_fix(HealthConfig, path)}"
+            fix = unknown_field_fix(HealthConfig, path, {Rule: ("conditions", ("all", "any"))})
+            msg, shown = "unknown field", f"{shown} — {fix}"
         lines.append(f"{where}: {loc}: {msg}{shown}" if loc else f"{where}: {msg}")
     return lines
 

@@ -1,69 +1,30 @@
-"""Read a sweep file: YAML with line numbers, command-line overrides, search-space includes, validation.
+"""Load a sweep file: command-line overrides, search-space includes, file paths, validation and checks.
 
 Every problem is collected and raised together as one :class:`~klsweep.errors.SweepFileError`, one line each::
 
     sweeps/x.yaml:12: parameters.kl_coef.min: min (0.1) must be below max (0.01) — fix the range
 
-YAML is read with YAML 1.2 scalars: only ``true``/``false`` are booleans (``on``, ``off``, ``yes``, ``no`` stay
-strings, as verl expects strings there), ``1e-3`` is a float, dates stay strings; a key given twice is an error.
+The YAML itself is read by :mod:`klsweep._yaml` (YAML 1.2 scalars, line numbers, duplicate keys refused).
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import os
-import re
-import types
-import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from klsweep._yaml import Inline, Lines, explain, parse, read
 from klsweep.errors import SweepFileError
+from klsweep.health.rules import Rule
 from klsweep.spec.checks import check_keys, check_sweep
 from klsweep.spec.schema import _SECTION_HINT, Parameter, Sweep
 
-Lines = dict[tuple[str, ...], str]
-
-_FLOAT_1_2 = (
-    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-    r"|[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-)
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 booleans and floats, no timestamps, and duplicate keys refused."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                hash(key)
-            except TypeError:
-                raise yaml.constructor.ConstructorError(
-                    None, None, "a mapping key must be a plain value, not a list or mapping", key_node.start_mark
-                ) from None
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (first on line {seen[key]})", key_node.start_mark
-                )
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[1] not in ("bool", "float", "timestamp")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_1_2), list("-+0123456789."))
-
+#: A health rule's conditions are written inline: ``all:``/``any:`` lists, or one condition's fields.
+_INLINE: Inline = {Rule: ("conditions", ("all", "any"))}
 
 class _SearchSpaceFile(BaseModel):
     """A file in search_spaces/: a reusable ``parameters`` block."""
@@ -119,7 +80,7 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
         SweepFileError: the file cannot be read or is not a YAML mapping.
     """
     path = Path(path)
-    data, lines = _read(path)
+    data, lines = read(path)
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
         raise SweepFileError([f"{path}:1: the file is {kind} — a sweep file is a YAML mapping with at least "
@@ -154,7 +115,7 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
         try:
             sweep = Sweep.model_validate(data)
         except ValidationError as e:
-            found = [f for f in _explain(e, data, lines, str(path)) if not _missing_echo(f, reported)]
+            found = [f for f in _explain(e, data, lines, str(path), Sweep) if not _missing_echo(f, reported)]
         except RecursionError:
             return None, problems + [f"{path}:1: the file nests too deeply to be a sweep file"]
         else:
@@ -225,7 +186,7 @@ def _remove(data: dict, paths: list[tuple[str, ...]]) -> list[tuple[str, ...]] |
                     if isinstance(entry, dict):
                         entry.pop(path[1], None)
         elif path[:2] == ("health", "rules") and len(path) >= 5 and path[3] == "remedy" and _pop_remedy(data, path):
-            removed.append(path[:5])  # one prescription: the rule's other ones are still checked (issue 17)
+            removed.append(path[:5])  # one prescription: the rule's other ones are still checked
         else:  # an optional field (seed_trials as a whole: one round reports every seed trial's problems)
             data.pop(field, None)
             removed.append((field,))
@@ -245,64 +206,6 @@ def _line(sweep: Sweep, path: tuple, message: str) -> str:
     return f"{sweep.where(*path)}: {'.'.join(map(str, path))}: {message}"
 
 
-def _read(path: Path) -> tuple[Any, Lines]:
-    """Parse a YAML file; returns (data, {field path: "FILE:LINE"}). Raises SweepFileError for anything unreadable."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SweepFileError([f"{path}: no such file — check the path (shipped sweeps are in sweeps/)"]) from None
-    except IsADirectoryError:
-        raise SweepFileError([f"{path}: is a directory — give a sweep file (.yaml)"]) from None
-    except OSError as e:
-        raise SweepFileError([f"{path}: cannot be read ({e.strerror}) — check the path and permissions"]) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SweepFileError([f"{path}: byte {e.start} is not UTF-8 text — a sweep file is a YAML text file"]) from None
-    return _parse(text, str(path))
-
-
-def _parse(text: str, name: str) -> tuple[Any, Lines]:
-    loader = None
-    try:
-        loader = _Loader(text)
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        if mark is not None:
-            line = mark.line + 1
-        else:  # a ReaderError (unprintable character) has only a character position
-            line = text[: getattr(e, "position", 0)].count("\n") + 1
-        what = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e).splitlines()[0]
-        fix = "indent with spaces, YAML does not allow tabs" if "\\t" in what or "\t" in what else "fix the YAML syntax"
-        raise SweepFileError([f"{name}:{line}: {what} — {fix}"]) from None
-    except RecursionError:
-        raise SweepFileError([f"{name}:1: the YAML nests too deeply to be a sweep file"]) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-    lines: Lines = {}
-    if node is not None:
-        _mark_lines(node, (), name, lines, set())
-    return data, lines
-
-
-def _mark_lines(node, path: tuple[str, ...], name: str, lines: Lines, seen: set[int]) -> None:
-    if id(node) in seen or len(path) > 50:
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
-            lines[path + (key,)] = f"{name}:{key_node.start_mark.line + 1}"
-            _mark_lines(value_node, path + (key,), name, lines, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[path + (str(i),)] = f"{name}:{item.start_mark.line + 1}"
-            _mark_lines(item, path + (str(i),), name, lines, seen)
-
-
 _FLAT_KEYED = (("overrides",), ("parameters",))
 
 
@@ -312,7 +215,7 @@ def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
     if not sep or not field:
         return "not FIELD=VALUE — e.g. budget.trials=4 or overrides.actor_rollout_ref.actor.kl_loss_coef=0.01"
     try:
-        value, _ = _parse(raw, "value")
+        value, _ = parse(raw, "value")
     except SweepFileError as e:
         return f"the value {raw!r} is not valid YAML ({e.problems[0].split(': ', 1)[1]})"
     parts = field.split(".")
@@ -404,7 +307,7 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str,
         return [f"{where}: search_space: no file {names} (looked in {', '.join(looked)})"
                 " — give a name from search_spaces/ or a path, or copy the search space next to the sweep file"]
     try:
-        space_data, space_lines = _read(found)
+        space_data, space_lines = read(found)
     except SweepFileError as e:
         return e.problems
     if not isinstance(space_data, dict):
@@ -412,7 +315,7 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str,
     try:
         _SearchSpaceFile.model_validate(space_data)
     except ValidationError as e:
-        return [m for _, m in _explain(e, space_data, space_lines, str(found), model=_SearchSpaceFile)]
+        return [m for _, m in _explain(e, space_data, space_lines, str(found), _SearchSpaceFile)]
     own = data.get("parameters") or {}
     if not isinstance(own, dict):
         return []  # the schema reports it
@@ -424,106 +327,6 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str,
 
 
 def _explain(error: ValidationError, data: Any, lines: Lines, name: str,
-             model: type[BaseModel] = Sweep) -> list[tuple[tuple[str, ...], str]]:
+             model: type[BaseModel]) -> list[tuple[tuple[str, ...], str]]:
     """Pydantic errors as ``(field path, "FILE:LINE: field.path: what is wrong (value) — fix")``, one per field."""
-    out: list[tuple[tuple[str, ...], str]] = []
-    done: set[tuple] = set()
-    for err in error.errors(include_url=False):
-        path = _data_path(data, err["loc"], keep_last=err["type"] == "missing")
-        if path in done:
-            continue
-        done.add(path)
-        where = next((lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in lines), f"{name}:1")
-        dotted = ".".join(path) or "(top level)"
-        kind, message = err["type"], err["msg"].removeprefix("Value error, ")
-        if kind == "extra_forbidden":
-            out.append((path, f"{where}: {dotted}: unknown field — {unknown_field_fix(model, path)}"))
-        elif kind == "missing":
-            out.append((path, f"{where}: {dotted}: required field is missing — add `{path[-1]}:` "
-                              f"({_description(model, path) or 'see the sweep-file reference'})"))
-        else:
-            value = err.get("input")
-            shown = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
-            expected = _description(model, path)
-            fix = f" — expected: {expected}" if expected else ""
-            out.append((path, f"{where}: {dotted}: {message}{shown}{fix}"))
-    return out
-
-
-def _data_path(data: Any, loc: tuple, keep_last: bool) -> tuple[str, ...]:
-    """The error location as a path through the data, without pydantic's union/discriminator tags (a missing
-    field, the only element not in the data that is not a tag, is kept when ``keep_last``)."""
-    path: list[str] = []
-    node = data
-    for n, part in enumerate(loc):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        elif n < len(loc) - 1 or not keep_last:
-            continue
-        path.append(str(part))
-    return tuple(path)
-
-
-def _annotations_at(model: type[BaseModel], path: tuple[str, ...]) -> list[tuple[Any, Any]]:
-    """(annotation, FieldInfo) pairs the value at ``path`` may have, following models, lists and dicts."""
-    current: list[tuple[Any, Any]] = [(model, None)]
-    for part in path:
-        nxt: list[tuple[Any, Any]] = []
-        for ann, _ in current:
-            for member in _members(ann):
-                origin = typing.get_origin(member)
-                if isinstance(member, type) and issubclass(member, BaseModel) and part in member.model_fields:
-                    info = member.model_fields[part]
-                    nxt.append((info.annotation, info))
-                elif origin in (list, tuple) and part.isdigit():  # list[X], tuple[X, ...]
-                    nxt.append((typing.get_args(member)[0], None))
-                elif origin is dict:
-                    nxt.append((typing.get_args(member)[1], None))
-        current = nxt
-    return current
-
-
-def _members(ann: Any) -> list[Any]:
-    if typing.get_origin(ann) is typing.Annotated:
-        return _members(typing.get_args(ann)[0])
-    if typing.get_origin(ann) in (typing.Union, types.UnionType):
-        return [m for a in typing.get_args(ann) for m in _members(a)]
-    return [ann]
-
-
-def _written_fields(model: type[BaseModel]) -> list[str]:
-    """The field names a user writes for ``model``: aliases (``for``, not ``for_``); for a health rule, its condition
-    written inline (``metric``, ``stat``, ``window``, ``above``, ...) or its ``all:``/``any:`` lists, which its
-    before-validator turns into ``conditions``."""
-    from klsweep.health.rules import Condition, Rule
-
-    names = [info.alias or n for n, info in model.model_fields.items()]
-    if model is Rule:
-        conditions = [m for m in _members(Condition) if isinstance(m, type) and issubclass(m, BaseModel)]
-        inline = [n for m in conditions for n in m.model_fields]
-        names = [n for n in names if n != "conditions"] + ["all", "any"] + inline
-    return list(dict.fromkeys(names))
-
-
-def unknown_field_fix(model: type[BaseModel], path: tuple[str, ...]) -> str:
-    """The fix for the unknown field at ``path`` (field names and list indices as strings) of ``model``: the closest
-    valid field, if any, and the valid fields at that place as a user writes them."""
-    valid = _fields_at(model, path[:-1])
-    hint = difflib.get_close_matches(path[-1], valid, n=1, cutoff=0.6)
-    return (f"did you mean {hint[0]!r}? " if hint else "") + f"Valid fields here: {', '.join(valid)}"
-
-
-def _fields_at(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
-    names: list[str] = []
-    for ann, _ in _annotations_at(model, path):
-        for member in _members(ann):
-            if isinstance(member, type) and issubclass(member, BaseModel):
-                names += [n for n in _written_fields(member) if n not in names]
-    return names
-
-
-def _description(model: type[BaseModel], path: tuple[str, ...]) -> str | None:
-    infos = [info for _, info in _annotations_at(model, path) if info is not None and info.description]
-    return infos[0].description if infos else None
+    return explain(error, data, lines, name, model, _INLINE)
