@@ -58,7 +58,7 @@ def test_notebook_reproduces_a_remedied_trial_as_its_segment_schedule(synthetic_
     """The reproduce cell left the trial's remedies out: trial 0, rescued by a kl_runaway remedy at step 6 that
     restarted it from step 4's checkpoint with kl_coef 0.015 (was 0.01), printed one command that runs as proposed
     to the end. It prints the two segments, as trials.csv, sweep status and the report do."""
-    from klsweep.analysis.load import load, overrides_of
+    from klsweep.analysis.sweep_dir import load, overrides_of
     from klsweep.trainers import reproduce_lines
 
     from .test_report import remedied_specs

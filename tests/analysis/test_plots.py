@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from klsweep.analysis.load import load, load_history, study_of, sweep_info
 from klsweep.analysis.pareto import pareto_front
 from klsweep.analysis.plots import (
     curves_figure,
@@ -20,6 +19,7 @@ from klsweep.analysis.plots import (
     knobs_figure,
     thresholds,
 )
+from klsweep.analysis.sweep_dir import load, load_history, study_of, sweep_info
 from klsweep.health import load_ruleset
 
 from .conftest import trial_spec

@@ -10,9 +10,9 @@ import pytest
 from matplotlib.image import imread
 
 from klsweep.analysis.figures import SliceData, front_data, table_data
-from klsweep.analysis.load import load
 from klsweep.analysis.plots import front_figure
 from klsweep.analysis.pngs import render, write_pngs
+from klsweep.analysis.sweep_dir import load
 
 OBJECTIVES = [("critic/score/mean", "max"), ("actor/kl_loss", "min")]
 
@@ -148,8 +148,8 @@ def test_curves_png_and_plotly_give_each_of_12_trials_its_own_colour_and_line_st
     """curves.png drew trial 10 in trial 0's colour (plotly's palette has 10): trials 10 and 11 are dashed, so every
     trial of a 12-trial sweep has its own colour-and-style pair, in the PNG and on the report's plotly figure."""
     from klsweep.analysis.figures import curves_data
-    from klsweep.analysis.load import load_history
     from klsweep.analysis.plots import curves_figure
+    from klsweep.analysis.sweep_dir import load_history
 
     run_dir = synthetic_sweep(12)
     df, history = load(run_dir), load_history(run_dir)

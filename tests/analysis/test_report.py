@@ -170,7 +170,7 @@ def remedied_specs() -> list[dict]:
 def test_report_counts_remedies_per_rule_and_marks_remedied_points_on_the_front(tmp_path):
     from klsweep.analysis.accounting import remedy_outcomes
     from klsweep.analysis.figures import front_data
-    from klsweep.analysis.load import load
+    from klsweep.analysis.sweep_dir import load
 
     run_dir = make_sweep(tmp_path / "rem", remedied_specs())
     df = load(run_dir)

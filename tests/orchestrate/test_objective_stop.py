@@ -13,7 +13,7 @@ import yaml
 from ray import tune
 from ray.tune.stopper import CombinedStopper
 
-from klsweep.analysis.load import study_of
+from klsweep.analysis.sweep_dir import study_of
 from klsweep.cli import main
 from klsweep.errors import SweepFileError
 from klsweep.health import HealthStopper, load_ruleset

@@ -226,7 +226,7 @@ def test_plan_prints_the_commands_as_run_status_and_the_report_print_them():
 
     import pandas as pd
 
-    from klsweep.analysis.load import overrides_of
+    from klsweep.analysis.sweep_dir import overrides_of
     from klsweep.space import trial_overrides
     from klsweep.trainers import reproduce_lines
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from verl.trainer.ppo import core_algos
 
-from klsweep.analysis.load import load_history
+from klsweep.analysis.sweep_dir import load_history
 from klsweep.cli import main
 from klsweep.errors import SweepFileError
 from klsweep.health import Rule, load_ruleset

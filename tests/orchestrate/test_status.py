@@ -115,7 +115,7 @@ def test_status_forecast_scores_d0_with_the_reference_policy_as_the_report_does(
     accuracy (the real embedded trainer, validated), not the median first logged score (0.2 here)."""
     from klsweep.analysis.baseline import reference_scores
     from klsweep.analysis.frontier import fit_frontier
-    from klsweep.analysis.load import load
+    from klsweep.analysis.sweep_dir import load
     from klsweep.trainers.embedded.config import VAL_METRIC
     from tests.analysis.conftest import frontier_specs, make_sweep
 

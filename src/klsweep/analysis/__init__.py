@@ -2,7 +2,7 @@
 
 Public API::
 
-    load, load_history, sweep_info,         klsweep.analysis.load
+    load, load_history, sweep_info,          klsweep.analysis.sweep_dir
     overrides_of
     pareto_front, hypervolume,               klsweep.analysis.pareto
     least_infeasible, kl_scale, feasible
@@ -15,7 +15,6 @@ Public API::
 """
 
 from klsweep.analysis.accounting import compute_accounting
-from klsweep.analysis.load import load, load_history, overrides_of, sweep_info
 from klsweep.analysis.pareto import (
     EmptyFrontWarning,
     KlScaleWarning,
@@ -25,6 +24,7 @@ from klsweep.analysis.pareto import (
     least_infeasible,
     pareto_front,
 )
+from klsweep.analysis.sweep_dir import load, load_history, overrides_of, sweep_info
 
 __all__ = [
     "EmptyFrontWarning",

@@ -32,7 +32,7 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
     """Trial-steps, wall hours and GPU-hours used and saved, by how trials ended or by what stopped them.
 
     Args:
-        df: the trials table (:func:`klsweep.analysis.load.load`: ``state``, ``health``, ``steps``, ``wall_s``, and
+        df: the trials table (:func:`klsweep.analysis.sweep_dir.load`: ``state``, ``health``, ``steps``, ``wall_s``, and
             for ``by="reason"`` or an objective stop ``stop_reason`` and ``stop_kind``).
         max_steps: steps per trial in the budget (``budget.max_steps``).
         gpu: GPUs reserved per trial (``budget.resources.gpu``; 0 for CPU sweeps).
@@ -124,7 +124,7 @@ def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:
     """Per health rule, what its findings came to when the sweep remedies (issue 17).
 
     Args:
-        df: the trials table (:func:`klsweep.analysis.load.load`: ``state``, ``health``, ``stop_reason``,
+        df: the trials table (:func:`klsweep.analysis.sweep_dir.load`: ``state``, ``health``, ``stop_reason``,
             ``remedies``).
 
     Returns:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from klsweep.analysis.load import overrides_of
+from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.errors import KlsweepError
 from klsweep.results import REFERENCE_FILE
 from klsweep.trainers import trainer_kind
@@ -35,7 +35,7 @@ def reference_scores(trainer: str, metrics: Sequence[str], df: pd.DataFrame,
     Args:
         trainer: the sweep's ``trainer:``.
         metrics: the sweep's objective metrics.
-        df: :func:`klsweep.analysis.load.load` of the sweep (its first row's ``config/`` overrides are used).
+        df: :func:`klsweep.analysis.sweep_dir.load` of the sweep (its first row's ``config/`` overrides are used).
         cache_dir: the sweep directory: the score is kept in its ``reference_scores.json`` with the overrides it was
             computed under, so ``sweep status`` and ``sweep report`` build the reference policy once per sweep
             (seconds), not once per call.

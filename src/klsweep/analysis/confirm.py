@@ -1,7 +1,7 @@
 """The confirmation phase's runs in a trials table (``budget.confirm``, issue 16): which rows re-run a search trial
 (``confirm_of``) and the ranking of the confirmed search trials by their mean over seeds.
 
-Pure pandas on a :func:`klsweep.analysis.load.load` frame, shared by ``sweep status``/the end-of-run summary
+Pure pandas on a :func:`klsweep.analysis.sweep_dir.load` frame, shared by ``sweep status``/the end-of-run summary
 (:mod:`klsweep.orchestrate.confirm`) and ``sweep report`` (:mod:`klsweep.analysis.report`).
 """
 
@@ -13,19 +13,19 @@ from typing import Any
 
 import pandas as pd
 
-from klsweep.space import SEED_KEY
+from klsweep.spec.space import SEED_KEY
 
 
 def confirm_of(df: pd.DataFrame) -> pd.Series:
-    """The ``confirm_of`` column of a :func:`klsweep.analysis.load.load` frame (or of ``trials.csv``) as floats: the
-    search trial a confirmation run re-runs, NaN on search trials (all NaN when the column is absent)."""
+    """The ``confirm_of`` column of a :func:`klsweep.analysis.sweep_dir.load` frame (or of ``trials.csv``) as
+    floats: the search trial a confirmation run re-runs, NaN on search trials (all NaN when the column is absent)."""
     if "confirm_of" not in df:
         return pd.Series(math.nan, index=df.index, dtype=float)
     return pd.to_numeric(df["confirm_of"], errors="coerce").astype(float)
 
 
 def is_search(df: pd.DataFrame) -> pd.Series:
-    """Boolean Series over a :func:`klsweep.analysis.load.load` frame: the trial is a search trial (no
+    """Boolean Series over a :func:`klsweep.analysis.sweep_dir.load` frame: the trial is a search trial (no
     ``confirm_of``)."""
     return confirm_of(df).isna()
 
@@ -41,7 +41,7 @@ def ranking(df: pd.DataFrame, objectives: Sequence[tuple[str, str]], *, seed_tri
     """The confirmed search trials ranked by their mean over seeds (the search run counts as one seed).
 
     Args:
-        df: a :func:`klsweep.analysis.load.load` frame of the sweep (search trials and confirmation runs).
+        df: a :func:`klsweep.analysis.sweep_dir.load` frame of the sweep (search trials and confirmation runs).
         objectives: ``(metric, mode)`` per objective; the first ranks (``mode`` ``"max"`` or ``"min"``).
         seed_trials: the sweep enqueued seed trials, so trial 0 is the seed preset.
 

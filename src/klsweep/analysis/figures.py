@@ -398,8 +398,8 @@ def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, object
     got better or only learned to please the reward (the embedded task's gold accuracy falls while its proxy rises).
 
     Args:
-        history: :func:`klsweep.analysis.load.load_history` (long format).
-        df: :func:`klsweep.analysis.load.load` (for health verdicts, stop reasons and steps).
+        history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
+        df: :func:`klsweep.analysis.sweep_dir.load` (for health verdicts, stop reasons and steps).
         ruleset: the sweep's :class:`klsweep.health.RuleSet`, or None for no thresholds (see :func:`thresholds`).
         objectives: ``(metric, mode)`` of the sweep; each gets a panel of its own unless a :data:`CURVES` panel
             shows that metric already.

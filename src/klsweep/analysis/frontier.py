@@ -322,10 +322,10 @@ def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFram
     the score: the trial's path from the reference policy outwards (Gao et al.'s RL points are such checkpoints).
 
     Args:
-        history: :func:`klsweep.analysis.load.load_history` (long format: ``trial_id, step, metric, value``).
+        history: :func:`klsweep.analysis.sweep_dir.load_history` (long format: ``trial_id, step, metric, value``).
         score_metric: the gold/validation metric (e.g. ``val-core/arith/acc/mean@1``).
-        trials: :func:`klsweep.analysis.load.load` of the same sweep; when given, the KL scales of the trials with a
-            point (:func:`klsweep.analysis.pareto.kl_scale`) must agree.
+        trials: :func:`klsweep.analysis.sweep_dir.load` of the same sweep; when given, the KL scales of the trials
+            with a point (:func:`klsweep.analysis.pareto.kl_scale`) must agree.
 
     Returns:
         Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric`` (one row per trial and step,
@@ -384,7 +384,7 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
     return out
 
 
-#: The training seed's column in :func:`klsweep.analysis.load.load` (verl's ``data.seed``); trials that differ only
+#: The training seed's column in :func:`klsweep.analysis.sweep_dir.load` (verl's ``data.seed``); trials that differ only
 #: in it ran the same config.
 SEED_COLUMN = "config/data.seed"
 FORM_NAMES = {"rl": "Gao RL form", "bon": "Gao best-of-n form"}
@@ -517,8 +517,8 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     trial's (:func:`klsweep.analysis.confirm.config_of`), and ``Frontier.n`` counts configs.
 
     Args:
-        source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.load.load`,
-            :func:`klsweep.analysis.load.load_history` and its :class:`klsweep.results.SweepRecord`.
+        source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.sweep_dir.load`,
+            :func:`klsweep.analysis.sweep_dir.load_history` and its :class:`klsweep.results.SweepRecord`.
         level, n_boot: of :func:`fit_frontier`.
         references: metric → the reference policy's score, the fit's ``d = 0``
             (:func:`klsweep.analysis.baseline.reference_scores`: the embedded trainer's validation); ``None``
@@ -536,8 +536,8 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
         ResultsError: ``source`` is not a sweep directory.
     """
     from klsweep.analysis.confirm import config_of
-    from klsweep.analysis.load import load, load_history, sweep_info
     from klsweep.analysis.pareto import feasible
+    from klsweep.analysis.sweep_dir import load, load_history, sweep_info
 
     if isinstance(source, tuple):
         df, history, record = source

@@ -1,4 +1,4 @@
-"""Pareto fronts and hypervolume of a sweep's trials table (:func:`klsweep.analysis.load.load`).
+"""Pareto fronts and hypervolume of a sweep's trials table (:func:`klsweep.analysis.sweep_dir.load`).
 
 The non-dominated sort and the hypervolume are Optuna's own (``optuna.study._multi_objective._is_pareto_front``, the
 function behind ``Study.best_trials``, and ``optuna._hypervolume.compute_hypervolume``, exact WFG); this module only
@@ -86,7 +86,7 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
     """The non-dominated feasible trials for any number of objectives, as rows of ``df``, in ``df``'s order.
 
     Args:
-        df: the trials table (:func:`klsweep.analysis.load.load`; needs ``state`` and, when present, ``health``).
+        df: the trials table (:func:`klsweep.analysis.sweep_dir.load`; needs ``state`` and, when present, ``health``).
         objectives: ``[(name, "min"|"max"), ...]`` or ``{name: mode}``; see :func:`objective_columns`.
 
     Returns:

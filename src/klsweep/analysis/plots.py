@@ -99,8 +99,8 @@ def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, obje
     bands, the reference policy's value as a dotted line (:func:`klsweep.analysis.figures.curves_data`).
 
     Args:
-        history: :func:`klsweep.analysis.load.load_history` (long format).
-        df: :func:`klsweep.analysis.load.load` (for health verdicts, stop reasons and steps).
+        history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
+        df: :func:`klsweep.analysis.sweep_dir.load` (for health verdicts, stop reasons and steps).
         ruleset: the sweep's :class:`klsweep.health.RuleSet`, or None for no bands. Stop rules are shaded red,
             warnings orange; the dashed line is the threshold (see :func:`thresholds`).
         objectives: ``(metric, mode)`` of the sweep, each a panel unless a KL/entropy/score panel shows it.

@@ -34,10 +34,10 @@ from klsweep.analysis.figures import (
     table_data,
 )
 from klsweep.analysis.frontier import sweep_frontier
-from klsweep.analysis.load import load, load_history, overrides_of, study_of
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
+from klsweep.analysis.sweep_dir import load, load_history, overrides_of, study_of
 from klsweep.errors import KlsweepError, ResultsError
 from klsweep.results import REPORT_DIR, SweepRecord
 from klsweep.trainers import reproduce_commands

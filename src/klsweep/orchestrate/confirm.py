@@ -135,7 +135,7 @@ def nothing_to_run(sweep, df: pd.DataFrame) -> str | None:
 def confirmation_phase(sweep, out_dir: str | Path) -> Phase:
     """The runs of :func:`planned` the study of the sweep in ``out_dir`` does not hold yet, and its confirmation
     trials left RUNNING (their Tune trials are gone once every Tuner of this driver has ended)."""
-    from klsweep.analysis.load import load, study_of
+    from klsweep.analysis.sweep_dir import load, study_of
 
     if sweep.budget.confirm is None:
         return Phase()

@@ -52,7 +52,7 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
     """
     from optuna_dashboard import wsgi
 
-    from klsweep.analysis.load import storage_from_url
+    from klsweep.analysis.sweep_dir import storage_from_url
     from klsweep.results import SweepRecord
 
     record = SweepRecord.read(run_dir)
@@ -94,8 +94,8 @@ def save_frontier(run_dir: str, record) -> str | None:
     from optuna_dashboard import save_plotly_graph_object
 
     from klsweep.analysis.frontier import sweep_frontier
-    from klsweep.analysis.load import study_of
     from klsweep.analysis.plots import frontier_figure
+    from klsweep.analysis.sweep_dir import study_of
     from klsweep.errors import ResultsError
 
     try:

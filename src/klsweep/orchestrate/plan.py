@@ -138,9 +138,9 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     the sampler proposes from the results of finished trials, which ``plan`` cannot know: those are shown as the
     random start-up draw of that trial number, and labelled so. The commands are the ones ``sweep run`` and
     ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines` of the overrides as the trial's ``trials.csv``
-    row gives them back, :func:`klsweep.analysis.load.overrides_of`).
+    row gives them back, :func:`klsweep.analysis.sweep_dir.overrides_of`).
     """
-    from klsweep.analysis.load import overrides_of
+    from klsweep.analysis.sweep_dir import overrides_of
     from klsweep.orchestrate.samplers import MODEL_BASED
     from klsweep.space import seed_params, trial_overrides
     from klsweep.trainers import reproduce_lines

@@ -255,8 +255,8 @@ def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float
     import pandas as pd
 
     from klsweep.analysis.frontier import MIN_POINTS
-    from klsweep.analysis.load import load, load_history
     from klsweep.analysis.pareto import feasible
+    from klsweep.analysis.sweep_dir import load, load_history
     from klsweep.orchestrate.status import frontier_line
     from klsweep.results import SweepRecord
 
@@ -314,7 +314,7 @@ class TrialsCsv(Callback):
 def write_trials_csv(out_dir: Path):
     """Write ``out_dir/trials.csv`` (:func:`klsweep.analysis.load`; a temporary file, then a rename, so a reader
     never sees half a file) and return its frame."""
-    from klsweep.analysis.load import load
+    from klsweep.analysis.sweep_dir import load
 
     df = load(out_dir)
     tmp = out_dir / (TRIALS_CSV + ".tmp")

@@ -211,7 +211,7 @@ def _as_float(value: Any) -> float | None:
 def optuna_number(trial) -> int | None:
     """The Optuna trial number of a Tune trial (the searcher tags it with the Tune trial id when it suggests it), from
     the study of the sweep directory the trial's Tune experiment is in; None when the study does not say."""
-    from klsweep.analysis.load import study_of
+    from klsweep.analysis.sweep_dir import study_of
 
     sweep_dir = Path(trial.storage.experiment_fs_path).parent
     for told in study_of(sweep_dir).get_trials(deepcopy=False):

@@ -24,7 +24,7 @@ def status(run_dir: str, console: Console | None = None) -> int:
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
     """
-    from klsweep.analysis.load import load
+    from klsweep.analysis.sweep_dir import load
     from klsweep.orchestrate.summary import counts_line, print_summary
     from klsweep.results import SweepRecord
     from klsweep.spec.schema import Sweep
@@ -54,12 +54,12 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame 
     ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
     seconds, once per sweep), as ``sweep report`` does, so both print the same KL*; elsewhere the median first
     logged score. ``record`` is the sweep's :class:`klsweep.results.SweepRecord`, as :func:`status` read it;
-    ``history`` the trials' steps (:func:`klsweep.analysis.load.load_history` columns; default: read from run_dir).
+    ``history`` the trials' steps (:func:`klsweep.analysis.sweep_dir.load_history` columns; default: read from run_dir).
     """
     from klsweep.analysis.baseline import reference_scores
     from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
-    from klsweep.analysis.load import load_history
     from klsweep.analysis.pareto import feasible
+    from klsweep.analysis.sweep_dir import load_history
 
     if int(feasible(df).sum()) < MIN_POINTS:
         return None

@@ -14,7 +14,7 @@ from rich.text import Text
 from klsweep._format import console as plain_console
 from klsweep._format import short
 from klsweep.analysis.accounting import compute_accounting
-from klsweep.analysis.load import overrides_of
+from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.orchestrate import confirm
 from klsweep.results import failure_reason
 from klsweep.trainers import reproduce_commands

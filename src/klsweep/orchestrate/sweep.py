@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from klsweep.analysis.load import storage_from_url, study_of
+from klsweep.analysis.sweep_dir import storage_from_url, study_of
 from klsweep.errors import ClusterError, ResultsError
 from klsweep.orchestrate import _ray_session
 from klsweep.orchestrate.driver_lock import DRIVER_LOCK, driver_lock
@@ -425,7 +425,7 @@ def _study_created(out_dir: Path, record: SweepRecord) -> bool:
 def _confirm(sweep, record: SweepRecord, out_dir: Path, *, quiet: bool) -> bool:
     """The confirmation phase (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): a Tuner of the leaders'
     re-runs the study does not hold yet, when there are any. True when Ctrl-C ended it."""
-    from klsweep.analysis.load import load
+    from klsweep.analysis.sweep_dir import load
     from klsweep.orchestrate.confirm import confirmation_phase, nothing_to_run
 
     phase = confirmation_phase(sweep, out_dir)

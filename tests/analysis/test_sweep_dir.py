@@ -24,7 +24,7 @@ def test_a_half_written_last_line_is_dropped(synthetic_sweep):
 def test_overrides_of_gives_verl_ready_values():
     import math
 
-    from klsweep.analysis.load import overrides_of
+    from klsweep.analysis.sweep_dir import overrides_of
 
     # a column with empty cells is float64 in pandas: ppo_epochs 1.0 must go back to verl as 1 (an int field)
     row = {"config/actor_rollout_ref.actor.ppo_epochs": 1.0, "config/algorithm.kl_ctrl.kl_coef": 0.05,

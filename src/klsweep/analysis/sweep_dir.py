@@ -11,7 +11,7 @@ Columns of :func:`load` (the same as ``trials.csv``):
   ``error.txt``, :func:`klsweep.results.failure_reason`), ``steps`` (training steps run), ``wall_s`` (seconds),
   ``gpu_s`` (GPU-seconds reserved: ``wall_s`` × the sweep's ``budget.resources.gpu``);
 - ``config/<verl key>``: every verl override of the trial as proposed (e.g. ``config/algorithm.kl_ctrl.kl_coef``);
-- ``remedies``: a remedied trial's schedule (issue 17), JSON: ``[{"restart", "step", "rule", "from_step", "key",
+- ``remedies``: a remedied trial's schedule, JSON: ``[{"restart", "step", "rule", "from_step", "key",
   "old", "new"}, ...]``, oldest first; its other columns are those of its last run (empty when not remedied);
 - ``value/<metric>``: the value told to Optuna for each objective (the last reported value; empty when PRUNED/FAIL);
 - ``last/<metric>`` and ``best/<metric>``: the **last** reported value and the best value over the run (by the
@@ -105,7 +105,7 @@ def _tune_trials(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         return
     for result_file in sorted(tune_dir.glob("*/result.json")):
         lines = [line for line in result_file.read_text().splitlines() if line.strip()]
-        try:  # one decode per file: ~3x faster than one per line on 1,000 trials (benchmarks/load_speed.py)
+        try:  # one decode per file, not one per line (benchmarks/load_speed.py times it)
             rows = json.loads("[" + ",".join(lines) + "]")
         except json.JSONDecodeError:
             rows = []
