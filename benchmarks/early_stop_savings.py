@@ -87,8 +87,8 @@ def table_sweep(table: Path, seed: int, health: str | None, extra: tuple[str, ..
     from klsweep.health import HealthEngine, load_ruleset
     from klsweep.orchestrate.objective_stop import ObjectiveRule
     from klsweep.orchestrate.samplers import build_sampler
-    from klsweep.space import define_space, seed_params, trial_overrides
     from klsweep.spec import load_sweep
+    from klsweep.spec.space import define_space, seed_params, trial_overrides
     from klsweep.trainers.tabular import TabularTrainer, load_table, recorded_values
 
     header = load_table(str(table)).header

@@ -1,8 +1,8 @@
 """Orchestration overhead (issue 8): the same 8 embedded trials bare and through ``sweep run`` with 2 at once.
 
 (a) bare: the 8 trials one after another in this process, each ``EmbeddedTrainer(overrides)`` + ``train_step`` to
-    the end, exactly the overrides ``sweep run`` gives them (:func:`klsweep.space.trial_overrides`); verl is imported
-    and the reference loaded once before timing, so the bare busy time is training only.
+    the end, exactly the overrides ``sweep run`` gives them (:func:`klsweep.spec.space.trial_overrides`); verl is
+    imported and the reference loaded once before timing, so the bare busy time is training only.
 (b) ``sweep run sweeps/grpo_kl.yaml`` (a subprocess: Python start, imports, private Ray, Optuna, Tune, health
     engine, trials.csv and summary all counted) with ``budget.max_concurrent=2`` and the same 8 trials as seed trials.
 
@@ -44,8 +44,8 @@ def overrides(steps: int) -> list[str]:
 
 def bare(steps: int) -> list[float]:
     """Busy seconds of each trial run bare, one after another."""
-    from klsweep.space import seed_params, trial_overrides
     from klsweep.spec import load_sweep
+    from klsweep.spec.space import seed_params, trial_overrides
     from klsweep.trainers.embedded import EmbeddedTrainer
 
     sweep = load_sweep(Path(__file__).resolve().parents[1] / SWEEP, overrides(steps))

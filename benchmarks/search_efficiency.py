@@ -93,7 +93,7 @@ def load(steps: int, batch: int, extra: list[str] = ()):
 def evaluate(args: tuple[int, int, tuple]) -> tuple[tuple, float, float]:
     """Train one config of the table: (config, final validation accuracy, k1 KL to the reference per token)."""
     steps, batch, config = args
-    from klsweep.space import trial_overrides
+    from klsweep.spec.space import trial_overrides
     from klsweep.trainers.embedded import VAL_METRIC, EmbeddedTrainer
 
     trainer = EmbeddedTrainer(trial_overrides(load(steps, batch), dict(zip(KEYS, config))))
@@ -106,7 +106,7 @@ def evaluate(args: tuple[int, int, tuple]) -> tuple[tuple, float, float]:
 
 
 def table(steps: int, batch: int) -> dict[tuple, tuple[float, float]]:
-    from klsweep.space import parameters
+    from klsweep.spec.space import parameters
 
     space = parameters(load(steps, batch))
     configs = [(c, t, a) for c in KL_POINTS for t in space[KEYS[1]].values for a in space[KEYS[2]].values]
@@ -124,7 +124,7 @@ def search(name: str, seed: int, results: dict, budget: float, target: float, st
 
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.orchestrate.searcher import HEALTH_CONSTRAINT
-    from klsweep.space import define_space, seed_params
+    from klsweep.spec.space import define_space, seed_params
 
     grid = [f"parameters.kl_coef={{values: [{', '.join(map(str, KL_POINTS))}]}}"] if name == "grid" else []
     sweep = load(steps, batch, [f"sampler={name}", f"seed={seed}", *grid])
@@ -260,8 +260,8 @@ def pareto_sweep(table: Path, seed: int, extra: tuple[str, ...], stop: Any) -> l
     from klsweep.orchestrate.objective_stop import ObjectiveRule
     from klsweep.orchestrate.samplers import build_sampler
     from klsweep.results import HEALTH_CONSTRAINT
-    from klsweep.space import define_space, seed_params, trial_overrides
     from klsweep.spec import load_sweep
+    from klsweep.spec.space import define_space, seed_params, trial_overrides
     from klsweep.trainers.tabular import TabularTrainer, load_table, recorded_values
 
     header = load_table(str(table)).header

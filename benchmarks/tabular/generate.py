@@ -2,7 +2,7 @@
 sweep, every logged metric at every step, one ``benchmarks/tabular/<sweep>.jsonl.gz`` per sweep.
 
 Each run is exactly what a trial of the sweep trains: the overrides come from klsweep's own loader and
-:func:`klsweep.space.trial_overrides` (preset, fixed overrides, trainer defaults, ``budget.max_steps``), with
+:func:`klsweep.spec.space.trial_overrides` (preset, fixed overrides, trainer defaults, ``budget.max_steps``), with
 ``data.seed`` set to the training seed, and :class:`klsweep.trainers.embedded.EmbeddedTrainer` is stepped as the Tune
 trainable steps it (``train_step`` until ``total_steps``: steps 1..max_steps, no step-0 validation).
 
@@ -68,9 +68,9 @@ def axis(p: Any, spec: int | list[Any] | None) -> list[Any]:
 
 def plan(name: str, seeds: tuple[int, ...]) -> tuple[dict[str, Any], list[tuple[dict[str, Any], int]]]:
     """The header of ``name``'s table and its (params, seed) runs, params keyed by verl key, in grid order."""
-    from klsweep.space import fixed_overrides, parameters
     from klsweep.spec.load import load_sweep
     from klsweep.spec.schema import Choice
+    from klsweep.spec.space import fixed_overrides, parameters
 
     path = ROOT / "sweeps" / f"{name}.yaml"
     sweep = load_sweep(path)
@@ -112,8 +112,8 @@ def reusable_runs(old_header: dict[str, Any], header: dict[str, Any], old_runs: 
 
 def train(job: tuple[str, dict[str, Any], int]) -> dict[str, Any]:
     """Train one run of the table: sweep ``name`` at ``params`` with ``data.seed=seed``; returns its record."""
-    from klsweep.space import trial_overrides
     from klsweep.spec.load import load_sweep
+    from klsweep.spec.space import trial_overrides
     from klsweep.trainers.embedded import EmbeddedTrainer
     from klsweep.trainers.tabular import encode_run
 

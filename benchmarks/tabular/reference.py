@@ -4,8 +4,8 @@ which grid points end healthy, computed from every recorded run.
 For each run (grid point × seed) of ``benchmarks/tabular/<sweep>.jsonl.gz``:
 
 * its health under the sweep file's ``health:`` rules: :class:`klsweep.health.HealthEngine` fed every recorded step,
-  with the trial's own overrides (``klsweep.space.trial_overrides`` + ``data.seed``) as the run config, exactly what
-  the sweep's stopper judges; a stopped run keeps the step and the rule that stopped it;
+  with the trial's own overrides (``klsweep.spec.space.trial_overrides`` + ``data.seed``) as the run config, exactly
+  what the sweep's stopper judges; a stopped run keeps the step and the rule that stopped it;
 * its objective values: the last logged value of each objective metric of the file (what the searcher tells Optuna
   for a trial that ran its budget), and its KL to the reference: the last ``actor/kl_loss`` or
   ``actor/reward_kl_penalty`` (verl's names for the KL in the loss and in the reward).
@@ -66,8 +66,8 @@ def reference(table_path: str | Path) -> dict[str, Any]:
 
     from klsweep.analysis.pareto import pareto_front
     from klsweep.health import HealthEngine, load_ruleset
-    from klsweep.space import trial_overrides
     from klsweep.spec.load import load_sweep
+    from klsweep.spec.space import trial_overrides
     from klsweep.trainers.tabular import load_table
 
     table = load_table(str(table_path))

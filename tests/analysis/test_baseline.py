@@ -15,8 +15,8 @@ from klsweep.analysis.figures import curves_data
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.results import REFERENCE_FILE
-from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import trial_overrides
 from klsweep.trainers.embedded.trainer import run
 from tests.orchestrate.conftest import VAL, sweep_file
 

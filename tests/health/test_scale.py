@@ -10,8 +10,8 @@ import torch
 
 from klsweep.health import HealthConfig, HealthEngine, load_ruleset
 from klsweep.health.signals import TokenScale
-from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import trial_overrides
 
 GRPO_KL = Path(__file__).resolve().parents[2] / "sweeps" / "grpo_kl.yaml"
 A = "actor_rollout_ref.actor"

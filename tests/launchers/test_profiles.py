@@ -125,8 +125,8 @@ def test_gpu_smoke_sweep_passes_preflight(tmp_path):
     """The GPU smoke sweep loads, and both trials pass preflight against the installed verl 0.9.1, warned only that
     they save no checkpoint (trainer.save_freq: -1; the acceptance check never resumes a trial); with the overrides
     benchmarks/gpu_smoke.sh adds, two trials share the one GPU."""
-    from klsweep.space import seed_params, trial_overrides
     from klsweep.spec.load import load_sweep
+    from klsweep.spec.space import seed_params, trial_overrides
     from klsweep.verl.preflight import preflight
 
     text = (REPO / "benchmarks" / "gpu_smoke.yaml").read_text()

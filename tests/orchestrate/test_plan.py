@@ -89,7 +89,7 @@ def test_plans_random_draws_are_the_ones_a_sweep_draws_before_results_guide_the_
     import optuna
 
     from klsweep.orchestrate.samplers import build_sampler
-    from klsweep.space import define_space, seed_params
+    from klsweep.spec.space import define_space, seed_params
 
     sweep = load_sweep(REPO / "sweeps" / "aggressive.yaml", ["budget.trials=12"])  # TPE start-up: 2 (seed + 1)
     study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
@@ -227,7 +227,7 @@ def test_plan_prints_the_commands_as_run_status_and_the_report_print_them():
     import pandas as pd
 
     from klsweep.analysis.sweep_dir import overrides_of
-    from klsweep.space import trial_overrides
+    from klsweep.spec.space import trial_overrides
     from klsweep.trainers import reproduce_lines
 
     sweep = load_sweep(REPO / "sweeps" / "grpo_kl.yaml")

@@ -9,9 +9,9 @@ import optuna
 import pytest
 
 from klsweep.orchestrate.samplers import build_sampler, trial_seed
-from klsweep.space import define_space, seed_params
 from klsweep.spec import load_sweep
 from klsweep.spec.schema import SAMPLERS
+from klsweep.spec.space import define_space, seed_params
 from tests.orchestrate.conftest import sweep_file
 
 PARAMETERS = {

@@ -16,8 +16,8 @@ from klsweep.cli import main
 from klsweep.errors import SweepFileError
 from klsweep.orchestrate.samplers import build_sampler
 from klsweep.orchestrate.searcher import KlsweepSearch
-from klsweep.space import define_space, trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import define_space, trial_overrides
 from tests.orchestrate.conftest import KL, PARETO_SEEDS, VAL, sweep_file
 
 pytestmark = pytest.mark.slow

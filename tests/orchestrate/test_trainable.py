@@ -10,8 +10,8 @@ import pytest
 from ray import tune
 
 from klsweep.orchestrate.trainable import run_trial
-from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import trial_overrides
 from klsweep.trainers import trainer_kind
 from tests.orchestrate.conftest import sweep_file
 

@@ -90,7 +90,7 @@ def test_verl_never_calls_wandb_init_in_a_trial(tmp_path):
     from omegaconf import OmegaConf
 
     from klsweep.launchers.process import trial_command
-    from klsweep.space import trial_overrides
+    from klsweep.spec.space import trial_overrides
     from klsweep.verl.config import config_dir
 
     sweep = load_sweep(sweep_file(tmp_path, "wb", trainer="verl", wandb={"mode": "offline"},

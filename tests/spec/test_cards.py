@@ -8,8 +8,8 @@ import pytest
 
 from klsweep.errors import PreflightError, SweepFileError
 from klsweep.orchestrate.plan import preflight_sweep
-from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import trial_overrides
 from klsweep.verl.presets import KNOBS
 
 

@@ -176,8 +176,8 @@ def test_a_wandb_export_of_several_runs_plays_the_run_named(tmp_path):
 
 def test_a_replay_sweep_names_the_run_of_an_export_in_its_replay_section(tmp_path):
     """`replay: {trace, run}` in a sweep file reaches the trainer each trial builds (the trainer table's factory)."""
-    from klsweep.space import trial_overrides
     from klsweep.spec import load_sweep
+    from klsweep.spec.space import trial_overrides
     from klsweep.trainers import trainer_kind
     from tests.health.test_decoder import WANDB_TWO_RUNS
 

@@ -14,8 +14,8 @@ import yaml
 
 from klsweep.cli import main
 from klsweep.errors import OverrideError, SweepFileError, TraceReadError
-from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import trial_overrides
 from klsweep.trainers import Trainer
 from klsweep.trainers.tabular import Table, TabularTrainer, load_table
 from tests.conftest import REPO

@@ -7,8 +7,8 @@ import pytest
 
 from klsweep.errors import PreflightError, SweepFileError
 from klsweep.launchers.process import trial_command
-from klsweep.space import trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import trial_overrides
 from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems
 from klsweep.verl.preflight import preflight
 from klsweep.verl.presets import preset_overrides

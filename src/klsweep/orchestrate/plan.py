@@ -20,12 +20,12 @@ def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
     """Parameters (verl keys) of the first ``n`` trials: ``seed_trials`` first, then the sweep's sampler.
 
     Uses an in-memory Optuna study with :func:`klsweep.orchestrate.samplers.build_sampler` (seeded with the sweep
-    seed) and :func:`klsweep.space.define_space`; no trial is told a value, as before any result exists.
+    seed) and :func:`klsweep.spec.space.define_space`; no trial is told a value, as before any result exists.
     """
     import optuna
 
     from klsweep.orchestrate.samplers import build_sampler
-    from klsweep.space import define_space, seed_params
+    from klsweep.spec.space import define_space, seed_params
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     directions = ["maximize" if o.mode == "max" else "minimize" for o in sweep.objectives]
@@ -48,7 +48,7 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
     combinations of their smallest and largest values (a horizon is only too short for the largest batch a trial can
     have, verl's n_steps). A bad categorical value is caught before any trial runs, not when a sampler happens to
     pick it."""
-    from klsweep.space import condition, parameters, seed_params, trial_overrides
+    from klsweep.spec.space import condition, parameters, seed_params, trial_overrides
 
     seeds = seed_params(sweep) or [{}]
     variants: list[dict[str, Any]] = list(seeds)
@@ -112,7 +112,7 @@ def preflight_sweep(sweep: Sweep, *, files_here: bool = False) -> list[str]:
     Raises:
         PreflightError: every distinct problem, one per line, with the sweep-file line of the key.
     """
-    from klsweep.space import key_locations
+    from klsweep.spec.space import key_locations
     from klsweep.verl.preflight import preflight
 
     where = key_locations(sweep)
@@ -142,7 +142,7 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     """
     from klsweep.analysis.sweep_dir import overrides_of
     from klsweep.orchestrate.samplers import MODEL_BASED
-    from klsweep.space import seed_params, trial_overrides
+    from klsweep.spec.space import seed_params, trial_overrides
     from klsweep.trainers import reproduce_lines
     from klsweep.verl.preflight import preflight
 

@@ -39,7 +39,7 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
         SweepFileError: the sampler cannot handle this sweep's space (grid over a continuous range, cmaes on a
             multi-objective or categorical space) or an option is not accepted by the Optuna sampler.
     """
-    from klsweep.space import parameters
+    from klsweep.spec.space import parameters
 
     name = sweep.sampler.name
     options: dict[str, Any] = dict(sweep.sampler.options)
@@ -245,8 +245,8 @@ def _grid_space(sweep) -> dict[str, list[Any]]:
     Raises:
         SweepFileError: a range or a conditional parameter (a grid needs value lists).
     """
-    from klsweep.space import parameters
     from klsweep.spec.schema import Choice, Constant
+    from klsweep.spec.space import parameters
 
     space, problems = {}, []
     for key, param in parameters(sweep).items():

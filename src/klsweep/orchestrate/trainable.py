@@ -31,9 +31,10 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     """
     from ray import tune
 
-    from klsweep.orchestrate.remedy import checkpoint_every, reapply_after_load, split_config
-    from klsweep.space import trial_overrides
+    from klsweep.orchestrate.remedy import checkpoint_every, split_config
+    from klsweep.spec.space import trial_overrides
     from klsweep.trainers import trainer_kind
+    from klsweep.trainers.restore import reapply_after_load
 
     params, remedies = split_config(config)  # a remedied trial's config also lists its remedies
     overrides = trial_overrides(sweep, params)
@@ -54,7 +55,7 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             trainer.load(folder)
-        reapply_after_load(trainer, overrides, remedies)
+        reapply_after_load(trainer, overrides, [r["key"] for r in remedies])
     every = checkpoint_every(sweep, overrides)
     while trainer.global_step < trainer.total_steps:
         metrics: dict[str, Any] = dict(trainer.train_step())

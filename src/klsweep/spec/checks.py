@@ -15,6 +15,7 @@ from typing import Any
 
 from klsweep.health.rules import Rule, WindowCondition
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
+from klsweep.spec.space import condition, fixed_overrides, parameters
 from klsweep.trainers import runs_verl, trainer_kind
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS, closest_key, default_keys
@@ -58,9 +59,6 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                for where, message in managed_key_problems(sweep.overrides, resolved, trainer=sweep.trainer)]
     if errors:
         return errors, warnings
-
-    from klsweep.space import fixed_overrides, parameters
-
     fixed = fixed_overrides(sweep)
     params = parameters(sweep)
     for i, seed in enumerate(sweep.seed_trials):
@@ -249,8 +247,6 @@ def _full_keys(name: str) -> list[str]:
 
 
 def _when_problems(sweep: Sweep, when: dict | None, earlier: dict[str, str]) -> Iterator[Problem]:
-    from klsweep.space import fixed_overrides
-
     if not when:
         return
     fixed = None
@@ -283,8 +279,6 @@ def _when_problems(sweep: Sweep, when: dict | None, earlier: dict[str, str]) -> 
 
 def _scenarios(sweep: Sweep, fixed: dict, params: dict, when: dict | None) -> Iterator[dict[str, Any]]:
     """The configs a parameter can meet: every combination of searched switch values allowed by its `when`."""
-    from klsweep.space import condition
-
     cond = condition(sweep, when)
     axes: list[tuple[str, list[Any]]] = []
     for key in _SWITCHES:

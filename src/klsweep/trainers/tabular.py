@@ -115,7 +115,7 @@ def recorded_for(header: Mapping[str, Any]) -> str:
 
 def header_mismatch(header: Mapping[str, Any], searched: Sequence[str], fixed: Mapping[str, Any]) -> str | None:
     """Why a table with ``header`` cannot serve a sweep that searches the verl keys ``searched`` with the fixed
-    settings ``fixed`` (:func:`klsweep.space.fixed_overrides`); None when it can.
+    settings ``fixed`` (:func:`klsweep.spec.space.fixed_overrides`); None when it can.
 
     A table serves a sweep when it was recorded over the same searched keys (the nearest grid point is looked up in
     them; a searched key the table lacks would be ignored, a table key the sweep fixes would pick runs by the fixed

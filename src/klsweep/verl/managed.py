@@ -1,6 +1,6 @@
-"""Every verl key klsweep writes into a trial's command, and what becomes of a value the sweep sets for it (issue 14,
-"the user's overrides are kept"): merged with klsweep's, kept, or refused before anything starts, naming the sweep
-field or option that controls it. None is replaced without a word.
+"""Every verl key klsweep writes into a trial's command, and what becomes of a value the sweep sets for it: merged
+with klsweep's, kept, or refused before anything starts, naming the sweep field or option that controls it. None is
+replaced without a word.
 
 ===============================  ==========================================  =========================================
 key                              klsweep writes                              a value in the sweep's overrides
@@ -23,8 +23,8 @@ key                              klsweep writes                              a v
 
 The algorithm's own keys (``algorithm.adv_estimator``, ``use_kl_loss``, ``use_kl_in_reward``) are refused in
 ``overrides`` by :mod:`klsweep.spec.checks` with the fields ``algorithm`` and ``kl_placement``, with
-``trainer.total_training_steps`` and ``data.seed``. Writers: :func:`klsweep.space.launcher_overrides` (every trainer),
-:func:`klsweep.launchers.process.trial_command` and :mod:`klsweep.launchers.resume` (``trainer: verl``).
+``trainer.total_training_steps`` and ``data.seed``. Writers: :func:`klsweep.spec.space.launcher_overrides` (every
+trainer), :func:`klsweep.launchers.process.trial_command` and :mod:`klsweep.launchers.resume` (``trainer: verl``).
 """
 
 from __future__ import annotations

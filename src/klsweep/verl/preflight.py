@@ -41,7 +41,7 @@ def preflight(
     """Check one trial's flat verl overrides.
 
     Args:
-        overrides: the trial's full override dict (e.g. from :func:`klsweep.space.trial_overrides`).
+        overrides: the trial's full override dict (e.g. from :func:`klsweep.spec.space.trial_overrides`).
         trainer: ``embedded`` (batch arithmetic on one device) or ``verl`` (GPU counts from ``trainer.nnodes`` ×
             ``trainer.n_gpus_per_node``, and the keys a real run needs).
         allow_negative_kl: the sweep's opt-in for negative KL coefficients.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from klsweep.errors import SweepFileError
 from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
 from klsweep.trainers import trainer_kind
 from klsweep.verl.presets import preset_overrides, resolve_key
@@ -54,8 +55,6 @@ def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
     Raises:
         SweepFileError: the sweep's ``overrides`` put ``wandb`` in ``trainer.logger``; the message names ``wandb:``.
     """
-    from klsweep.errors import SweepFileError
-
     wandb_backends = ("wandb", "tracking")  # verl/utils/tracking.py: both call wandb.init in the trial
     logger = ["console", "file"]
     asked = sweep.overrides.get("trainer.logger")

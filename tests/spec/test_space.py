@@ -9,8 +9,8 @@ import optuna
 import pytest
 
 from klsweep.errors import SweepFileError
-from klsweep.space import define_space, fixed_overrides, seed_params, trial_overrides
 from klsweep.spec import load_sweep
+from klsweep.spec.space import define_space, fixed_overrides, seed_params, trial_overrides
 
 CONDITIONAL = """\
 name: cond
