@@ -1,4 +1,4 @@
-"""One decoder of the metric stream (issue 14): every writer's spelling of a non-finite value, written by the real
+"""One decoder of the metric stream: every writer's spelling of a non-finite value, written by the real
 writers (verl 0.9.1's ``FileLogger``, orjson, Python's json, Ray Tune's result encoder, the csv module as Ray's CSV
 logger uses it, a W&B export in its real column shape), read the same by ``sweep health check``, the ``replay`` trainer
 and the live trial's metrics tail."""
@@ -15,8 +15,8 @@ from klsweep.cli import main
 from klsweep.errors import TraceReadError
 from klsweep.health import load_ruleset
 from klsweep.health.check import backtest
-from klsweep.health.readers import decode_json_line, read_trace
-from klsweep.launchers.process import _MetricsTail
+from klsweep.health.readers import read_trace
+from klsweep.verl.stream import MetricsTail
 from tests.conftest import NONFINITE, trace
 
 #: Written by verl's own FileLogger with :func:`file_logger_log` (tests/data/README.md).
@@ -71,7 +71,7 @@ def test_health_check_stops_the_file_logger_run_at_step_18_as_non_finite(capsys)
 
 def test_the_live_tail_and_the_log_readers_decode_every_line_alike(tmp_path):
     """The live trial path reads the file logger's bytes as `health check` and `replay` do: one decoder."""
-    tail = _MetricsTail(tmp_path / "metrics.jsonl")
+    tail = MetricsTail(tmp_path / "metrics.jsonl")
     lines = trace(NONFINITE).read_bytes() + json.dumps({"step": 26, "data": {"actor/pg_loss": -math.inf}}).encode()
     tail.path.write_bytes(lines + b"\n")
     (tmp_path / "log.jsonl").write_bytes(lines + b"\n")
@@ -80,22 +80,6 @@ def test_the_live_tail_and_the_log_readers_decode_every_line_alike(tmp_path):
     assert [s for s, _ in live] == [s for s, _ in read] == list(range(1, 27))
     assert repr(live) == repr(read)  # NaN != NaN: compare the spelled-out values
     assert live[-1][1] == {"actor/pg_loss": -math.inf}  # Python json's -Infinity
-
-
-@pytest.mark.parametrize(
-    "line,value",
-    [
-        (b'{"step":3,"data":{"actor/pg_loss":null}}', math.nan),  # orjson (verl's FileLogger)
-        (b'{"step": 3, "data": {"actor/pg_loss": NaN}}', math.nan),  # Python json
-        (b'{"step": 3, "data": {"actor/pg_loss": Infinity}}', math.inf),
-        (b'{"step": 3, "data": {"actor/pg_loss": -Infinity}}', -math.inf),
-    ],
-)
-def test_file_logger_lines_spell_non_finite_values_as_their_writers_do(line, value):
-    record = decode_json_line(line)
-    assert (record.format, record.step) == ("verl-jsonl", 3)
-    got = record.metrics["actor/pg_loss"]
-    assert math.isnan(got) if math.isnan(value) else got == value
 
 
 def test_tune_result_json_non_finite_as_rays_encoder_writes_it(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import psutil
 import pytest
 
 from klsweep.launchers.failures import TrialFailed
-from klsweep.launchers.process import _MetricsTail, attempt_dir, run_process_trial, trial_command
+from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
 
 from .conftest import seconds_until_gone, tree_of, wait_for
 
@@ -322,33 +321,6 @@ def test_a_step_0_line_is_merged_into_step_1(fake_trainer, tmp_path):
     run_process_trial({"steps": 0, "val_before_train": 1}, trainer=fake_trainer, trial_dir=tmp_path / "val_only",
                       report=only_validation.append)
     assert only_validation == [{"val-core/fake/acc/mean@1": 0.25, "step": 0}]
-
-
-def test_an_unfinished_last_line_waits_for_its_end(tmp_path):
-    """A line without its newline is not written yet, even when the process has ended (a writer's line can take more
-    than one write; a killed writer leaves half a line): read once complete, never parsed half."""
-    path = tmp_path / "metrics.jsonl"
-    tail = _MetricsTail(path)
-    line = json.dumps({"step": 1, "data": {"actor/kl_loss": 0.01, "actor/entropy": None}}).encode()
-    with open(path, "wb", buffering=0) as f:
-        f.write(line[:20])
-        assert tail.read_new() == []
-        assert tail.read_new() == []  # read again, as the tail does after the exit record
-        f.write(line[20:] + b"\n")
-        ((step, data),) = tail.read_new()
-    assert step == 1 and data["actor/kl_loss"] == 0.01 and math.isnan(data["actor/entropy"])
-    assert tail.lines == 1
-
-
-def test_a_complete_line_that_is_not_a_record_is_an_error(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"step": 1, "data": {}}\n\n{"step": 2, "data": {"a\n')
-    tail = _MetricsTail(path)
-    with pytest.raises(ValueError, match=r"metrics.jsonl, line 3: not a verl file-logger record .*'\{\"step\": 2"):
-        tail.read_new()
-    (tmp_path / "other.jsonl").write_bytes(b'{"data": {"a": 1}}\n')
-    with pytest.raises(ValueError, match="line 1: not a verl file-logger record"):
-        _MetricsTail(tmp_path / "other.jsonl").read_new()
 
 
 def test_a_line_cut_by_a_crash_leaves_the_crash_its_kind(fake_trainer, tmp_path, monkeypatch):

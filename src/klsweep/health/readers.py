@@ -12,42 +12,29 @@ Formats, by content (then by file name):
   ``training_iteration``); W&B's ``"<run> - metric"`` headers and ``__MIN``/``__MAX`` columns are handled (a W&B
   export holding several runs is read one run at a time: ``run=``); Tune's ``config/...`` columns give the run config.
 
-This module is the one decoder of the metric stream: ``sweep health check``, the ``replay`` trainer and the live
-``trainer: verl`` path (:class:`klsweep.launchers.process._MetricsTail`, one :func:`decode_json_line` per line) all
-read through it. Non-finite values as each writer spells them:
-
-- verl 0.9.1 ``FileLogger.log`` (``verl/utils/tracking.py``) writes with ``orjson``: NaN, inf and -inf become
-  ``null``; a ``null`` metric in a file-logger line is NaN (the sign is lost), not a metric left out.
-- Python's ``json`` (a file-logger jsonl written by other tools; Ray Tune's ``result.json`` for Python floats):
-  ``NaN``, ``Infinity``, ``-Infinity``.
-- Ray Tune's ``SafeFallbackEncoder`` (``ray/air/_internal/json.py``) writes a numpy NaN as the *string* ``"null"``:
-  in a ``result.json`` metric that string, and ``"nan"``/``"inf"`` strings, are non-finite; a JSON ``null`` there is a
-  value reported as None, not logged.
-- Text (console lines, Tune ``progress.csv``, W&B CSV exports): ``nan``, ``inf``, ``-inf``, ``NaN``, ``Infinity``,
-  ``-Infinity``, also wrapped (``np.float32(nan)``, ``tensor(nan)``). An empty CSV cell is "not logged".
+JSON lines are decoded by :func:`klsweep.verl.stream.decode_json_line`, as live trials read them
+(:mod:`klsweep.verl.stream` gives each writer's spelling of a non-finite value). Text (console lines, Tune
+``progress.csv``, W&B CSV exports) spells them ``nan``, ``inf``, ``-inf``, ``NaN``, ``Infinity``, ``-Infinity``,
+also wrapped (``np.float32(nan)``, ``tensor(nan)``). An empty CSV cell is "not logged".
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import msgspec
+from typing import Any
 
 from klsweep.errors import TraceReadError
 from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord
-from klsweep.verl.metrics import flat_verl_config
+from klsweep.verl.stream import decode_json_line, skip_reason, step_number
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STEP_LINE = re.compile(r"(?:^|[\s\]])step:(\d+) - (.*)$")
 _WRAPPED = re.compile(r"^(?:np\.)?(?:float\d*|int\d*|tensor)\((.*?)(?:,.*)?\)$")
 _STEP_COLUMNS = ("step", "_step", "Step", "global_step", "training_iteration")
-_MSGSPEC = msgspec.json.Decoder()
 _DECIMALS = re.compile(r"\.(\d+)(?:[eE]|$)")
 
 
@@ -134,7 +121,7 @@ def _run_config(path: Path, config: dict[str, Any] | None) -> dict[str, Any] | N
 
     A Ray Tune log's config is the trial's searched parameters only. For a klsweep trial
     (``<run dir>/tune/<trial>/result.json`` or ``progress.csv``) the sweep's saved file completes it: the trial's
-    overrides as the sweep ran them (:func:`klsweep.space.trial_overrides`). Elsewhere a config that does not say
+    overrides as the sweep ran them (:func:`klsweep.spec.space.trial_overrides`). Elsewhere a config that does not say
     whether a KL mechanism is on is not used: verl's defaults for the missing keys would call the KL off and leave
     the KL rules idle on a run that logs its KL.
     """
@@ -143,8 +130,8 @@ def _run_config(path: Path, config: dict[str, Any] | None) -> dict[str, Any] | N
     run_dir = path.parent.parent.parent
     if path.parent.parent.name == TUNE_DIR and (run_dir / SWEEP_FILE).is_file():
         from klsweep.errors import KlsweepError
-        from klsweep.space import trial_overrides
         from klsweep.spec.schema import Sweep
+        from klsweep.spec.space import trial_overrides
 
         try:
             sweep = Sweep.model_validate(SweepRecord.read(run_dir).sweep)
@@ -154,112 +141,6 @@ def _run_config(path: Path, config: dict[str, Any] | None) -> dict[str, Any] | N
     if not {"actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"} & config.keys():
         return None
     return config
-
-
-class JsonRecord(NamedTuple):
-    """One decoded JSON line of a metric stream.
-
-    Attributes:
-        format: ``verl-jsonl`` (a file-logger line) or ``tune-result-json`` (a Ray Tune result).
-        step: the training step (Tune: ``step``, else ``training_iteration``); None when the line has no integer one.
-        metrics: metric name → value, non-finite values as floats (see the module docstring); a Tune result keeps its
-            other keys (``config``, ``training_iteration``, ...), which the rules ignore.
-        config: a Tune result's flat verl overrides (from its ``config``), else None.
-    """
-
-    format: str
-    step: int | None
-    metrics: dict[str, Any]
-    config: dict[str, Any] | None
-
-
-def decode_json_line(line: str | bytes) -> JsonRecord:
-    """Decode one line of a verl file-logger jsonl or a Ray Tune ``result.json``.
-
-    msgspec (a klsweep dependency) is ~3x faster than json; lines with Python json's ``NaN``/``Infinity`` (not
-    strict JSON) fall back to json.
-
-    Raises:
-        ValueError: the line is not JSON, or not a ``{"step": N, "data": {...}}`` record nor a Tune result
-            (a dict with ``training_iteration``).
-    """
-    try:
-        obj = _MSGSPEC.decode(line)
-    except msgspec.DecodeError:
-        obj = json.loads(line)  # json.JSONDecodeError is a ValueError
-    if isinstance(obj, dict) and isinstance(obj.get("data"), dict):
-        return JsonRecord("verl-jsonl", _int(obj.get("step")), _nulls_as_nan(obj["data"]), None)
-    if isinstance(obj, dict) and "training_iteration" in obj:
-        config = None
-        if isinstance(obj.get("config"), dict):
-            config = flat_verl_config(obj["config"]) or None
-        step = _int(obj.get("step", obj.get("training_iteration")))
-        return JsonRecord("tune-result-json", step, _tune_nonfinite(obj), config)
-    raise NotARecord('neither a verl file-logger record {"step": N, "data": {...}} nor a Ray Tune result')
-
-
-class NotARecord(ValueError):
-    """A JSON line that is neither a verl file-logger record nor a Ray Tune result."""
-
-
-def skip_reason(line: str, error: ValueError, last: bool, unfinished: bool = False) -> str:
-    """Why :func:`decode_json_line` refused ``line``, in words: ``truncated ...`` for a record cut short,
-    ``not JSON``, or ``JSON but not a verl record``.
-
-    Args:
-        line: the refused line.
-        error: what :func:`decode_json_line` raised for it.
-        last: it is the file's last non-empty line.
-        unfinished: the file does not end with a newline after it.
-
-    A record is cut short when msgspec reports the input truncated, or when it is an unfinished last line that opens
-    like one (``{``). verl's ``FileLogger`` writes each record with its newline, so a cut last line is a write still
-    under way (the run is running) or one a kill interrupted.
-    """
-    if isinstance(error, NotARecord):
-        return "JSON but not a verl record"
-    truncated = unfinished and line.startswith("{")
-    if not truncated:
-        try:
-            _MSGSPEC.decode(line)
-        except msgspec.DecodeError as e:
-            truncated = "truncated" in str(e)
-    if not truncated:
-        return "not JSON"
-    if last:
-        return "truncated last line: a verl run still writing, or killed mid-write, leaves one"
-    return "truncated record mid-file: a run killed mid-write and resumed into the same file leaves one"
-
-
-def _nulls_as_nan(data: dict[str, Any]) -> dict[str, Any]:
-    """A ``null`` in a verl file-logger line is orjson's NaN/inf/-inf; NaN stands for all three (every health rule
-    reads it as non-finite)."""
-    if None not in data.values():
-        return data
-    return {k: math.nan if v is None else v for k, v in data.items()}
-
-
-def _tune_nonfinite(result: dict[str, Any]) -> dict[str, Any]:
-    """Ray's ``SafeFallbackEncoder`` writes a numpy NaN as the string ``"null"``; strings that spell a non-finite
-    number become that float. Other strings stay strings."""
-    out = result
-    for key, value in result.items():
-        if isinstance(value, str) and (number := _nonfinite_text(value)) is not None:
-            if out is result:
-                out = dict(result)
-            out[key] = number
-    return out
-
-
-def _nonfinite_text(text: str) -> float | None:
-    lowered = text.strip().lower()
-    if lowered == "null":
-        return math.nan
-    try:
-        value = float(lowered)
-    except ValueError:
-        return None
-    return None if math.isfinite(value) else value
 
 
 def _read_json_lines(path: Path, text: str) -> Trace:
@@ -328,7 +209,7 @@ def _read_csv(path: Path, text: str, run: str | None) -> Trace:
                     metrics[name] = parse_value(row[i])
         if trace.runs and not metrics:
             continue  # a W&B export's row where this run logged nothing (another run's step)
-        step = _int(parse_value(row[step_col])) if step_col is not None and step_col < len(row) else None
+        step = step_number(parse_value(row[step_col])) if step_col is not None and step_col < len(row) else None
         trace.reports.append((step, metrics))
     trace.config = {k: v for k, v in config.items() if "." in k} or None
     return trace
@@ -362,16 +243,6 @@ def _scalar(text: str) -> Any:
         return lowered == "true"
     value = parse_value(text)
     return value
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    return None
 
 
 def _looks_rounded(reports: list[tuple[int | None, dict[str, Any]]]) -> bool:

@@ -25,16 +25,17 @@ Layout of a trial directory (in the sweep's results directory, :func:`klsweep.la
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from klsweep.health.readers import decode_json_line
 from klsweep.launchers import supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
@@ -49,6 +50,10 @@ from klsweep.launchers.resume import (
 from klsweep.launchers.storage import trial_directory
 from klsweep.trainers import TRAINERS, runs_verl, trainer_kind
 from klsweep.verl.config import format_overrides
+from klsweep.verl.stream import MetricsTail, StepReports
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
 #: trial, because trainer.resume_mode=auto resumes from whatever checkpoint sits in default_local_dir.
@@ -147,7 +152,7 @@ def _experiment_name(name: str) -> str:
 def run_process_trial(
     overrides: Mapping[str, Any],
     *,
-    sweep=None,
+    sweep: Sweep | None = None,
     trainer: str | None = None,
     trial_dir: Path | None = None,
     report: Callable[[dict[str, Any]], Any] | None = None,
@@ -214,7 +219,7 @@ def run_process_trial(
     trial_dir.mkdir(parents=True, exist_ok=True)
     rewound = rewind(trial_dir / "checkpoints", rewind_to) if rewind_to and runs_verl(trainer) else None
     last_step = rewind_to if rewound and rewind_to else max(logged_steps(trial_dir), default=0)
-    steps = _StepReports(report, last_step=last_step)
+    steps = StepReports(report, last_step=last_step)
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
         if rewound and retry == 0:
@@ -242,39 +247,11 @@ def _report_with_step_checkpoint(metrics: dict[str, Any]) -> None:
     trial's iterations begin again at 1 while its steps go on, and ASHA and the searcher, which count
     ``training_iteration``, see the steps after the restart as steps 1, 2, ...
     """
-    import json
-    import tempfile
-
     from ray import tune
 
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "step.json").write_text(json.dumps({"step": metrics["step"]}))
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
-
-
-class _StepReports:
-    """verl's metrics lines → one report per training step (see ``report`` of :func:`run_process_trial`)."""
-
-    def __init__(self, report: Callable[[dict[str, Any]], Any], last_step: int = 0):
-        self._report = report
-        self.last_step = last_step  # the last training step reported (by this call, or by the trial's earlier ones)
-        self._before_training: dict[str, Any] | None = None  # step 0's data, until step 1 comes
-
-    def line(self, step: int, data: dict[str, Any]) -> None:
-        if step == 0:  # verl logs validation before training as step 0; a retry that starts afresh logs it again
-            if self.last_step == 0:  # after training steps were reported it is a repeat, and no step 1 follows
-                self._before_training = data
-        elif step > self.last_step:  # a retry resumed from an older checkpoint logs those steps again
-            merged = (self._before_training or {}) | data
-            self._before_training = None
-            self._report(merged | {"step": step})
-            self.last_step = step
-
-    def finish(self) -> None:
-        """The run ended cleanly: a step-0 line that no step followed (``trainer.val_only``) is reported alone."""
-        if self._before_training is not None:
-            data, self._before_training = self._before_training, None
-            self._report(data | {"step": 0})
 
 
 #: The trial attempts running in this process (a Tune trial actor runs one at a time): (handle, grace_s).
@@ -303,7 +280,7 @@ def _run_attempt(
     argv: list[str],
     env: dict[str, str],
     run_dir: Path,
-    steps: _StepReports,
+    steps: StepReports,
     *,
     timeout_s: float | None,
     grace_s: float,
@@ -313,7 +290,7 @@ def _run_attempt(
     handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
     with _RUNNING_LOCK:
         _RUNNING[id(handle)] = (handle, grace_s)
-    metrics = _MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
+    metrics = MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
     watch = DirectoryWatch(run_dir, (metrics.path.name, "exit.json"))  # what was written before: the first read
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     timed_out = False
@@ -349,54 +326,3 @@ def _run_attempt(
         return None
     return classify(returncode, stderr)
 
-
-class _MetricsTail:
-    """Reads the complete lines appended to verl's file-logger jsonl since the last call.
-
-    A last line without its newline is not written yet (a writer's line can reach the file in more than one write,
-    and a process killed mid-write leaves half a line): it is kept until its newline comes, and never parsed.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-        self._line_number = 0  # complete lines read so far, blank ones included
-        self.lines = 0  # records read so far
-
-    def read_new(self) -> list[tuple[int, dict[str, Any]]]:
-        """``[(step, data), ...]`` of the lines completed since the last call.
-
-        Each line is decoded by :func:`klsweep.health.readers.decode_json_line`, the decoder ``sweep health check``
-        and the ``replay`` trainer read logs with: verl's ``FileLogger`` serialises with orjson, which writes NaN and
-        ±inf as ``null``; those come back as NaN.
-
-        Raises:
-            ValueError: a complete line is not a file-logger record ``{"step": N, "data": {...}}``.
-        """
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # b"" when the chunk ended with a newline
-        out = []
-        for line in lines:
-            self._line_number += 1
-            if not line.strip():
-                continue
-            try:
-                record = decode_json_line(line)
-                if record.format != "verl-jsonl" or record.step is None:
-                    raise ValueError('not {"step": N, "data": {...}} with an integer step')
-                out.append((record.step, record.metrics))
-            except ValueError as e:
-                raise ValueError(
-                    f"{self.path}, line {self._line_number}: not a verl file-logger record ({type(e).__name__}: {e}): "
-                    f"{line[:200]!r}"
-                ) from None
-        self.lines += len(out)
-        return out

@@ -12,9 +12,12 @@ adaptive coefficient would snap back to its initial value; :func:`resume_overrid
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from klsweep.verl.stream import MetricsTail
 
 #: verl's checkpoint cadence key; a verl trial without one gets :func:`save_freq`.
 SAVE_FREQ_KEY = "trainer.save_freq"
@@ -60,12 +63,10 @@ def checkpointed_step(checkpoint_dir: Path) -> int:
 def logged_steps(trial_dir: Path) -> dict[int, dict[str, Any]]:
     """Every step the trial's earlier attempts logged (``attempt-*/metrics.jsonl``), the latest attempt's line winning
     where two logged the same step: ``{step: data}``. NaN where verl's file logger wrote ``null``."""
-    from klsweep.launchers.process import _MetricsTail
-
     steps: dict[int, dict[str, Any]] = {}
     attempts = sorted(Path(trial_dir).glob("attempt-*/metrics.jsonl"), key=lambda p: int(p.parent.name[8:]))
     for path in attempts:
-        for step, data in _MetricsTail(path).read_new():
+        for step, data in MetricsTail(path).read_new():
             steps[step] = data
     return steps
 
@@ -120,8 +121,6 @@ def rewind(checkpoint_dir: Path, step: int) -> dict[str, Any] | None:
         ``_load_checkpoint`` loads exactly that folder), or None when verl no longer holds a checkpoint of ``step``
         (:func:`has_checkpoint`).
     """
-    import shutil
-
     checkpoint_dir = Path(checkpoint_dir)
     folder = checkpoint_dir / f"global_step_{step}"
     if not has_checkpoint(checkpoint_dir, step):
