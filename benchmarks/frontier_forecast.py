@@ -5,7 +5,7 @@ Each simulated sweep draws ``budget.trials`` trials at random from the table's r
 drawn uniformly, with replacement, as random search on the grid would); trials finish in the order drawn. The
 forecast is made when the first ``ceil(0.3 × budget)`` trials (at least 4, the fit's minimum) have finished, with the
 next ``budget.max_concurrent`` trials running, each a uniformly drawn fraction of the way through its steps. It is
-what ``sweep status`` and the live view print then (:func:`klsweep.analysis.frontier.fit_frontier` on the paths:
+what ``sweep status`` and the live view print then (:func:`klsweep.analysis.frontier_fit.fit_frontier` on the paths:
 every validation step of the finished trials and the running ones' steps so far, per-sequence KL = verl's per-token
 KL × ``response_length/mean``, steps with a KL below 0 left out, the RL form, 80 % expanded percentile intervals of a
 bootstrap over trials). ``d = 0`` is the reference policy's validation score, as ``sweep status`` computes it for an
@@ -48,7 +48,8 @@ from _bench import REPO, machine
 from early_stop_savings import wilson
 
 from klsweep.analysis.baseline import reference_scores
-from klsweep.analysis.frontier import MIN_POINTS, fit_form, fit_frontier, frontier_paths, peak
+from klsweep.analysis.frontier import frontier_paths
+from klsweep.analysis.frontier_fit import MIN_POINTS, fit_form, fit_frontier, peak
 from klsweep.errors import ResultsError
 from klsweep.spec import load_sweep
 from klsweep.trainers.tabular import load_table

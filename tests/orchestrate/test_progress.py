@@ -93,7 +93,7 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     included. Steps the live view was handed replace a trial's (lagging) result file in the fit. With three feasible
     trials the line says how many it waits for. A pipe gets the line once per finished trial, when the next trial
     starts (or the sweep ends), and only when it changed: not on a start with no trial finished before it."""
-    from klsweep.analysis.frontier import fit_frontier
+    from klsweep.analysis.frontier_fit import fit_frontier
     from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
     from tests.analysis.conftest import VAL as GAO_VAL
 

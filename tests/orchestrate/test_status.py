@@ -114,7 +114,7 @@ def test_status_forecast_scores_d0_with_the_reference_policy_as_the_report_does(
     """An embedded sweep whose objective is the embedded task's validation accuracy: d = 0 is the reference policy's
     accuracy (the real embedded trainer, validated), not the median first logged score (0.2 here)."""
     from klsweep.analysis.baseline import reference_scores
-    from klsweep.analysis.frontier import fit_frontier
+    from klsweep.analysis.frontier_fit import fit_frontier
     from klsweep.analysis.sweep_dir import load
     from klsweep.trainers.embedded.config import VAL_METRIC
     from tests.analysis.conftest import frontier_specs, make_sweep

@@ -15,7 +15,8 @@ from typing import Any
 import pandas as pd
 import plotly.colors
 
-from klsweep.analysis.frontier import FORM_NAMES, RESPONSE_LENGTH, SweepFrontier, attainment_surface
+from klsweep.analysis.frontier import RESPONSE_LENGTH, SweepFrontier
+from klsweep.analysis.frontier_fit import FORM_NAMES, attainment_surface
 from klsweep.analysis.pareto import (
     DEFAULT_LOSS_AGG_MODE,
     Objectives,
@@ -25,6 +26,7 @@ from klsweep.analysis.pareto import (
     objective_columns,
     pareto_front,
 )
+from klsweep.results import restarts
 from klsweep.verl.metrics import ALIASES, KlSetup
 
 AGG = "config/actor_rollout_ref.actor.loss_agg_mode"
@@ -329,10 +331,10 @@ def front_data(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | N
         least = points("least infeasible (rank)", ranked, text=[f"#{r}" for r in ranked["infeasible_rank"]])
     schedule = schedules(df)
     fixed = df[schedule.map(len) > 0]
-    restarts = schedule[fixed.index].map(lambda rs: len({r["restart"] for r in rs}))
+    counts = schedule[fixed.index].map(lambda rs: len(restarts(rs)))
     remedied = Points(f"remedied ({len(fixed)})", xs[fixed.index].tolist(), ys[fixed.index].tolist(),
                       [f"{_hover(r, [x, y])}<br>remedied: {_schedule_text(schedule[i])}" for i, r in fixed.iterrows()],
-                      [f"R{n}" for n in restarts])
+                      [f"R{n}" for n in counts])
     return FrontData(
         x=x, x_mode=x_mode, y=y, y_mode=y_mode, remedied=remedied if len(fixed) else None,
         infeasible=points("infeasible (stopped, pruned or failed)", bad) if len(bad) else None,
@@ -344,12 +346,9 @@ def front_data(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | N
 
 def _schedule_text(remedies: list[dict[str, Any]]) -> str:
     """``"kl_runaway at step 47 → from step 32, algorithm.kl_ctrl.kl_coef 0.002 → 0.003"``, one per restart."""
-    restarts: dict[int, list[dict[str, Any]]] = {}
-    for r in remedies:
-        restarts.setdefault(r["restart"], []).append(r)
-    return "; ".join(f"{rs[0]['rule']} at step {rs[0]['step']} → from step {rs[0]['from_step']}, "
-                     + ", ".join(f"{r['key']} {r['old']:.4g} → {r['new']:.4g}" for r in rs)
-                     for rs in restarts.values())
+    return "; ".join(f"{r.rule} at step {r.step} → from step {r.from_step}, "
+                     + ", ".join(f"{key} {old:.4g} → {new:.4g}" for key, (old, new) in r.changes.items())
+                     for r in restarts(remedies))
 
 
 def _plotted(df: pd.DataFrame, column: str) -> pd.Series:

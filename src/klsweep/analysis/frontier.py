@@ -1,35 +1,14 @@
-"""The KL frontier: Gao, Schulman & Hilton's over-optimisation laws fitted to a sweep's trials.
+"""The KL frontier of a sweep: its trials' paths in (per-sequence KL, score), fitted by :mod:`.frontier_fit`.
 
-Gao et al. 2022 ("Scaling laws for reward model overoptimization", arXiv 2210.10760, eqs. 1-2) model the gold score
-gained over the initial policy as a function of ``d = sqrt(KL(pi || pi_init))``, with KL per sequence in nats:
+The points are every validation step of each trial (its path from the reference policy outwards,
+:func:`frontier_paths`), as Gao et al. 2022 fit a run's checkpoints along training. A trial that over-optimises
+crosses the peak on its way, so a few trials pin the shape. :func:`sweep_frontier` assembles the points from a sweep's
+trials table and histories, picks the score and the reference, and fits them.
 
-* RL:        ``R(d) = d (alpha - beta log d)``, peak at ``d* = exp(alpha / beta - 1)``, ``R(d*) = beta d*``
-* best-of-n: ``R(d) = d (alpha - beta d)``,     peak at ``d* = alpha / (2 beta)``,      ``R(d*) = alpha^2 / (4 beta)``
-
-Both are linear in ``(alpha, beta)`` and pass through ``R(0) = 0``, so each is an ordinary least-squares fit without
-intercept of the gain ``score - reference`` on the features ``(d, -d log d)`` or ``(d, -d**2)``.
-
-As in the paper, whose RL curves are a run's checkpoints along training, the points are every validation step of
-each trial (its path from the reference policy outwards, :func:`frontier_paths`), not one end point per trial: a
-trial that over-optimises crosses the peak on its way and shows where the gain turns, so a few trials pin the shape
-(on the tabular benchmark, 4 finished trials and 2 running forecast the 12-trial KL* within ±25 % in 0.99-1.00 of
-held-out sweeps, end points in 0.06-0.37; ``benchmarks/frontier_forecast.py``). A trial's points are correlated (one
-seed, one config), so the trial is the unit of resampling and of held-out error:
-
-* the form used is the RL form (Gao et al. derive it for RL, and every klsweep trial trains by RL); the best-of-n
-  form is fitted beside it with its leave-one-trial-out error. Choosing the form by that error flips between the two
-  from one few-trial draw to the next (``form=None`` does so);
-* intervals are expanded percentile intervals of a bootstrap over trials (Hesterberg 2015, "What teachers should
-  know about the bootstrap", The American Statistician 69(4), section 4.3): the percentiles are taken at
-  ``Phi(sqrt(n / (n - 1)) t_{n-1}(q))`` instead of ``q``, so that at ``n`` trials they are as wide as a Student-t
-  interval where a plain percentile interval under-covers (4 finished + 2 running trials of the tabular benchmark,
-  conservative / aggressive: plain ones covered the full sweep's KL* in 0.84 / 0.83 of the tuning draws and 0.82 /
-  0.77 of the held-out ones, expanded ones in 0.92 / 0.84 and 0.90 / 0.83).
-
-Units: verl logs KL as a per-token mean (``actor/kl_loss`` under ``token-mean``, ``actor/reward_kl_penalty``); the
-paper's KL is per sequence. :func:`frontier_paths` converts with the mean response length at the same step
-(``response_length/mean``): ``KL_seq = KL_token * response_length``. It refuses trials whose KL is on another scale
-(estimator, aggregation or mechanism, :func:`klsweep.analysis.pareto.kl_scale`), as the Pareto front does.
+Units: verl logs KL as a per-token mean (``actor/kl_loss`` under ``token-mean``, ``actor/reward_kl_penalty``). The
+paper's KL is per sequence: :func:`frontier_paths` computes ``KL_seq = KL_token * response_length/mean`` at the
+same step. It refuses trials whose KL is on another scale (estimator, aggregation or mechanism,
+:func:`klsweep.analysis.pareto.kl_scale`), as the Pareto front does.
 """
 
 from __future__ import annotations
@@ -38,23 +17,20 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from klsweep.analysis.pareto import kl_scale
+from klsweep.analysis.baseline import reference_scores
+from klsweep.analysis.confirm import config_of
+from klsweep.analysis.frontier_fit import FORM_NAMES, MIN_POINTS, Frontier, fit_frontier
+from klsweep.analysis.pareto import feasible, kl_scale
+from klsweep.analysis.sweep_dir import load, load_history, sweep_info
 from klsweep.errors import ResultsError
 from klsweep.verl.metrics import resolve
 
-Form = Literal["rl", "bon"]
-FORMS: tuple[Form, ...] = ("rl", "bon")
 #: verl's mean response length per training step (tokens), ``compute_data_metrics`` in verl/trainer/ppo/metric_utils.py.
 RESPONSE_LENGTH = "response_length/mean"
-#: Fewer trials than this leave the two-parameter fit and its leave-one-trial-out error meaningless.
-MIN_POINTS = 4
-_KEYS = ("alpha", "beta", "d_star", "kl_star", "peak_score")
 #: A KL* interval bound beyond this multiple of the largest KL the sweep reached rests on resamples whose peak lies
 #: where no trial went: :meth:`SweepFrontier.summary` prints it as ``> X (extrapolated)``, not as a number.
 EXTRAPOLATION_FACTOR = 10.0
@@ -62,259 +38,6 @@ EXTRAPOLATION_FACTOR = 10.0
 #: means over 0/1 correctness (``process_validation_metrics`` in verl/trainer/ppo/metric_utils.py over the reward
 #: function's ``acc``, e.g. verl/utils/reward_score/math_dapo.py's bool), so within [0, 1]. ``std@N`` is not one.
 _ACCURACY = re.compile(r"^val-(core|aux)/.+/acc/(mean|maj|best|worst)@\d+(/mean)?$")
-
-
-def gao_gain(form: Form, d: np.ndarray | float, alpha: float, beta: float) -> np.ndarray:
-    """Gold-score gain over the initial policy at ``d = sqrt(KL_seq)`` (Gao et al. 2022, eqs. 1-2); ``R(0) = 0``.
-
-    Args:
-        form: ``"rl"`` (``d (alpha - beta log d)``) or ``"bon"`` (``d (alpha - beta d)``).
-        d: square roots of per-sequence KL in nats, any shape, ``>= 0``.
-    Returns:
-        Array of ``d``'s shape.
-    """
-    d = np.asarray(d, dtype=float)
-    if form == "rl":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(d > 0, d * (alpha - beta * np.log(np.where(d > 0, d, 1.0))), 0.0)
-    return d * (alpha - beta * d)
-
-
-def _features(form: Form, d: np.ndarray) -> np.ndarray:
-    """Design matrix ``(n, 2)`` of the linear model ``gain = X @ (alpha, beta)``."""
-    if form == "rl":
-        return np.column_stack([d, -d * np.log(np.where(d > 0, d, 1.0))])
-    return np.column_stack([d, -d * d])
-
-
-def fit_form(form: Form, d: np.ndarray, gain: np.ndarray) -> tuple[float, float]:
-    """Least-squares ``(alpha, beta)`` of one form through the origin.
-
-    Args:
-        d: ``(n,)`` square roots of per-sequence KL, ``n >= 2``.
-        gain: ``(n,)`` score minus the reference policy's score.
-    """
-    coef, *_ = np.linalg.lstsq(_features(form, d), gain, rcond=None)
-    return float(coef[0]), float(coef[1])
-
-
-def peak(form: Form, alpha: float, beta: float) -> tuple[float, float]:
-    """``(d*, R(d*))``: where the fitted gain peaks and its value there.
-
-    ``beta <= 0`` has no interior maximum (the gain keeps rising with KL): ``(inf, inf)`` when it rises, and for a
-    gain that never rises (``alpha <= 0`` with ``beta <= 0``) the peak is at ``d = 0`` with gain 0.
-    """
-    if beta <= 0:
-        return (math.inf, math.inf) if alpha > 0 or beta < 0 else (0.0, 0.0)
-    if form == "rl":
-        exponent = alpha / beta - 1.0
-        if exponent > 700:  # beyond float range: a peak far outside any sweep
-            return math.inf, math.inf
-        d_star = math.exp(exponent)
-        return d_star, beta * d_star
-    if alpha <= 0:
-        return 0.0, 0.0
-    return alpha / (2 * beta), alpha * alpha / (4 * beta)
-
-
-def loo_rmse(form: Form, d: np.ndarray, gain: np.ndarray, groups: np.ndarray | None = None) -> float:
-    """Leave-one-trial-out root-mean-square error of the form's predictions (the held-out error of the forms).
-
-    Args:
-        d, gain: ``(n,)`` points.
-        groups: ``(n,)`` the trial of each point: a trial's points are left out together (its steps share a seed
-            and a config); ``None``: each point is its own trial.
-    """
-    groups = np.arange(len(d)) if groups is None else np.asarray(groups)
-    errors = []
-    for g in np.unique(groups):
-        out = groups == g
-        alpha, beta = fit_form(form, d[~out], gain[~out])
-        errors.extend(gao_gain(form, d[out], alpha, beta) - gain[out])
-    return float(np.sqrt(np.mean(np.square(errors))))
-
-
-@dataclass(frozen=True)
-class FormFit:
-    """One Gao form fitted to a sweep.
-
-    Attributes:
-        form: ``"rl"`` or ``"bon"``.
-        alpha, beta: the fitted coefficients (score units per sqrt-nat).
-        loo_rmse: leave-one-trial-out RMSE of the gain, score units.
-        d_star: ``sqrt(KL*)`` where the gain peaks (``inf``: no peak, the gain still rises).
-        kl_star: ``d_star ** 2``, per-sequence KL in nats.
-        peak_score: the reference score plus the gain at the peak.
-        intervals: ``{"alpha"|"beta"|"d_star"|"kl_star"|"peak_score": (low, high)}`` at ``level``.
-    """
-
-    form: Form
-    alpha: float
-    beta: float
-    loo_rmse: float
-    d_star: float
-    kl_star: float
-    peak_score: float
-    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Frontier:
-    """Both forms fitted to the points of ``n`` trials, the one used for KL* in :attr:`best`.
-
-    Attributes:
-        reference: the reference policy's score (``d = 0``).
-        fits: ``{form: FormFit}``.
-        best: the form KL* and the peak are read from (:func:`fit_frontier`'s ``form``).
-        n: trials fitted; ``n_points``: their points (validation steps); ``d_max``: the largest ``d`` among them (a
-            peak beyond it is an extrapolation).
-        level: the intervals' coverage (e.g. 0.8).
-    """
-
-    reference: float
-    fits: dict[str, FormFit]
-    best: FormFit
-    n: int
-    d_max: float
-    level: float
-    n_points: int = 0
-
-    def score(self, d: np.ndarray | float, form: Form | None = None) -> np.ndarray:
-        """Predicted score (reference + gain) at ``d``, by ``form`` (default: the best)."""
-        fit = self.fits[form] if form else self.best
-        return self.reference + gao_gain(fit.form, d, fit.alpha, fit.beta)
-
-    @property
-    def extrapolated(self) -> bool:
-        """The best form's peak lies beyond the largest KL the sweep reached."""
-        return self.best.d_star > self.d_max
-
-    def interval_width(self, key: str = "kl_star") -> float:
-        """Relative width ``(high - low) / estimate`` of the best form's interval on ``key`` (``inf`` if unbounded)."""
-        low, high = self.best.intervals[key]
-        estimate = getattr(self.best, key)
-        if not all(map(math.isfinite, (low, high, estimate))) or estimate == 0:
-            return math.inf
-        return (high - low) / abs(estimate)
-
-
-def expanded_tails(level: float, n: int) -> tuple[float, float]:
-    """Percentiles (0-100) of Hesterberg's (2015) expanded percentile interval at ``level`` from ``n`` resampled
-    units: ``Phi(-+ sqrt(n / (n - 1)) t_{n-1}((1 + level) / 2))``; they tend to ``(1 -+ level) / 2`` as ``n`` grows.
-
-    Raises:
-        ValueError: ``n < 2`` or ``level`` outside ``(0, 1)``.
-    """
-    if n < 2 or not 0 < level < 1:
-        raise ValueError(f"expanded_tails needs n >= 2 and 0 < level < 1, got n={n}, level={level}")
-    z = math.sqrt(n / (n - 1)) * float(stats.t.ppf((1 + level) / 2, n - 1))
-    upper = float(stats.norm.cdf(z)) * 100
-    return 100 - upper, upper
-
-
-def fit_frontier(
-    kl_seq: Sequence[float] | np.ndarray,
-    score: Sequence[float] | np.ndarray,
-    reference: float,
-    *,
-    trials: Sequence | np.ndarray | None = None,
-    form: Form | None = "rl",
-    level: float = 0.8,
-    n_boot: int = 1000,
-    seed: int = 0,
-) -> Frontier:
-    """Fit both Gao forms to ``(KL, score)`` points of trials (finished, or the steps so far of running ones).
-
-    Args:
-        kl_seq: ``(n,)`` per-sequence KL to the reference policy, nats, ``>= 0`` (see :func:`frontier_paths`).
-        score: ``(n,)`` gold/validation score at the same steps.
-        reference: the reference policy's score (the fit's ``d = 0``).
-        trials: ``(n,)`` the trial of each point (e.g. ``trial_id``: several validation steps per trial); ``None``:
-            each point is its own trial. Trials are the unit of the bootstrap and of the held-out error.
-        form: the form KL* is read from: ``"rl"`` (default: Gao et al.'s law for RL, which every klsweep trial
-            trains by), ``"bon"``, or ``None``: the one with the lower leave-one-trial-out error.
-        level: coverage of the intervals: expanded percentile intervals (:func:`expanded_tails`) of a bootstrap
-            over trials (trials drawn with replacement, each with all its points).
-        n_boot: bootstrap resamples; ``seed``: their generator's seed.
-
-    Raises:
-        ResultsError: fewer than :data:`MIN_POINTS` trials with a finite point, or a negative KL.
-    """
-    kl = np.asarray(kl_seq, dtype=float)
-    y = np.asarray(score, dtype=float)
-    groups = np.arange(len(kl)) if trials is None else np.asarray(trials)
-    ok = np.isfinite(kl) & np.isfinite(y)
-    kl, y, groups = kl[ok], y[ok], groups[ok]
-    labels, group = np.unique(groups, return_inverse=True)
-    if len(labels) < MIN_POINTS:
-        raise ResultsError(f"the KL frontier needs at least {MIN_POINTS} trials with a KL and a score; "
-                           f"got {len(labels)}")
-    if (kl < 0).any():
-        raise ResultsError(f"KL must be >= 0 to fit the frontier, got {kl.min():g}: use a non-negative estimator "
-                           "(kl on a trial that ended, or low_var_kl/k3, mse/k2, abs)")
-    d, gain = np.sqrt(kl), y - reference
-    n = len(labels)
-    # each resample: how many times each trial is drawn; the normal equations are sums over trials
-    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
-    tails = expanded_tails(level, n)
-    fits = {}
-    for f in FORMS:
-        x = _features(f, d)
-        xtx = np.zeros((n, 2, 2))
-        xty = np.zeros((n, 2))
-        np.add.at(xtx, group, x[:, :, None] * x[:, None, :])
-        np.add.at(xty, group, x * gain[:, None])
-        alpha, beta = fit_form(f, d, gain)
-        d_star, best_gain = peak(f, alpha, beta)
-        boot = []
-        for c in counts:
-            a, b = np.linalg.lstsq(np.tensordot(c, xtx, 1), c @ xty, rcond=None)[0]
-            ds, g = peak(f, float(a), float(b))
-            boot.append((a, b, ds, ds * ds, reference + g))
-        table = np.array(boot)
-        intervals = {
-            key: tuple(float(v) for v in np.percentile(table[:, i], tails, method="inverted_cdf"))
-            for i, key in enumerate(_KEYS)
-        }
-        fits[f] = FormFit(f, alpha, beta, loo_rmse(f, d, gain, group), d_star, d_star * d_star,
-                          reference + best_gain, intervals)  # type: ignore[arg-type]
-    best = fits[form] if form else min(fits.values(), key=lambda fit: fit.loo_rmse)
-    return Frontier(reference, fits, best, n, float(d.max()), level, len(d))
-
-
-def attainment_surface(runs: Sequence[np.ndarray], level: float) -> np.ndarray:
-    """The empirical ``level``-attainment surface of several runs' fronts of (KL down, score up).
-
-    Fonseca, Grunert da Fonseca & Hall 2001 ("Inferential performance assessment of stochastic optimisers and the
-    attainment function"): a goal ``(kl, score)`` is attained by a run when one of its points has KL ``<=`` kl and
-    score ``>=`` score; the ``k``-th attainment surface bounds the goals attained by at least ``k`` of the ``n``
-    runs, with ``k = ceil(level * n)`` (``level`` 0.5 is the median surface, 1/n the best, 1 the worst).
-    In two objectives it is a staircase: at each KL where some run has a point, the ``k``-th largest over runs of
-    the best score reached at or below that KL.
-
-    Args:
-        runs: one ``(m_i, 2)`` array of ``(kl, score)`` per run (e.g. per training seed), NaN rows ignored.
-        level: in ``(0, 1]``.
-
-    Returns:
-        ``(p, 2)`` array of the staircase's corners ``(kl, score)``, KL ascending, score strictly ascending.
-
-    Raises:
-        ValueError: ``level`` outside ``(0, 1]`` or no runs.
-    """
-    if not 0 < level <= 1:
-        raise ValueError(f"level must be in (0, 1], got {level}")
-    if not runs:
-        raise ValueError("attainment_surface needs at least one run")
-    clean = [r[np.isfinite(r).all(axis=1)] for r in (np.asarray(r, dtype=float).reshape(-1, 2) for r in runs)]
-    k = max(1, math.ceil(level * len(clean) - 1e-9))
-    corners: list[tuple[float, float]] = []
-    for kl in np.unique(np.concatenate([r[:, 0] for r in clean])):
-        best = sorted((r[r[:, 0] <= kl, 1].max(initial=-math.inf) for r in clean), reverse=True)
-        score = best[k - 1]
-        if math.isfinite(score) and (not corners or score > corners[-1][1]):
-            corners.append((float(kl), float(score)))
-    return np.array(corners, dtype=float).reshape(-1, 2)
 
 
 def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -387,7 +110,6 @@ def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFra
 #: The training seed's column in :func:`klsweep.analysis.sweep_dir.load` (verl's ``data.seed``); trials that differ only
 #: in it ran the same config.
 SEED_COLUMN = "config/data.seed"
-FORM_NAMES = {"rl": "Gao RL form", "bon": "Gao best-of-n form"}
 
 
 @dataclass(frozen=True)
@@ -421,13 +143,14 @@ class SweepFrontier:
 
     def summary(self) -> str:
         """One line: ``KL frontier (Gao RL form, N trials[ + k running]): KL* = x nats/sequence [lo, hi] (80 %), peak
-        score y [lo, hi]``, then a warning when the KL* interval is too wide (relative width > 1) or the peak is
-        extrapolated (beyond the largest KL reached); or the reason there is no fit. With confirmation re-runs the
-        count is of configs (``N configs, R runs``: a re-run is one more seed of the config it confirms). A fit with
-        no finite peak says so in words (never ``inf``): the gain still rises at the largest KL seen, or never rises;
-        an interval bound no resample reached is ``unbounded``, a KL* bound beyond :data:`EXTRAPOLATION_FACTOR` times
-        the largest KL reached ``> X (extrapolated)``, and the peak score of an accuracy (:func:`score_range`) is
-        clipped to [0, 1] (a bootstrap upper bound of 3.74e+06 for an accuracy of 0.624 said nothing)."""
+        score y [lo, hi]``, or the reason there is no fit.
+
+        Warnings follow when the KL* interval is too wide (relative width > 1) or the peak is extrapolated.
+        With confirmation re-runs it counts configs and runs (``N configs, R runs``).
+        A fit without a finite peak says so in words, never ``inf``.
+        An interval bound no resample reached reads ``unbounded``.
+        A KL* bound beyond :data:`EXTRAPOLATION_FACTOR` times the largest KL reached reads ``> X (extrapolated)``.
+        The peak score of an accuracy is clipped to its range (:func:`score_range`)."""
         f = self.frontier
         if f is None:
             return f"KL frontier: not fitted: {self.reason}"
@@ -483,15 +206,17 @@ def _clip(value: float, bounds: tuple[float, float] | None) -> str:
 
 
 def score_range(metric: str | None) -> tuple[float, float] | None:
-    """The values ``metric`` can take: ``(0, 1)`` for verl's validation accuracies (``val-core/<source>/acc/mean@N``
-    and the other means, majorities, bests and worsts of the 0/1 ``acc``, see :data:`_ACCURACY`); ``None`` (no known
-    bound) for any other score, e.g. ``val-core/<source>/reward/mean@N``, the reward function's own scale."""
+    """The values ``metric`` can take: ``(0, 1)`` for verl's validation accuracies (:data:`_ACCURACY`).
+
+    Returns ``None`` (no known bound) for any other score, e.g. ``val-core/<source>/reward/mean@N``."""
     return (0.0, 1.0) if metric and _ACCURACY.match(metric) else None
 
 
 def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
-    """The score a frontier is fitted to: the first maximised validation objective (``val-…``, the gold score of
-    Gao et al.), else the first maximised objective (a training score: the proxy reward, said), and why.
+    """The score a frontier is fitted to, and why: ``(metric or None, reason)``.
+
+    It is the first maximised validation objective (``val-…``, Gao et al.'s gold score). Without one, it is the
+    first maximised objective, a training score (the proxy reward), and the reason says so.
 
     Args:
         objectives: :class:`klsweep.results.Objective` items (``metric``, ``mode``).
@@ -508,13 +233,13 @@ def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
 
 def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
                    references: Mapping[str, float] | None = None) -> SweepFrontier:
-    """Fit the KL frontier of a sweep on the paths (every validation step, :func:`frontier_paths`) of its feasible
-    trials (COMPLETE, not stopped by a health rule) and of its running ones (their steps so far: the forecast while
-    the sweep runs; one whose searched KL estimator or aggregation no finished trial ran is left out), once
-    :data:`MIN_POINTS` feasible configs have a point. The KL scales are checked on the finished trials. The unit of
-    the bootstrap and of the held-out error is the config: a confirmation re-run (``confirm_of``) differs from the
-    search trial it confirms only in its training seed, so its points are resampled and left out together with that
-    trial's (:func:`klsweep.analysis.confirm.config_of`), and ``Frontier.n`` counts configs.
+    """Fit the KL frontier of a sweep on the paths (:func:`frontier_paths`) of its feasible and running trials.
+
+    Feasible trials are COMPLETE and not stopped by a health rule. Running ones add their steps so far (the
+    forecast while the sweep runs). A running trial whose searched KL estimator or aggregation no finished trial ran
+    is left out. The KL scales are checked on the finished trials. The fit needs :data:`MIN_POINTS` feasible configs.
+    The unit of the bootstrap and of the held-out error is the config (:func:`klsweep.analysis.confirm.config_of`):
+    a confirmation re-run counts with the trial it confirms, and ``Frontier.n`` counts configs.
 
     Args:
         source: a sweep directory, or ``(df, history, record)``: :func:`klsweep.analysis.sweep_dir.load`,
@@ -535,10 +260,6 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     Raises:
         ResultsError: ``source`` is not a sweep directory.
     """
-    from klsweep.analysis.confirm import config_of
-    from klsweep.analysis.pareto import feasible
-    from klsweep.analysis.sweep_dir import load, load_history, sweep_info
-
     if isinstance(source, tuple):
         df, history, record = source
     else:
@@ -569,8 +290,6 @@ def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
     reference, reference_source = math.nan, ""
     if len(paths):
         if references is None:
-            from klsweep.analysis.baseline import reference_scores
-
             references = reference_scores(record.sweep.get("trainer", ""), [metric], df,
                                           cache_dir=None if isinstance(source, tuple) else source)
         if metric in references:
@@ -604,10 +323,10 @@ _SCALE_KEYS = ("kl_loss_type", "kl_penalty", "loss_agg_mode", "loss_scale_factor
 
 
 def _same_kl_settings(df: pd.DataFrame, finished: pd.DataFrame) -> pd.Series:
-    """Per trial, whether each KL-scale setting it holds (:data:`_SCALE_KEYS` among its ``config/`` columns) is one
-    the finished trials ran with. A running trial's row holds only its searched values until the study is told its
-    whole overrides, so its scale cannot be read by :func:`~klsweep.analysis.pareto.kl_scale`; one that searched
-    another estimator or aggregation is left out of the fit."""
+    """Per trial, whether each KL-scale setting it holds (:data:`_SCALE_KEYS`) is one the finished trials ran with.
+
+    A running trial's row holds only its searched values, so :func:`~klsweep.analysis.pareto.kl_scale` cannot read
+    its scale. This check stands in for it."""
     same = pd.Series(True, index=df.index)
     for column in (c for c in df.columns if c.startswith("config/") and c.rsplit(".", 1)[-1] in _SCALE_KEYS):
         same &= df[column].isna() | df[column].astype(str).isin(set(finished[column].dropna().astype(str)))

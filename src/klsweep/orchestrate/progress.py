@@ -245,7 +245,7 @@ def _name(trial) -> str:
 def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float]]] | None = None) -> str:
     """The KL frontier forecast of the sweep in ``run_dir``: ``sweep status``'s frontier line
     (:func:`klsweep.orchestrate.status.frontier_line`: KL* and the peak score with 80 % intervals, "interval too wide"
-    when it is), or, before :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible, how many are; a
+    when it is), or, before :data:`klsweep.analysis.frontier_fit.MIN_POINTS` trials are feasible, how many are; a
     forecast that fails says why (the sweep goes on).
 
     Args:
@@ -254,7 +254,7 @@ def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float
     """
     import pandas as pd
 
-    from klsweep.analysis.frontier import MIN_POINTS
+    from klsweep.analysis.frontier_fit import MIN_POINTS
     from klsweep.analysis.pareto import feasible
     from klsweep.analysis.sweep_dir import load, load_history
     from klsweep.orchestrate.status import frontier_line

@@ -49,7 +49,7 @@ def status(run_dir: str, console: Console | None = None) -> int:
 
 def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame | None = None) -> str | None:
     """The KL frontier forecast from the trials finished so far (:meth:`klsweep.analysis.frontier.SweepFrontier.
-    summary`), once :data:`klsweep.analysis.frontier.MIN_POINTS` trials are feasible; ``None`` before.
+    summary`), once :data:`klsweep.analysis.frontier_fit.MIN_POINTS` trials are feasible; ``None`` before.
 
     ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
     seconds, once per sweep), as ``sweep report`` does, so both print the same KL*; elsewhere the median first
@@ -57,7 +57,8 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame 
     ``history`` the trials' steps (:func:`klsweep.analysis.sweep_dir.load_history` columns; default: read from run_dir).
     """
     from klsweep.analysis.baseline import reference_scores
-    from klsweep.analysis.frontier import MIN_POINTS, sweep_frontier
+    from klsweep.analysis.frontier import sweep_frontier
+    from klsweep.analysis.frontier_fit import MIN_POINTS
     from klsweep.analysis.pareto import feasible
     from klsweep.analysis.sweep_dir import load_history
 
