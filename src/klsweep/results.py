@@ -14,8 +14,10 @@ A sweep directory (``runs/<name>/`` or ``--out``)::
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,8 @@ HEALTH = "health"
 STOP_REASON = "stop_reason"
 #: written by the health stopper: the kind of stop (``diverged``, ``no_signal``, ``nonfinite``, ...; "" when none)
 STOP_KIND = "stop_kind"
-#: the stop kind of :class:`klsweep.orchestrate.objective_stop.ObjectiveStopper` (issue 16): peers beat the trial by
-#: more than the noise; recorded PRUNED with its reason, not as a health stop
+#: the stop kind of :class:`klsweep.orchestrate.objective_stop.ObjectiveStopper`: peers beat the trial by more than
+#: the noise; recorded PRUNED with its reason, not as a health stop
 STOP_KIND_OBJECTIVE = "objective"
 
 #: the start of the stop reason the searcher records for a trial that raised (Ray Tune's ERROR state,
@@ -64,7 +66,7 @@ ATTR_HEALTH = HEALTH
 ATTR_STOP_REASON = STOP_REASON
 #: training steps the trial ran
 ATTR_STEPS = "steps"
-#: JSON list of the trial's remedies, oldest first (issue 17; :mod:`klsweep.orchestrate.remedy`)
+#: JSON list of the trial's remedy records, oldest first (:func:`remedy_records`, :class:`Restart`)
 ATTR_REMEDIES = "remedies"
 #: a confirmation run (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): the number of the search trial it
 #: re-runs with a new training seed; absent on search trials
@@ -155,3 +157,75 @@ def failure_reason(out_dir: str | Path, state: Any, trial_id: Any, stop_reason: 
     if state != "FAIL" or not isinstance(stop_reason, str) or not stop_reason.startswith(RAISED) or not trial_id:
         return stop_reason
     return error_line(out_dir, str(trial_id)) or stop_reason
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart of a remedied trial, as a health rule's remedy decided it.
+
+    Attributes:
+        number: the trial's restart count at this restart, from 1.
+        step: the training step the rule fired at.
+        rule: the name of the health rule that fired.
+        from_step: the step of the checkpoint the trial restarted from.
+        changes: each changed verl key → (old value, new value), in prescription order.
+    """
+
+    number: int
+    step: int
+    rule: str
+    from_step: int
+    changes: dict[str, tuple[float, float]]
+
+    def records(self) -> list[dict[str, Any]]:
+        """The on-disk form: one ``{"restart", "step", "rule", "from_step", "key", "old", "new"}`` per knob."""
+        return [{"restart": self.number, "step": self.step, "rule": self.rule, "from_step": self.from_step,
+                 "key": key, "old": old, "new": new} for key, (old, new) in self.changes.items()]
+
+
+def remedy_records(value: Any) -> list[dict[str, Any]]:
+    """A trial's flat remedy records, from trials.csv's ``remedies`` JSON column or the Tune config's list.
+
+    Takes a JSON string, a list or tuple of records, or anything else (NaN, None) for none.
+    Returns ``[{"restart", "step", "rule", "from_step", "key", "old", "new"}, ...]`` as stored.
+
+    Raises:
+        ValueError: ``value`` is a string that is not a JSON list.
+    """
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else []
+        if not isinstance(value, list):
+            raise ValueError(f"the remedies column holds {value!r}, not a JSON list of remedies")
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def restarts(value: Any) -> list[Restart]:
+    """A trial's remedy records (any form :func:`remedy_records` reads) grouped into restarts.
+
+    Records with the same ``restart`` number form one restart; its step, rule and from_step are its first record's.
+    Returns the restarts sorted by number.
+
+    Raises:
+        ValueError: ``value`` is a string that is not a JSON list.
+    """
+    grouped: dict[int, list[dict[str, Any]]] = {}
+    for record in remedy_records(value):
+        grouped.setdefault(int(record["restart"]), []).append(record)
+    return [Restart(number, int(rs[0]["step"]), str(rs[0]["rule"]), int(rs[0]["from_step"]),
+                    {r["key"]: (r["old"], r["new"]) for r in rs}) for number, rs in sorted(grouped.items())]
+
+
+def schedule_line(value: Any) -> str:
+    """A trial's remedy schedule on one line, for the trial lines of ``sweep run`` and ``sweep status``.
+
+    Format: ``"2× kl_runaway@46 from 32 kl_coef 0.002363→0.003545; ..."``: the restart count, then per restart
+    the rule, its step, the step restarted from and each knob (last key component) old → new. ``""`` for none.
+    ``value``: any form :func:`remedy_records` reads.
+
+    Raises:
+        ValueError: ``value`` is a string that is not a JSON list.
+    """
+    parts = [f"{r.rule}@{r.step} from {r.from_step} "
+             + ", ".join(f"{key.rsplit('.', 1)[-1]} {old:.4g}→{new:.4g}" for key, (old, new) in r.changes.items())
+             for r in restarts(value)]
+    return f"{len(parts)}× " + "; ".join(parts) if parts else ""

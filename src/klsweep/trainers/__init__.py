@@ -17,12 +17,14 @@ An in-process trainer is a :class:`Trainer`; a process trainer is a module run w
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
+from klsweep.results import restarts
 from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  # no torch: config only
 from klsweep.verl.config import verl_command
 
@@ -166,70 +168,45 @@ TRAINERS: dict[str, TrainerKind] = {
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
 
 
-def remedy_schedule(value: Any) -> list[dict[str, Any]]:
-    """A trial's remedies as ``trials.csv``'s ``remedies`` column holds them (a JSON list, empty or NaN when none)
-    or as its Tune config does (a list): ``[{"restart", "step", "rule", "from_step", "key", "old", "new"}, ...]``.
-
-    Raises:
-        ValueError: ``value`` is a string that is not a JSON list.
-    """
-    import json
-
-    if isinstance(value, str):
-        value = json.loads(value) if value.strip() else []
-        if not isinstance(value, list):
-            raise ValueError(f"the remedies column holds {value!r}, not a JSON list of remedies")
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
 def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any = None) -> list[tuple[str, str]]:
-    """``[(label, command)]`` that rerun a trial, the one builder of what ``sweep run``, ``sweep status``,
-    ``sweep plan``, the report and the notebook print: ``TrainerKind.reproduce`` of the trial's overrides.
+    """``[(label, command)]`` that rerun a trial: ``TrainerKind.reproduce`` of its overrides, once per run segment.
 
-    A remedied trial (issue 17) reruns as its schedule: one segment per run, each with the same kinds of commands as
-    the first (the embedded trainer's process mode resumes as verl does, :mod:`klsweep.trainers.embedded.__main__`).
-    Segment k runs steps a-b from the checkpoint of step a-1 (the step the (k-1)-th restart went back to) with the knobs
-    the remedies changed so far, as the launcher restarted it (:func:`klsweep.launchers.resume.rewind`:
-    ``trainer.resume_mode=resume_path trainer.resume_from_path=${trainer.default_local_dir}/global_step_N``, an
-    interpolation verl's Hydra config resolves). Each checkpoint a restart goes back to is saved by the segment that
-    last ran that step (an earlier one when a restart goes back to where the previous one did): ``trainer.save_freq``
-    = the greatest common divisor of the steps it must save, unless its own cadence saves them all (the embedded
-    trainer's denser cadence of a remedy sweep is no override).
+    The one builder of what ``sweep run``, ``sweep status``, ``sweep plan``, the report and the notebook print.
+    A remedied trial reruns as its schedule: segment k resumes from the checkpoint of the step restart k−1 went back
+    to, with the knobs the remedies changed so far (``trainer.resume_mode=resume_path``, as
+    :func:`klsweep.launchers.resume.rewind` restarts it). The segment that last ran a restart point's step saves it:
+    ``trainer.save_freq`` = the greatest common divisor of its steps, unless its own cadence saves them all.
 
     Args:
         trainer: the sweep's ``trainer:`` name.
         overrides: the trial's full flat verl overrides as proposed (``config/`` columns of trials.csv).
-        remedies: its schedule (:func:`remedy_schedule` reads it); None or empty: one run.
+        remedies: its remedy records (any form :func:`klsweep.results.remedy_records` reads); None or empty: one run.
 
     Raises:
-        ValueError: ``trainer`` is not a trainer (the message lists the valid names).
+        ValueError: ``trainer`` is not a trainer (the message lists the valid names), or ``remedies`` is a string
+            that is not a JSON list.
     """
-    import math
-
     kind = trainer_kind(trainer)
-    restarts: dict[int, list[dict[str, Any]]] = {}
-    for record in remedy_schedule(remedies):
-        restarts.setdefault(int(record["restart"]), []).append(record)
-    if not restarts:
+    runs = restarts(remedies)
+    if not runs:
         return kind.reproduce(overrides)
-    runs = [restarts[n] for n in sorted(restarts)]
-    firsts = [1] + [int(run[0]["from_step"]) + 1 for run in runs]  # the first step of each segment
+    firsts = [1] + [run.from_step + 1 for run in runs]  # the first step of each segment
     saves: dict[int, list[int]] = {}  # segment → the steps it must save, for the restarts that go back to them
     for k, run in enumerate(runs):
-        step = int(run[0]["from_step"])
-        writer = max((j for j in range(k + 1) if firsts[j] <= step), default=None)
-        if writer is not None and step not in saves.setdefault(writer, []):
-            saves[writer].append(step)
+        writer = max((j for j in range(k + 1) if firsts[j] <= run.from_step), default=None)
+        if writer is not None and run.from_step not in saves.setdefault(writer, []):
+            saves[writer].append(run.from_step)
     out: list[tuple[str, str]] = []
     current = dict(overrides)
     for i, first in enumerate(firsts):
-        steps = f"steps {first}-{runs[i][0]['step']} ({runs[i][0]['rule']} fired at step {runs[i][0]['step']})" \
+        steps = f"steps {first}-{runs[i].step} ({runs[i].rule} fired at step {runs[i].step})" \
             if i < len(runs) else f"steps {first} to the end"
         head = f"segment {i + 1} of {len(firsts)}: {steps}"
         extra: dict[str, Any] = {}
         if i:
-            current.update({r["key"]: r["new"] for r in runs[i - 1]})
-            changed = ", ".join(f"{r['key']}={r['new']:.6g}" for r in runs[i - 1])
+            changes = runs[i - 1].changes
+            current.update({key: new for key, (_, new) in changes.items()})
+            changed = ", ".join(f"{key}={new:.6g}" for key, (_, new) in changes.items())
             head += f" from the checkpoint of step {first - 1} with {changed}"
             extra = {"trainer.resume_mode": "resume_path",
                      "trainer.resume_from_path": f"${{trainer.default_local_dir}}/global_step_{first - 1}"}
@@ -237,7 +214,7 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
             keep, every = saves[i], current.get("trainer.save_freq")
             if not (isinstance(every, int) and every > 0 and all(step % every == 0 for step in keep)):
                 extra["trainer.save_freq"] = math.gcd(*keep)
-            users = [k + 2 for k, run in enumerate(runs) if int(run[0]["from_step"]) in keep]
+            users = [k + 2 for k, run in enumerate(runs) if run.from_step in keep]
             many, plural = len(keep) > 1, len(users) > 1
             head += (f", saving the checkpoint{'s' * many} of step{'s' * many} {_and(sorted(keep))} that "
                      f"segment{'s' * plural} {_and(users)} start{'s' * (not plural)} from")
@@ -247,7 +224,7 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
 
 
 def _and(items: list[int]) -> str:
-    """``[2]`` → ``2``; ``[2, 3, 4]`` → ``2, 3 and 4``."""
+    """``[2]`` → ``2``; ``[2, 3, 4]`` → ``2, 3 and 4``. ``items`` must not be empty."""
     return " and ".join([", ".join(map(str, items[:-1])), str(items[-1])]) if len(items) > 1 else str(items[0])
 
 
