@@ -12,8 +12,7 @@ N steps and at the last one, and writes ``latest_checkpointed_iteration.txt``; `
 default) continues from the latest one there, ``resume_path`` from ``trainer.resume_from_path`` (interpolations such
 as ``${trainer.default_local_dir}/global_step_32`` resolved as verl's Hydra config does), ``disable`` starts afresh.
 A resumed run takes ``algorithm.kl_ctrl.kl_coef`` and the actor's learning rate from the overrides, as verl
-rebuilds its KL controller from the config at every start: a remedied trial's segment (issue 17) reruns with its
-prescription.
+rebuilds its KL controller from the config at every start: a remedied trial's segment reruns with its prescription.
 """
 
 from __future__ import annotations
@@ -25,7 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson  # verl's FileLogger writes with it (NaN becomes null); a verl dependency
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
 from klsweep.errors import OverrideError
+from klsweep.trainers.restore import ACTOR_LR_KEY, KL_COEF_KEY, reapply_after_load
+from klsweep.verl.config import compose
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -34,9 +39,6 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
     Raises:
         OverrideError: an argument that is not ``key=value`` in Hydra's grammar.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     try:
         parsed = OverridesParser.create().parse_overrides(argv)
     except HydraException as e:
@@ -67,8 +69,6 @@ def checkpointing(overrides: Mapping[str, Any]) -> tuple[int, Path, Path | None]
         OverrideError: ``resume_mode=resume_path`` without a ``global_step_N`` folder that exists (verl refuses it
             too), or a resume mode verl does not know.
     """
-    from klsweep.verl.config import compose
-
     cfg = compose(overrides).trainer
     every, root, mode = int(cfg.save_freq), Path(str(cfg.default_local_dir)), str(cfg.resume_mode)
     if mode == "disable":
@@ -87,9 +87,7 @@ def checkpointing(overrides: Mapping[str, Any]) -> tuple[int, Path, Path | None]
 
 def main(argv: list[str] | None = None) -> int:
     """Train with the given overrides; see the module docstring."""
-    import orjson  # verl's FileLogger writes with it (NaN becomes null); a verl dependency
-
-    from klsweep.trainers.embedded.trainer import EmbeddedTrainer, run
+    from klsweep.trainers.embedded.trainer import EmbeddedTrainer, run  # torch: only the process pays for it
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path = os.environ.get("VERL_FILE_LOGGER_PATH")
@@ -101,12 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if resume is not None:
-        from klsweep.orchestrate.remedy import ACTOR_LR_KEY, KL_COEF_KEY, reapply_after_load
-
         trainer.load(resume)
         logging.getLogger(__name__).info("resumed from %s (step %d)", resume, trainer.global_step)
         given = {KL_COEF_KEY: trainer.settings.kl_ctrl.kl_coef, ACTOR_LR_KEY: trainer.settings.actor_lr}
-        reapply_after_load(trainer, given, [{"key": key} for key in given])
+        reapply_after_load(trainer, given, given)
     log_file = open(path, "wb", buffering=0) if path else None
     try:
 
