@@ -191,7 +191,7 @@ def test_clip_ratio_alone_is_inert_in_verl_0_9_1(sweep_file):
     ("actor/kl_loss", "loss_agg_mode: {values: [token-mean, token-sum]}", "token-sum and seq-mean-token-sum sums"),
 ])
 def test_a_kl_objective_compared_across_scales_is_a_warning(sweep_file, objective, parameter, scale):
-    # issue 14: a KL objective across estimators or aggregations compares scales, not drift
+    # a KL objective across estimators or aggregations compares scales, not drift
     text = (f"objective: [{{metric: val-core/arith/acc/mean@1, mode: max}}, {{metric: {objective}, mode: min}}]\n"
             f"parameters:\n  {parameter}\n")
     sweep = load_sweep(_with_objective(sweep_file, text))

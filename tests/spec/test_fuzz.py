@@ -1,4 +1,4 @@
-"""Property tests: malformed sweep files give SweepFileError (or load), never another exception (issue 4)."""
+"""Property tests: malformed sweep files give SweepFileError (or load), never another exception."""
 
 from __future__ import annotations
 

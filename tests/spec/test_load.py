@@ -43,7 +43,7 @@ def test_yaml_1_2_scalars_floats_and_strings(sweep_file):
 
 
 def test_w_and_bs_ambiguous_log_uniform_is_refused_with_both_fixes(sweep_file):
-    # W&B's log_uniform takes natural-log exponents; klsweep used to read them as values (issue 15)
+    # W&B's log_uniform takes natural-log exponents, not values: refused, naming both fixes
     path = sweep_file("parameters:\n  kl_coef: {distribution: log_uniform, min: -9.2, max: -4.6}\n")
     with pytest.raises(SweepFileError) as e:
         load_sweep(path)
@@ -231,7 +231,7 @@ health:
 
 
 def test_every_independent_problem_is_reported_in_one_load(sweep_file):
-    # issue 15: a file with several mistakes took one run per mistake (schema, then keys, then knobs)
+    # a file with several mistakes (schema, then keys, then knobs) reports them all in one load
     path = sweep_file(FIVE_MISTAKES)
     with pytest.raises(SweepFileError) as e:
         load_sweep(path)
@@ -302,7 +302,7 @@ def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_sp
 
 
 def test_every_bad_prescription_of_a_remedy_in_one_run(sweep_file):
-    """An unknown key, a bad operation and the seed: three problems, one validate (issue 17)."""
+    """An unknown key, a bad operation and the seed: three problems, one validate."""
     rule = ('health.rules=[{name: r1, metric: actor/ppo_kl, above: 1, action: stop, '
             'remedy: {kl_coeff: "*1.5", target_kl: "x2", seed: "=3", kl_coef: "*1.5"}}]')
     problems = _problems(sweep_file(), [rule])

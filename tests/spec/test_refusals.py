@@ -1,7 +1,7 @@
 """Every refusal of a sweep file a user can see, triggered through ``load_sweep`` (what ``sweep validate`` and ``sweep
-run`` call), each asserted to name the file and line, the field, the value and the fix (issue 19).
+run`` call), each asserted to name the file and line, the field, the value and the fix.
 
-One row per message of ``spec/checks.py`` (keys, `when` conditions, seed trials, GRPO's group size, inert knobs of
+One row per message of ``spec/*checks.py`` (keys, `when` conditions, seed trials, GRPO's group size, inert knobs of
 ``verl/liveness.py``), ``spec/schema.py`` (parameter and top-level validators) and ``spec/load.py`` (YAML and
 command-line overrides). The inert-knob rows follow verl 0.9.1's source: ``algorithm.gamma``/``lam`` are read only by
 ``core_algos.compute_gae_advantage_return``, ``norm_adv_by_std_in_grpo`` only by ``compute_grpo_outcome_advantage``,

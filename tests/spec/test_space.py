@@ -120,7 +120,7 @@ parameters:
 @pytest.mark.parametrize("mode", ["disabled", "offline", "online"])
 def test_verl_logs_to_console_and_file_whatever_the_wandb_mode(tmp_path, mode):
     """verl's own W&B logger stays off in every trial: it would call wandb.init without the sweep's WANDB_MODE and
-    WANDB_DIR and make a second W&B run; the sweep's W&B callback is the one W&B run of a trial (issue 13)."""
+    WANDB_DIR and make a second W&B run; the sweep's W&B callback is the one W&B run of a trial."""
     path = tmp_path / "wb.yaml"
     path.write_text(WANDB_SWEEP + f"wandb: {{mode: {mode}}}\n")
     sweep = load_sweep(path)

@@ -200,7 +200,7 @@ def test_flash_attention_presence_defaults_to_this_python(monkeypatch):
                 preflight(grpo, trainer="verl")
 
 
-#: Batch-arithmetic refusals of ``preflight`` no other test reaches (issue 19): id → (changes to a complete GRPO
+#: Batch-arithmetic refusals of ``preflight`` no other test reaches: id → (changes to a complete GRPO
 #: config, the line).
 #: The complete config: 16 prompts × rollout.n 5 = 80 sequences, mini-batch 8, micro-batch 2, 4 GPUs.
 PREFLIGHT_REFUSALS = {

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from klsweep._yaml import Inline, Lines, explain, parse, read
 from klsweep.errors import SweepFileError
 from klsweep.health.rules import Rule
-from klsweep.spec.checks import check_keys, check_sweep
+from klsweep.spec.checks import check_sweep
+from klsweep.spec.key_checks import check_keys
 from klsweep.spec.schema import _SECTION_HINT, Parameter, Sweep
 
 #: A health rule's conditions are written inline: ``all:``/``any:`` lists, or one condition's fields.

@@ -228,8 +228,8 @@ class Scheduler(BaseModel):
 
 
 class ObjectiveStop(BaseModel):
-    """``stopping.objective``: stop a trial its peers beat by more than the noise (issue 16; the rule and its
-    sources: :mod:`klsweep.orchestrate.objective_stop`). ``objective: on`` takes every default."""
+    """``stopping.objective``: stop a trial its peers beat by more than the noise (the rule and its sources:
+    :mod:`klsweep.orchestrate.objective_stop`). ``objective: on`` takes every default."""
 
     model_config = _MODEL
 

@@ -22,7 +22,7 @@ key                              klsweep writes                              a v
 ===============================  ==========================================  =========================================
 
 The algorithm's own keys (``algorithm.adv_estimator``, ``use_kl_loss``, ``use_kl_in_reward``) are refused in
-``overrides`` by :mod:`klsweep.spec.checks` with the fields ``algorithm`` and ``kl_placement``, with
+``overrides`` by :mod:`klsweep.spec.key_checks` with the fields ``algorithm`` and ``kl_placement``, with
 ``trainer.total_training_steps`` and ``data.seed``. Writers: :func:`klsweep.spec.space.launcher_overrides` (every
 trainer), :func:`klsweep.launchers.process.trial_command` and :mod:`klsweep.launchers.resume` (``trainer: verl``).
 """

@@ -1,0 +1,82 @@
+"""Checks of the sweep's health rules: their remedies' keys, remedies a trainer cannot apply, rules out of reach.
+
+Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from klsweep.health import load_ruleset
+from klsweep.health.rules import Rule, WindowCondition
+from klsweep.spec.key_checks import Problem
+from klsweep.spec.schema import Sweep
+from klsweep.trainers import trainer_kind
+from klsweep.verl import presets
+from klsweep.verl.config import closest_key, default_keys
+from klsweep.verl.liveness import inert_reason
+
+
+def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
+    """The prescriptions of the sweep's own health rules (``health.rules[i].remedy``): an alias without a live key,
+    a key that is not verl's (with the closest), a knob inert for the sweep's algorithm and KL placement. A preset's
+    prescription that is inert for the sweep is not a problem: the rule then stops as before, saying so."""
+    for i, rule in enumerate(sweep.health.rules):
+        for name in rule.remedy:
+            path = ("health", "rules", i, "remedy", name)
+            try:
+                key = presets.resolve_key(name, sweep.placement)
+            except ValueError as e:
+                yield path, str(e)
+                continue
+            if key not in default_keys():
+                hint = closest_key(key)
+                fix = (f"did you mean {hint!r}?" if hint
+                       else f"use a verl key or an alias ({', '.join(presets.ALIASES)})")
+                yield path, f"{key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}"
+                continue
+            inert = inert_reason(key, fixed)
+            if inert:
+                yield path, f"the remedy changes {key}, which has no effect: {inert}"
+
+
+def remedies_off(sweep: Sweep) -> Iterator[Problem]:
+    """Under a trainer that cannot restart a trial (:attr:`klsweep.trainers.TrainerKind.no_restarts`), the rules
+    with a remedy stop their trial instead (:func:`klsweep.orchestrate.remedy.remedies_on`): said once, naming them,
+    where remedies would otherwise be on (ASHA and ``health: {remedies: false}`` turn them off anyway)."""
+    why = trainer_kind(sweep.trainer).no_restarts
+    if not why or not sweep.health.remedies or sweep.scheduler.type != "none":
+        return
+    named = [rule.name for rule in load_ruleset(sweep.health).rules if rule.remedy]
+    if named:
+        yield ("health",), (f"trainer {sweep.trainer}: remedies off, {why}: {', '.join(named)} stop their trial "
+                             "instead of restarting it (as with health: {remedies: false})")
+
+
+def _first_firing_step(rule: Rule) -> int:
+    """The earliest training step at which ``rule`` can fire in a trial that reports every step from step 0.
+
+    Its streak starts no earlier than ``after + 1`` (the warm-up, :class:`klsweep.health.streak.Streak`) nor before
+    its conditions are judged: a window statistic of W steps once the run covers W steps (step W − 1 from a report
+    at step 0; every condition under ``all``, the first judged one under ``any``); ``drop_from_max``, ``value`` and
+    ``ratio_to_first`` at once. It fires once held for ``for`` steps: ``max(after + 1, judged) + for − 1``.
+    """
+    judged = [c.window - 1 if isinstance(c, WindowCondition) else 0 for c in rule.conditions]
+    first = max(judged) if rule.match == "all" else min(judged)
+    return max(rule.after + 1, first) + rule.for_ - 1
+
+
+def rules_out_of_reach(sweep: Sweep) -> Iterator[Problem]:
+    """One warning naming the health rules that cannot fire within ``budget.max_steps`` (:func:`_first_firing_step`):
+    a trial such a stop rule would stop ends COMPLETE and healthy, a warn rule never warns."""
+    steps = sweep.budget.max_steps
+    late = [(rule, _first_firing_step(rule)) for rule in load_ruleset(sweep.health).rules]
+    late = [(rule, first) for rule, first in late if first > steps]
+    if not late:
+        return
+    named = ", ".join(f"{rule.name} ({rule.describe()}: step {first} at the earliest)" for rule, first in late)
+    yield ("budget", "max_steps"), (
+        f"{steps} steps end every trial before these health rules can fire: {named}. A trial such a stop rule would "
+        f"stop ends COMPLETE and healthy. Raise budget.max_steps to {max(f for _, f in late)} or more, or lower their "
+        "`after`/`for` (a rule of the same name in health.rules replaces the preset's)")

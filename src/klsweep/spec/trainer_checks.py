@@ -1,0 +1,124 @@
+"""Checks that depend on the trainer: a verl trial's GPUs, and a tabular sweep's table.
+
+Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from klsweep.errors import TraceReadError
+from klsweep.spec.key_checks import Problem, label
+from klsweep.spec.schema import Choice, Sweep
+from klsweep.trainers.tabular import header_mismatch, load_table, read_header, recorded_for
+from klsweep.verl.config import compose
+
+#: The keys that size a verl trial's GPUs: verl's ResourcePoolManager asks Ray for nnodes × n_gpus_per_node.
+_GPU_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
+
+
+@functools.lru_cache(maxsize=None)
+def _verl_default(key: str) -> Any:
+    from omegaconf import OmegaConf  # on use, as klsweep.verl.config: not at import
+
+    return OmegaConf.select(compose({}), key)
+
+
+def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    """A verl trial runs on exactly the GPUs Ray reserves for it (``budget.resources.gpu``; the launcher sets
+    ``CUDA_VISIBLE_DEVICES`` to them) and asks its own local Ray for ``trainer.nnodes × trainer.n_gpus_per_node``
+    GPUs (verl/trainer/ppo/v1/trainer_base.py, verl/single_controller/ray/base.py ``ResourcePoolManager``; verl's
+    default n_gpus_per_node is 8). Fewer reserved than asked fails every trial ("Total available GPUs ... is less than
+    total desired GPUs ..."), more idles them. A fraction of one GPU is fine for a one-GPU trial (trials share the
+    GPU). Each trial is one process with its own local Ray on one node, so ``trainer.nnodes`` must be 1."""
+    searched = [key for key in _GPU_KEYS if key in params]
+    for key in searched:
+        yield ("parameters", names[key]), (
+            f"{key} is searched, but every trial reserves the same budget.resources.gpu GPUs "
+            f"({sweep.budget.resources.gpu:g}): the GPU count is a resource, not a hyperparameter. Fix {key} in "
+            "overrides and set budget.resources.gpu to match")
+    if searched:
+        return
+    nnodes, per_node = (fixed.get(key, _verl_default(key)) for key in _GPU_KEYS)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (nnodes, per_node)):
+        return  # not a whole number: no GPU count to compare (verl itself fails on it)
+    if nnodes != 1:
+        yield ("overrides", "trainer.nnodes"), (
+            f"trainer.nnodes={nnodes}: klsweep runs each verl trial as one process with its own local Ray on one "
+            "node, so a multi-node trial would wait for GPUs that never join it. Set trainer.nnodes: 1 (the "
+            "default); a Ray cluster spreads trials, not one trial, over nodes (budget.max_concurrent)")
+        return
+    gpu = sweep.budget.resources.gpu
+    if gpu == per_node or (per_node == 1 and 0 < gpu < 1):
+        return
+    origin = "verl's default" if "trainer.n_gpus_per_node" not in fixed else "set in overrides"
+    if gpu < per_node:
+        why = (f"verl fails every trial at start (\"Total available GPUs {math.ceil(gpu)} is less than total "
+               f"desired GPUs {per_node}\")")
+    else:
+        why = f"{gpu - per_node:g} of the reserved GPUs would sit idle in every trial"
+    if gpu >= 1 and gpu == int(gpu):
+        fix = f"Set budget.resources.gpu: {per_node}, or trainer.n_gpus_per_node: {int(gpu)} in overrides"
+    else:
+        fix = (f"Set budget.resources.gpu: {per_node}, or trainer.n_gpus_per_node: 1 in overrides with "
+               "budget.resources.gpu: 1 (or a fraction of 1 to share one GPU between trials)")
+    yield ("budget", "resources", "gpu"), (
+        f"budget.resources.gpu is {gpu:g} but each verl trial uses trainer.nnodes × trainer.n_gpus_per_node = "
+        f"1 × {per_node} = {per_node} GPU{'s' * (per_node != 1)} (n_gpus_per_node {per_node} is {origin}): a trial "
+        f"sees only the GPUs Ray reserves for it, so {why}. {fix}")
+
+
+def table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dict[str, Any]) -> Iterator[Problem]:
+    """For ``trainer: tabular``: a table recorded for another sweep (other searched keys or training settings, or
+    none of a searched category's values: one problem naming the sweep its header was recorded for and the table of
+    its folder that fits, if any); else each searched categorical value the table did not record (its header's
+    ``grid``). The trainer would refuse such trials at run time (:meth:`klsweep.trainers.tabular.Table.nearest`) or
+    serve them another sweep's runs."""
+    if sweep.trainer != "tabular" or sweep.tabular is None:
+        return
+    header = load_table(sweep.tabular.table).header
+    why = header_mismatch(header, list(params), fixed)
+    if why:
+        yield _other_sweeps_table(sweep.tabular.table, header, why, params, fixed)
+        return
+    for key, p in params.items():
+        axis = header["parameters"].get(key, {})
+        grid = axis.get("grid", axis.get("values"))
+        if not isinstance(p, Choice) or axis.get("scale") != "categorical" or grid is None:
+            continue
+        kept = [v for v in p.values if v in grid]
+        name = names[key]
+        if not kept:
+            why = f"none of the values this sweep searches for {name} ({p.values}) was recorded (it holds {grid})"
+            yield _other_sweeps_table(sweep.tabular.table, header, why, params, fixed)
+            return
+        if len(kept) < len(p.values):
+            yield ("parameters", name), (
+                f"{label(name, key)} searches {[v for v in p.values if v not in grid]}, which the table "
+                f"{sweep.tabular.table} did not record (it holds {grid}): those trials would fail. Search only the "
+                f"recorded values (add the override 'parameters.{name}={{values: [{', '.join(map(str, kept))}]}}') "
+                "or generate a table with them (benchmarks/tabular/README.md)")
+
+
+def _other_sweeps_table(path: str, header: dict, why: str, params: dict, fixed: dict[str, Any]) -> Problem:
+    """The one problem of a table recorded for another sweep: what its header says it was recorded for, why it does
+    not fit (``why``), and the fix: the tables of its folder that fit (:func:`klsweep.trainers.tabular.
+    header_mismatch`), else generating one."""
+    def shown(p: Path) -> str:
+        return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
+
+    table, fits = Path(path), []
+    for other in sorted(table.parent.glob("*.jsonl.gz")):
+        try:
+            if other != table and header_mismatch(read_header(other), list(params), fixed) is None:
+                fits.append(shown(other))
+        except TraceReadError:
+            continue
+    fix = (f"use {' or '.join(fits)}" if fits else
+           "generate a table from this sweep file (benchmarks/tabular/generate.py, benchmarks/tabular/README.md)")
+    return ("tabular", "table"), (f"{shown(table)} was recorded for {recorded_for(header)}, but {why}: every trial "
+                                  f"would fail or be served another sweep's runs. Fix: {fix}")
