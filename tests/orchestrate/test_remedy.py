@@ -1,4 +1,4 @@
-"""Remedies (issue 17): a stop rule's prescription applied from the last checkpoint before the onset, through real
+"""Remedies: a stop rule's prescription applied from the last checkpoint before the onset, through real
 Ray Tune and Optuna; the adaptive KL coefficient carried across the restart."""
 
 from __future__ import annotations
@@ -16,18 +16,26 @@ from klsweep.cli import main
 from klsweep.errors import SweepFileError
 from klsweep.health import Rule, load_ruleset
 from klsweep.health.verdict import StopReason
-from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
+from klsweep.launchers.resume import KL_COEFF_METRIC
 from klsweep.orchestrate.remedy import (
+    REMEDIES,
     REMEDY_SAVE_FREQ,
+    Remedy,
+    cannot_apply,
     checkpoint_every,
     onset_step,
+    overrides_of,
     prescribe,
-    reapply_after_load,
     remedies_on,
+    restart_reach,
+    steps_to_keep,
     trend_start,
+    verl_checkpoints_kept,
 )
-from klsweep.results import STEP
+from klsweep.orchestrate.remedy_tune import KeepRestartPoints, RemedyScheduler, checkpoint_config
+from klsweep.results import STEP, schedule_line
 from klsweep.spec import load_sweep
+from klsweep.trainers.restore import KL_COEF_KEY, reapply_after_load
 from tests.orchestrate.conftest import VAL, sweep_file
 
 ADAPTIVE = {"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive", KL_COEF_KEY: 0.002,
@@ -124,7 +132,7 @@ def test_embedded_trainer_restores_its_controller_from_the_checkpoint_unlike_ver
     second = EmbeddedTrainer(remedied)
     second.load(tmp_path)
     assert second.kl_ctrl.value == at_checkpoint != 0.01
-    reapply_after_load(second, remedied, [{"key": KL_COEF_KEY}])
+    reapply_after_load(second, remedied, [KL_COEF_KEY])
     assert second.kl_ctrl.value == 0.01
 
 
@@ -160,8 +168,6 @@ def test_the_restart_point_is_the_last_checkpoint_before_the_onset_on_the_trials
     from ray.train._internal.checkpoint_manager import _TrainingResult
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
-
-    from klsweep.orchestrate.remedy import REMEDIES, RemedyScheduler
 
     first = {"restart": 1, "step": 47, "rule": "kl_runaway", "from_step": 40, "key": KL_COEF_KEY, "old": 0.05,
              "new": 0.075}
@@ -279,7 +285,7 @@ def _result_json(out, trial_id: str) -> list[dict]:
 
 def _results(out, trial_id: str) -> list[dict]:
     """Every report of the trial, superseded ones too, from Tune's progress.csv (result.json keeps only the run a
-    restart continued, :class:`klsweep.orchestrate.remedy.ResultsFromCheckpoint`)."""
+    restart continued, :class:`klsweep.orchestrate.result_json.ResultsFromCheckpoint`)."""
     [progress] = (out / "tune").glob(f"*{trial_id}*/progress.csv")
     return pd.read_csv(progress).to_dict("records")
 
@@ -293,7 +299,6 @@ def _stopper_with_a_checkpoint(tmp_path, kl_coef: float, metrics: dict, **fields
     from ray.tune.experiment import Trial
 
     from klsweep.health import HealthStopper
-    from klsweep.orchestrate.remedy import RemedyScheduler, overrides_of
 
     sweep = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": [BETA_REMEDY]}, **fields))
     scheduler = RemedyScheduler(sweep)
@@ -309,7 +314,6 @@ def _stopper_with_a_checkpoint(tmp_path, kl_coef: float, metrics: dict, **fields
 
 def test_the_stopper_offers_the_stop_to_the_scheduler_and_restarts_its_engine_from_the_checkpoint(tmp_path):
     from klsweep.health.stopper import REMEDY_NOTE
-    from klsweep.orchestrate.remedy import REMEDIES
     from klsweep.results import HEALTH, STOP_KIND, STOP_REASON, TOTAL_STEPS
 
     scheduler, stopper, trial = _stopper_with_a_checkpoint(tmp_path, 0.05, {STEP: 2})
@@ -350,7 +354,7 @@ def test_the_prescription_applies_to_the_coefficient_of_the_checkpoint_it_restar
         assert stopper(trial.trial_id, result) is False
     remedy = scheduler._pending.pop(trial.trial_id)
     assert remedy.from_step == 2 and remedy.config[KL_COEF_KEY] == pytest.approx(0.005)
-    assert [(r["old"], r["new"]) for r in remedy.changes] == [(0.05, pytest.approx(0.005))]
+    assert remedy.restart.changes == {KL_COEF_KEY: (0.05, pytest.approx(0.005))}
 
 
 @pytest.mark.slow
@@ -411,7 +415,6 @@ def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
     from ray.tune.experiment import Trial
 
     from klsweep.health import HealthStopper
-    from klsweep.orchestrate.remedy import RemedyScheduler, cannot_apply, overrides_of
     from klsweep.results import STOP_REASON
 
     sweep = load_sweep("sweeps/drgrpo_vs_grpo.yaml")
@@ -450,7 +453,6 @@ def test_a_finding_at_the_last_steps_stops_the_trial_instead_of_restarting_it(tm
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
 
-    from klsweep.orchestrate.remedy import Remedy, RemedyScheduler
     from klsweep.results import TOTAL_STEPS
 
     trial = Trial("run_trial", config={KL_COEF_KEY: 0.05}, stub=True)
@@ -483,8 +485,6 @@ def test_a_finding_at_the_last_steps_stops_the_trial_instead_of_restarting_it(tm
 
 
 def test_the_schedule_line_lists_every_restart_in_order():
-    from klsweep.orchestrate.remedy import schedule_line
-
     first = {"restart": 1, "step": 43, "rule": "kl_runaway", "from_step": 28, "key": KL_COEF_KEY, "old": 0.0023633,
              "new": 0.0035449}
     lr = {**first, "key": "actor_rollout_ref.actor.optim.lr", "old": 3e-4, "new": 1.5e-4}
@@ -516,16 +516,6 @@ def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
     from ray.train._internal.checkpoint_manager import _TrainingResult
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
-
-    from klsweep.orchestrate.remedy import (
-        REMEDIES,
-        KeepRestartPoints,
-        RemedyScheduler,
-        checkpoint_config,
-        restart_reach,
-        steps_to_keep,
-        verl_checkpoints_kept,
-    )
 
     sweep = load_sweep(sweep_file(tmp_path, budget={"max_steps": 80},
                                   health={"preset": "none", "rules": RETENTION_RULES}))
@@ -586,7 +576,7 @@ def test_only_checkpoints_that_can_still_be_a_restart_point_are_kept(tmp_path):
 
 def test_trainers_that_serve_recorded_runs_turn_remedies_off_and_say_so_once(tmp_path):
     """A table or a recorded log holds no run restarted with a changed coefficient: a remedy would serve the same
-    curve again, fire again and count re-run steps that never ran (issue 17)."""
+    curve again, fire again and count re-run steps that never ran."""
     table = "tabular={table: benchmarks/tabular/aggressive.jsonl.gz}"
     embedded = load_sweep("sweeps/aggressive.yaml")
     tabular = load_sweep("sweeps/aggressive.yaml", ["trainer=tabular", table, "parameters.horizon={values: [20000]}"])

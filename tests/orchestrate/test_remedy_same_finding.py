@@ -1,6 +1,6 @@
 """A remedied trial that the same rule flags again at (or before) the step its remedy answered: ``on_same_finding``
-repeats the remedy (as before), stops the trial, or escalates (the prescription applied twice) (issue 17); and the
-sweep's rules with a remedy are loaded once."""
+repeats the remedy (as before), stops the trial, or escalates (the prescription applied twice); and the sweep's
+rules with a remedy."""
 
 from __future__ import annotations
 
@@ -14,21 +14,22 @@ from pydantic import ValidationError
 from klsweep.cli import main
 from klsweep.health import Rule
 from klsweep.health.verdict import StopReason
-from klsweep.launchers.resume import KL_COEF_KEY, KL_COEFF_METRIC
+from klsweep.launchers.resume import KL_COEFF_METRIC
 from klsweep.orchestrate.remedy import (
     REMEDIES,
     REMEDY_SAVE_FREQ,
-    KeepRestartPoints,
     Remedy,
-    RemedyScheduler,
     checkpoint_every,
     prescribe,
     remedies_on,
+    remedy_rules,
     restart_reach,
     same_finding,
 )
+from klsweep.orchestrate.remedy_tune import KeepRestartPoints, RemedyScheduler
 from klsweep.results import STEP, TOTAL_STEPS
 from klsweep.spec import load_sweep
+from klsweep.trainers.restore import KL_COEF_KEY
 from tests.orchestrate.conftest import sweep_file
 
 #: β (the fixed in-reward KL coefficient, as logged) above 0.01 from step 4 on: a trial at β 0.05 is flagged at step
@@ -156,23 +157,13 @@ def test_a_trial_flagged_again_at_the_same_step_is_stopped_or_escalated(ray_loca
     assert row["steps"] == 6 and json.loads(row["remedies"]) == remedies
 
 
-def test_the_rules_with_a_remedy_are_loaded_once_per_sweep(tmp_path, monkeypatch):
-    """remedies_on, checkpoint_every, restart_reach and KeepRestartPoints each asked load_ruleset at sweep start."""
-    import klsweep.health
-
-    calls = []
-    real = klsweep.health.load_ruleset
-
-    def counted(spec=None):
-        calls.append(spec)
-        return real(spec)
-
-    monkeypatch.setattr(klsweep.health, "load_ruleset", counted)
+def test_the_rules_with_a_remedy_are_those_of_the_sweeps_own_health(tmp_path):
+    """remedies_on, checkpoint_every, restart_reach and KeepRestartPoints read the rules of each sweep's health."""
     path = sweep_file(tmp_path, health={"preset": "default", "rules": [BETA_HALVED]})
-    sweep, other = load_sweep(path), load_sweep(path)  # two sweeps, each with its own health object
-    calls.clear()  # sweep validation's own loads
+    sweep = load_sweep(path)
+    assert [r.name for r in remedy_rules(sweep)] == ["kl_runaway", "reward_hacking", "beta_high"]
     assert remedies_on(sweep) and checkpoint_every(sweep, {"trainer.total_training_steps": 80}) == REMEDY_SAVE_FREQ
     assert restart_reach(sweep) == 20  # the default preset's reward_hacking: for 1 + a 20-step window - 1
     assert KeepRestartPoints(sweep)._caps == {"kl_runaway": 2, "reward_hacking": 2, "beta_high": 3}
-    assert calls == [sweep.health]
-    assert restart_reach(other) == 20 and calls == [sweep.health, other.health]  # the other one: loaded for it
+    other = load_sweep(sweep_file(tmp_path, health={"preset": "none", "rules": [BETA_HALVED]}))
+    assert [r.name for r in remedy_rules(other)] == ["beta_high"] and restart_reach(other) == 1
