@@ -56,7 +56,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     """Show what ran, what is running, what is left and the best trial so far, from stored state (no Ray)."""
-    from klsweep.orchestrate.status import status
+    from klsweep.analysis.status import status
 
     return status(args.run_dir)
 
@@ -70,7 +70,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     """Start optuna-dashboard on the sweep's study storage (127.0.0.1 by default)."""
-    from klsweep.orchestrate.dashboard import serve
+    from klsweep.analysis.dashboard import serve
 
     return serve(args.run_dir, host=args.host, port=args.port)
 
@@ -79,8 +79,10 @@ def _cmd_health_check(args: argparse.Namespace) -> int:
     """Replay a training log through a health rule set: 0 healthy or warned, 1 stop verdict, 2 unreadable input (or a
     W&B export of several runs without --run), 3 inconclusive (no rule that can stop a run could judge the log)."""
     from klsweep.health.check import health_check
+    from klsweep.spec.trial_log import trial_log_overrides
 
-    return health_check(args.trace, preset=args.preset, rules=args.rules, as_json=args.json, run=args.run)
+    return health_check(args.trace, preset=args.preset, rules=args.rules, as_json=args.json, run=args.run,
+                        full_config=trial_log_overrides)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,7 +4,9 @@ the verl command that reproduces each."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from rich.console import Console
@@ -13,16 +15,21 @@ from rich.text import Text
 
 from klsweep._format import console as plain_console
 from klsweep._format import short
+from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
+from klsweep.analysis.confirm import is_search
+from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.sweep_dir import overrides_of
-from klsweep.orchestrate import confirm
 from klsweep.results import failure_reason
 from klsweep.trainers import reproduce_commands
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
 
-def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
+def best_trials(sweep: Sweep, df: pd.DataFrame) -> pd.DataFrame:
     """The best COMPLETE, healthy search trial (single objective) or the Pareto front of them (several objectives).
 
     Uses the values told to Optuna (``value/<metric>``: each objective's last reported value); confirmation runs
@@ -30,14 +37,10 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
     :func:`klsweep.analysis.pareto.pareto_front` (Optuna's non-dominated sort); its ``attrs["notes"]`` say when it
     is empty or mixes KL scales.
     """
-    import warnings
-
-    from klsweep.analysis.pareto import feasible, pareto_front
-
     value_cols = [f"value/{o.metric}" for o in sweep.objectives]
     if df.empty or any(c not in df for c in value_cols):
         return df.iloc[0:0]
-    df = df[confirm.is_search(df)]
+    df = df[is_search(df)]
     if len(value_cols) == 1:
         done = df[feasible(df)].dropna(subset=value_cols)
         o = sweep.objectives[0]
@@ -47,23 +50,23 @@ def best_trials(sweep, df: pd.DataFrame) -> pd.DataFrame:
         return pareto_front(df, [(c, o.mode) for c, o in zip(value_cols, sweep.objectives)])
 
 
-def counts_line(sweep, df: pd.DataFrame) -> str:
+def counts_line(sweep: Sweep, df: pd.DataFrame) -> str:
     """``tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)``, from a
     :func:`klsweep.analysis.load` frame (a RUNNING study trial may belong to a driver that is gone). The counts are
     of search trials; with ``budget.confirm``, once runs are planned, they say so (``tiny: search 3 finished, ...``)
     and the confirmation runs' follow: ``; confirmation: 2 of 6 runs finished, 1 running (or interrupted)``."""
-    search = df[confirm.is_search(df)] if len(df) else df
+    search = df[is_search(df)] if len(df) else df
     counts = search["state"].value_counts().to_dict() if len(search) else {}
     finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))
     left = max(0, sweep.budget.trials - len(search))
-    progress = confirm.progress(sweep, df)
+    progress = leaders.progress(sweep, df)
     line = (f"{sweep.name}: {'search ' if progress else ''}{finished} finished, {counts.get('RUNNING', 0)} running "
             f"(or interrupted), {left} not started (budget {sweep.budget.trials} trials × {sweep.budget.max_steps} "
             "steps)")
     return f"{line}; {progress}" if progress else line
 
 
-def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
+def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
                   ended: bool = True) -> int:
     """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy, else 1.
 
@@ -88,13 +91,13 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
             table.add_row(*(Text(short(v)) for v in (row.get("number"), row.get("state"), row.get("steps"), reason)))
         console.print(table)
     _print_savings(sweep, df, console)
-    ranking = confirm.ranking(sweep, df)
+    ranking = leaders.ranking(sweep, df)
     _print_confirmation(sweep, ranking, df, console)
     best = best_trials(sweep, df)
-    done, planned = confirm.run_counts(sweep, df)
+    done, planned = leaders.run_counts(sweep, df)
     by_mean = len(sweep.objectives) == 1 and len(ranking) > 0 and bool(ranking["ok"].iloc[0]) and done == planned
     if by_mean:  # every re-run finished: the best trial is the leader by mean over seeds
-        best = df[(df["number"] == ranking["trial"].iloc[0]) & confirm.is_search(df)]
+        best = df[(df["number"] == ranking["trial"].iloc[0]) & is_search(df)]
     if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
         console.print("no trial has finished yet", highlight=False)
         return 1
@@ -124,7 +127,7 @@ def print_summary(sweep, df: pd.DataFrame, out_dir: Path, console: Console | Non
     return 0
 
 
-def _print_savings(sweep, df: pd.DataFrame, console: Console) -> None:
+def _print_savings(sweep: Sweep, df: pd.DataFrame, console: Console) -> None:
     """Trial-steps and GPU-hours (wall hours of the trials on a CPU sweep) used and saved per stop reason
     (:func:`klsweep.analysis.accounting.compute_accounting` ``by="reason"``); one line when nothing was saved."""
     if df.empty:
@@ -154,9 +157,9 @@ def _print_savings(sweep, df: pd.DataFrame, console: Console) -> None:
     console.print(out)
 
 
-def _print_confirmation(sweep, ranking: pd.DataFrame, df: pd.DataFrame, console: Console) -> None:
-    """The confirmed leaders by mean over seeds (:func:`klsweep.orchestrate.confirm.ranking`) and what the noise
-    allows to say (:func:`klsweep.orchestrate.confirm.verdicts`)."""
+def _print_confirmation(sweep: Sweep, ranking: pd.DataFrame, df: pd.DataFrame, console: Console) -> None:
+    """The confirmed leaders by mean over seeds (:func:`klsweep.analysis.leaders.ranking`) and what the noise
+    allows to say (:func:`klsweep.analysis.leaders.verdicts`)."""
     if ranking.empty:
         return
     metrics = [o.metric for o in sweep.objectives]
@@ -171,5 +174,5 @@ def _print_confirmation(sweep, ranking: pd.DataFrame, df: pd.DataFrame, console:
                       short(row[f"mean/{metrics[0]}"]), short(row["sd"]), f"{short(row['min'])} .. {short(row['max'])}",
                       *(short(row[f"mean/{m}"]) for m in metrics[1:]))
     console.print(table)
-    for line in confirm.verdicts(sweep, ranking, df):
+    for line in leaders.verdicts(sweep, ranking, df):
         console.print(line, **_PLAIN)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from klsweep.orchestrate.summary import best_trials
+from klsweep.analysis.summary import best_trials
 from klsweep.spec.schema import Objective
 
 
@@ -48,7 +48,7 @@ def test_summary_prints_compute_saved_per_stop_reason(tmp_path):
 
     from rich.console import Console
 
-    from klsweep.orchestrate.summary import print_summary
+    from klsweep.analysis.summary import print_summary
     from klsweep.spec import load_sweep
     from tests.orchestrate.conftest import sweep_file
 
@@ -75,7 +75,7 @@ def test_summary_reruns_a_remedied_best_trial_as_its_schedule(tmp_path):
 
     from rich.console import Console
 
-    from klsweep.orchestrate.summary import print_summary
+    from klsweep.analysis.summary import print_summary
     from klsweep.spec import load_sweep
     from tests.orchestrate.conftest import sweep_file
 
@@ -108,7 +108,7 @@ def test_stopped_trials_are_neither_running_nor_remedied(tmp_path):
 
     from rich.console import Console
 
-    from klsweep.orchestrate.summary import print_summary
+    from klsweep.analysis.summary import print_summary
     from klsweep.spec import load_sweep
     from tests.orchestrate.conftest import sweep_file
 
@@ -136,7 +136,7 @@ def test_a_failed_trial_shows_the_exception_it_raised(tmp_path):
 
     from rich.console import Console
 
-    from klsweep.orchestrate.summary import print_summary
+    from klsweep.analysis.summary import print_summary
     from klsweep.results import error_line
     from klsweep.spec import load_sweep
     from tests.orchestrate.conftest import sweep_file

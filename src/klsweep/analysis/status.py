@@ -16,6 +16,15 @@ from rich.text import Text
 
 from klsweep._format import console as plain_console
 from klsweep._format import param_labels, short
+from klsweep.analysis.baseline import reference_scores
+from klsweep.analysis.frontier import sweep_frontier
+from klsweep.analysis.frontier_fit import MIN_POINTS
+from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE, feasible, kl_scale
+from klsweep.analysis.summary import counts_line, print_summary
+from klsweep.analysis.sweep_dir import load, load_history
+from klsweep.results import SweepRecord, remedy_records, schedule_line
+from klsweep.spec.schema import Sweep
+from klsweep.spec.space import SEED_KEY, parameters
 
 
 def status(run_dir: str, console: Console | None = None) -> int:
@@ -24,11 +33,6 @@ def status(run_dir: str, console: Console | None = None) -> int:
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
     """
-    from klsweep.analysis.sweep_dir import load
-    from klsweep.orchestrate.summary import counts_line, print_summary
-    from klsweep.results import SweepRecord
-    from klsweep.spec.schema import Sweep
-
     console = console or plain_console()
     record = SweepRecord.read(run_dir)
     sweep = Sweep.model_validate(record.sweep)
@@ -56,12 +60,6 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame 
     logged score. ``record`` is the sweep's :class:`klsweep.results.SweepRecord`, as :func:`status` read it;
     ``history`` the trials' steps (:func:`klsweep.analysis.sweep_dir.load_history` columns; default: read from run_dir).
     """
-    from klsweep.analysis.baseline import reference_scores
-    from klsweep.analysis.frontier import sweep_frontier
-    from klsweep.analysis.frontier_fit import MIN_POINTS
-    from klsweep.analysis.pareto import feasible
-    from klsweep.analysis.sweep_dir import load_history
-
     if int(feasible(df).sum()) < MIN_POINTS:
         return None
     references = reference_scores(record.sweep.get("trainer", ""), [o.metric for o in record.objectives], df,
@@ -70,13 +68,13 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame 
     return sweep_frontier((df, history, record), references=references).summary()
 
 
-def trials_table(sweep, df: pd.DataFrame) -> Table:
+def trials_table(sweep: Sweep, df: pd.DataFrame) -> Table:
     """One row per trial of a :func:`klsweep.analysis.load` frame: number, state, the searched parameters (the
     trial's verl overrides; with confirmation runs, ``confirms``, the trial a run re-runs, and its ``seed``), the last
     reported step, reference KL, entropy and training score (``kl_metric``,
     ``actor/entropy``, ``critic/score/mean``: running trials included, from their Tune result files), each
-    objective's last value, the health verdict and, when a trial was remedied (issue 17), its whole schedule
-    (:func:`klsweep.orchestrate.remedy.schedule_line`) in a ``remedies`` column. The parameters are the proposed
+    objective's last value, the health verdict and, when a trial was remedied, its whole schedule
+    (:func:`klsweep.results.schedule_line`) in a ``remedies`` column. The parameters are the proposed
     ones, as the Optuna trial keeps them; where a remedy changed one, its cell also shows the value the last remedy
     restarted the trial with (``0.002→0.0347``), and a caption under the table says so.
 
@@ -85,11 +83,6 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
     ``loss_agg_mode`` (verl's ``actor/entropy`` is ``agg_loss`` of the token entropies with the actor's
     ``loss_agg_mode``, verl/trainer/ppo/ray_trainer.py): under ``seq-mean-token-sum`` both are sums over a
     sequence's tokens, hundreds of times a per-token mean."""
-    from klsweep.analysis.pareto import kl_scale
-    from klsweep.orchestrate.remedy import schedule_line
-    from klsweep.space import SEED_KEY, parameters
-    from klsweep.trainers import remedy_schedule
-
     keys = list(parameters(sweep))
     objectives = [o.metric for o in sweep.objectives]
     confirmation = {"confirm_of": "confirms", f"config/{SEED_KEY}": "seed"} if "confirm_of" in df else {}
@@ -99,7 +92,7 @@ def trials_table(sweep, df: pd.DataFrame) -> Table:
                **{f"last/{m}": m for m in objectives}, "health": "health"}
     schedules = df["remedies"].map(schedule_line) if "remedies" in df else pd.Series("", index=df.index)
     # per row, the value each remedied key was last restarted with (a later record of a key replaces an earlier one)
-    finals = (df["remedies"].map(lambda r: {f"config/{x['key']}": x["new"] for x in remedy_schedule(r)})
+    finals = (df["remedies"].map(lambda r: {f"config/{x['key']}": x["new"] for x in remedy_records(r)})
               if "remedies" in df else pd.Series([{}] * len(df), index=df.index))
     remedied = schedules.astype(bool).any()
     if remedied:
@@ -145,8 +138,6 @@ def _scale_marks(scales: pd.Series, label: str) -> tuple[pd.Series, str]:
 def _aggregation(df: pd.DataFrame) -> pd.Series:
     """Per trial, the ``loss_agg_mode`` its ``actor/entropy`` is aggregated with (verl's default ``token-mean`` when
     its row does not say), with a set ``loss_scale_factor`` under ``seq-mean-token-sum-norm``."""
-    from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE
-
     key = "config/actor_rollout_ref.actor.loss_agg_mode"
     modes = df[key].fillna(DEFAULT_LOSS_AGG_MODE) if key in df else pd.Series(DEFAULT_LOSS_AGG_MODE, index=df.index)
     factor = df.get("config/actor_rollout_ref.actor.loss_scale_factor", pd.Series(None, index=df.index))

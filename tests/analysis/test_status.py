@@ -143,7 +143,7 @@ def test_status_shows_each_remedied_trials_whole_schedule_beside_its_proposed_pa
     import pandas as pd
     from rich.console import Console
 
-    from klsweep.orchestrate.status import trials_table
+    from klsweep.analysis.status import trials_table
 
     key = "algorithm.kl_ctrl.kl_coef"
     first = {"restart": 1, "step": 43, "rule": "kl_runaway", "from_step": 28, "key": key, "old": 0.0023633,
@@ -181,7 +181,7 @@ def test_status_marks_kl_and_entropy_measured_on_another_scale():
     import pandas as pd
     from rich.console import Console
 
-    from klsweep.orchestrate.status import trials_table
+    from klsweep.analysis.status import trials_table
 
     sweep = load_sweep("sweeps/grpo_kl.yaml")
     agg, kl_type = "config/actor_rollout_ref.actor.loss_agg_mode", "config/actor_rollout_ref.actor.kl_loss_type"

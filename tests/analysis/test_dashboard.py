@@ -17,8 +17,8 @@ import optuna
 import psutil
 import pytest
 
+from klsweep.analysis.dashboard import DEFAULT_PORT
 from klsweep.cli import _parser
-from klsweep.orchestrate.dashboard import DEFAULT_PORT
 from klsweep.results import SweepRecord, default_storage
 
 pytestmark = pytest.mark.slow
@@ -141,8 +141,8 @@ def test_the_default_port_busy_serves_on_a_free_one_and_says_so(tmp_path):
 
 def test_dashboard_serves_the_kl_frontier_figure(tmp_path):
     """The KL frontier is saved into the study before serving and read back through optuna-dashboard's HTTP API."""
+    from klsweep.analysis.dashboard import FRONTIER_GRAPH_ID
     from klsweep.analysis.frontier import sweep_frontier
-    from klsweep.orchestrate.dashboard import FRONTIER_GRAPH_ID
     from tests.analysis.conftest import FRONTIER_OBJECTIVES, frontier_specs, make_sweep
 
     # the Gao RL law alpha 1, beta 0.5 over 0.2 (tests/analysis/conftest.py): KL* = e**2 = 7.39 nats/sequence

@@ -17,7 +17,13 @@ import socket
 import sys
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from klsweep.errors import KlsweepError
+from optuna_dashboard import save_plotly_graph_object, wsgi
+
+from klsweep.analysis.frontier import sweep_frontier
+from klsweep.analysis.plots import frontier_figure
+from klsweep.analysis.sweep_dir import storage_from_url, study_of
+from klsweep.errors import KlsweepError, ResultsError
+from klsweep.results import SweepRecord
 
 #: The port tried when none is given (optuna-dashboard's own default).
 DEFAULT_PORT = 8080
@@ -27,7 +33,6 @@ FRONTIER_GRAPH_ID = "klsweep-kl-frontier"
 
 class _Server(WSGIServer):
     """``wsgiref``'s server, IPv6 when the host is an IPv6 address (``::1``)."""
-
     @classmethod
     def for_host(cls, host: str) -> type[WSGIServer]:
         return type("_Server6", (cls,), {"address_family": socket.AF_INET6}) if ":" in host else cls
@@ -50,11 +55,6 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
         ResultsError: ``run_dir`` is not a sweep directory.
         KlsweepError: ``port`` was given and is in use (the message names a free one).
     """
-    from optuna_dashboard import wsgi
-
-    from klsweep.analysis.sweep_dir import storage_from_url
-    from klsweep.results import SweepRecord
-
     record = SweepRecord.read(run_dir)
     app = wsgi(storage_from_url(record.storage_url(run_dir)))
     server_class = _Server.for_host(host)
@@ -91,13 +91,6 @@ def save_frontier(run_dir: str, record) -> str | None:
     Returns:
         The frontier's one-line summary, or ``None`` when the study does not exist yet (no trial started).
     """
-    from optuna_dashboard import save_plotly_graph_object
-
-    from klsweep.analysis.frontier import sweep_frontier
-    from klsweep.analysis.plots import frontier_figure
-    from klsweep.analysis.sweep_dir import study_of
-    from klsweep.errors import ResultsError
-
     try:
         study = study_of(run_dir, record)
     except ResultsError:
