@@ -1,5 +1,4 @@
-"""The live view of a running sweep: a table of trials and a progress bar over the trial budget (rich), and
-``trials.csv`` kept current while the sweep runs.
+"""The live view of a running sweep: a table of trials and a progress bar over the trial budget (rich).
 
 Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step and every finished trial. On a
 terminal :class:`SweepProgress` redraws a table (trial, status, searched parameters, step, KL, entropy, score,
@@ -8,19 +7,17 @@ intervals, as ``sweep status`` prints them); elsewhere (CI, a file, a pipe) it p
 (``[9/12] trial 8 (4982d11d) TERMINATED ...``: the count in finish order, then the Optuna trial number and the Tune
 trial id, as the summary names trials) and, after a trial finished, the forecast when it changed, so logs stay
 readable. Both go to stdout, with the summary (``sweep run ... > log.txt`` keeps them); Ray's own messages and
-klsweep's warnings go to stderr. :class:`TrialsCsv` rewrites ``trials.csv`` as trials start and end, so ``status``
-and a notebook never read a stale one.
+klsweep's warnings go to stderr.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from ray.tune import Callback
 from rich.console import Console, Group
 from rich.live import Live
@@ -31,8 +28,13 @@ from rich.text import Text
 from klsweep._format import console as plain_console
 from klsweep._format import param_labels, short
 from klsweep.analysis.frontier import RESPONSE_LENGTH
-from klsweep.orchestrate.remedy import REMEDIES, schedule_line
-from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, TRIALS_CSV
+from klsweep.analysis.frontier_fit import MIN_POINTS
+from klsweep.analysis.pareto import feasible
+from klsweep.analysis.status import frontier_line
+from klsweep.analysis.sweep_dir import load, load_history
+from klsweep.orchestrate.remedy import REMEDIES
+from klsweep.orchestrate.searcher import optuna_number
+from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, SweepRecord, schedule_line
 from klsweep.verl.metrics import resolve
 
 #: Seconds between refits of the KL frontier forecast on a terminal while trials report (each refit reads the study
@@ -48,7 +50,8 @@ class SweepProgress(Callback):
     Args:
         total_trials: the sweep's trial budget (``budget.trials``).
         objectives: objective metric names, shown as columns.
-        params: the searched verl keys (:func:`klsweep.space.parameters`), shown as columns by their last component.
+        params: the searched verl keys (:func:`klsweep.spec.space.parameters`), shown as columns by their last
+            component.
         console: where to draw (default: stdout's console, :func:`klsweep._format.console`); ``quiet=True`` prints
             only finished trials, as on a pipe.
 
@@ -62,7 +65,7 @@ class SweepProgress(Callback):
 
     A trial's parameters are those the searcher proposed (Tune's ``Trial.evaluated_params``, which a remedy's
     ``set_config`` leaves alone and a restored experiment keeps), as ``sweep status`` and the study show them; a
-    remedied trial's whole schedule (:func:`klsweep.orchestrate.remedy.schedule_line`) is beside them (issue 17).
+    remedied trial's whole schedule (:func:`klsweep.results.schedule_line`) is beside them.
     """
 
     def __init__(self, total_trials: int, objectives: list[str], *, params: list[str] | None = None,
@@ -233,8 +236,6 @@ class SweepProgress(Callback):
 def _name(trial) -> str:
     """A finished trial as the summary and ``sweep status`` name it: ``trial <Optuna number> (<Tune trial id>)``; the
     Tune id alone for a trial outside a sweep or whose study cannot be read now (a line must not stop the sweep)."""
-    from klsweep.orchestrate.searcher import optuna_number
-
     try:
         number = optuna_number(trial) if trial.storage is not None else None
     except Exception:
@@ -244,7 +245,7 @@ def _name(trial) -> str:
 
 def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float]]] | None = None) -> str:
     """The KL frontier forecast of the sweep in ``run_dir``: ``sweep status``'s frontier line
-    (:func:`klsweep.orchestrate.status.frontier_line`: KL* and the peak score with 80 % intervals, "interval too wide"
+    (:func:`klsweep.analysis.status.frontier_line`: KL* and the peak score with 80 % intervals, "interval too wide"
     when it is), or, before :data:`klsweep.analysis.frontier_fit.MIN_POINTS` trials are feasible, how many are; a
     forecast that fails says why (the sweep goes on).
 
@@ -252,14 +253,6 @@ def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float
         curves: trial id → ``(step, metric, value)`` rows the live view kept as Tune handed them over; they replace
             those trials' result files (which may lag), other trials' are read from ``run_dir``.
     """
-    import pandas as pd
-
-    from klsweep.analysis.frontier_fit import MIN_POINTS
-    from klsweep.analysis.pareto import feasible
-    from klsweep.analysis.sweep_dir import load, load_history
-    from klsweep.orchestrate.status import frontier_line
-    from klsweep.results import SweepRecord
-
     try:
         df = load(run_dir)
         history = load_history(run_dir)
@@ -274,50 +267,3 @@ def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float
         n = int(feasible(df).sum()) if len(df) else 0
         return f"KL frontier: forecast once {MIN_POINTS} trials are feasible ({n} so far)"
     return line
-
-
-class TrialsCsv(Callback):
-    """Keeps the sweep directory's ``trials.csv`` current while the sweep runs: rewritten when a trial starts or
-    ends, and on reported steps at most every ``every_s`` seconds (each write reads the study and every trial's
-    result file).
-
-    The sweep directory is the parent of the trial's Tune experiment directory (``trial.storage``), not a path kept
-    in the callback: Tune pickles callbacks with the experiment, and a resumed sweep may have been moved since.
-    """
-
-    def __init__(self, every_s: float = 10.0):
-        self._every_s = every_s
-        self._written = 0.0
-
-    def _write(self, trial) -> None:
-        self._written = time.monotonic()
-        try:
-            write_trials_csv(Path(trial.storage.experiment_fs_path).parent)
-        except Exception as e:  # a table that could not be written now must not stop the sweep
-            print(f"warning: trials.csv not updated ({type(e).__name__}: {e}); it is written again when the next "
-                  f"trial starts or ends", file=sys.stderr)
-
-    def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._write(trial)
-
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        if time.monotonic() - self._written >= self._every_s:
-            self._write(trial)
-
-    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        self._write(trial)
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._write(trial)
-
-
-def write_trials_csv(out_dir: Path):
-    """Write ``out_dir/trials.csv`` (:func:`klsweep.analysis.load`; a temporary file, then a rename, so a reader
-    never sees half a file) and return its frame."""
-    from klsweep.analysis.sweep_dir import load
-
-    df = load(out_dir)
-    tmp = out_dir / (TRIALS_CSV + ".tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, out_dir / TRIALS_CSV)
-    return df
