@@ -11,7 +11,7 @@ import pytest
 
 from klsweep.cli import main
 from klsweep.errors import ResultsError
-from klsweep.orchestrate.resume import check_resume, sweep_changes
+from klsweep.orchestrate.resume_changes import check_resume, sweep_changes
 from tests.orchestrate.conftest import sweep_file
 
 SAVED = {"name": "s", "budget": {"trials": 3, "max_steps": 15}, "parameters": {"kl_coef": {"values": [1, 2]}},
