@@ -1,16 +1,16 @@
 """The private local Ray of a sweep driver, recorded in the results directory so that the next start there ends what a
 killed driver left of it.
 
-What survives a SIGKILL of a driver that started a local Ray (``ray.init(address="local")``), measured with Ray
-2.60.0 on Linux: GCS, raylet, log monitor, autoscaler monitor and dashboard head die at once (Ray starts them with
+What survives a SIGKILL of a driver that started a local Ray (``ray.init(address="local")``), with Ray 2.60.0 on
+Linux: GCS, raylet, log monitor, autoscaler monitor and dashboard head die at once (Ray starts them with
 ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, ``ray._private.services.start_ray_process(fate_share=True)``); workers exit
-within ~3 s when their raylet connection drops; ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` notice the raylet's
-death at once (a pipe; raylet sets ``RAY_enable_pipe_based_agent_to_parent_health_check=1`` for them) but then publish
-the raylet's log tail to the dead GCS with a fixed 60 s timeout (``ray._private.process_watcher
-.report_raylet_error_logs`` → ``publish_error_to_driver(..., 60)``) and live ~60 s more. No Ray setting shortens that
-(``RAY_gcs_rpc_server_reconnect_timeout_s=5`` did not), so a resume started within the minute met them. Public
-reports of the same leaks: ray#2005 (processes of ``ray.init()`` outlive a killed parent), ray#39092 (runtime env
-agent leaked when the raylet dies), ray#52385 (agent does not die after the raylet dies).
+within ~3 s when their raylet connection drops; ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` notice the
+raylet's death at once (a pipe; raylet sets ``RAY_enable_pipe_based_agent_to_parent_health_check=1`` for them) but
+then publish the raylet's log tail to the dead GCS with a fixed 60 s timeout (``ray._private.process_watcher
+.report_raylet_error_logs`` → ``publish_error_to_driver(..., 60)``) and live ~60 s more; no Ray setting shortens that,
+so a resume within that minute meets them. Public reports of the same leaks: ray#2005 (processes of ``ray.init()``
+outlive a killed parent), ray#39092 (runtime env agent leaked when the raylet dies), ray#52385 (agent does not die
+after the raylet dies).
 
 So klsweep records its session (:func:`record_session`, right after ``ray.init``) in ``<out>/ray_session.json`` and
 the next ``sweep run --resume``, ``sweep resume`` or ``sweep run --overwrite`` in that directory ends every process
@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+import ray
+
 from klsweep.launchers.supervisor import proc_stat
 from klsweep.results import RAY_SESSION_FILE
 
@@ -60,8 +62,6 @@ def record_session(out_dir: Path) -> dict | None:
     Call it right after ``ray.init(address="local", ...)``: the record names the session directory, this driver (pid
     and start time) and Ray's daemons as started.
     """
-    import ray
-
     node = ray._private.worker._global_node
     me = _start_ticks(os.getpid())
     if node is None or me is None:

@@ -22,7 +22,11 @@ agree before the restore. They rely on private internals, each named here, check
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
+
+import optuna
+import ray.cloudpickle as cloudpickle
 
 from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON
 
@@ -52,8 +56,6 @@ def close_told_trials(tune_path: str, study) -> None:
     ``Tuner.restore`` would re-run from step 0 a trial that had finished and been told to Optuna after the last save
     (its results on the finished Optuna trial then raise UpdateFinishedTrialError and abort the resume).
     """
-    import optuna
-
     done = {t.user_attrs.get(ATTR_RAY_TRIAL_ID) for t in study.get_trials(deepcopy=False, states=(
         optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL))}
     for state_file in Path(tune_path).glob("experiment_state-*.json"):
@@ -83,10 +85,6 @@ def reconcile_search_state(tune_path: str, study) -> None:
     reached the study, and the trial ran to its last step only to be marked FAIL. ``live_trials`` becomes exactly the
     trials Tune will resume.
     """
-    import pickle
-
-    import ray.cloudpickle as cloudpickle
-
     trials = _saved_trials(tune_path)
     if trials is None:
         return
@@ -112,8 +110,6 @@ def reconcile_search_state(tune_path: str, study) -> None:
 def fail_leftovers(study) -> None:
     """Mark FAIL, with the reason, every trial still RUNNING in the study once the resumed Tuners have ended: its Tune
     trial can no longer run (Optuna's public API cannot finish a trial of another process's ``ask``)."""
-    import optuna
-
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(
             trial._trial_id, ATTR_STOP_REASON,

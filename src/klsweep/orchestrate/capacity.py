@@ -15,9 +15,13 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klsweep.errors import ClusterError
 from klsweep.trainers import runs_verl
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 #: ``budget.resources`` field → Ray's resource name.
 _RAY_NAME = {"gpu": "GPU", "cpu": "CPU"}
@@ -53,7 +57,7 @@ def capacity_problem(request: Mapping[str, float], nodes: Iterable[Mapping[str, 
     return None
 
 
-def check_trial_fits(sweep) -> None:
+def check_trial_fits(sweep: Sweep) -> None:
     """Refuse a sweep whose trials no node of the connected Ray cluster can hold (see the module docstring).
 
     Raises:
@@ -82,7 +86,7 @@ def _cluster_nodes() -> list[dict[str, float]]:
     return nodes
 
 
-def local_gpu_warning(sweep) -> str | None:
+def local_gpu_warning(sweep: Sweep) -> str | None:
     """A warning for ``sweep validate`` when trials ask for GPUs and this machine shows none (no ``nvidia-smi`` or
     ``rocm-smi`` on PATH, no ``/dev/nvidia0`` or ``/dev/kfd``), so that ``sweep run`` here would refuse; None
     otherwise. Not an error: a sweep is often checked on a laptop and run on a cluster."""

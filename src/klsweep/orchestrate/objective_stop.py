@@ -1,4 +1,4 @@
-"""Stopping on the objective (issue 16): stop a trial that cannot become competitive, not only a sick one.
+"""Stopping on the objective: stop a trial that cannot become competitive, not only a sick one.
 
 Health rules (:mod:`klsweep.health`) stop a trial whose run is broken; this stops a healthy-looking trial that its
 peers already beat by more than the noise, so its remaining steps go to other trials. It is built for RL sweeps of

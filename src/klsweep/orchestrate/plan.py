@@ -12,8 +12,18 @@ import itertools
 import sys
 from typing import Any, TextIO
 
+import optuna
+
+from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.errors import KlsweepError, PreflightError
+from klsweep.orchestrate.capacity import local_gpu_warning
+from klsweep.orchestrate.samplers import MODEL_BASED, SpaceFillingStart, build_sampler
 from klsweep.spec import Sweep, load_sweep
+from klsweep.spec.load import load_partial
+from klsweep.spec.space import condition, define_space, key_locations, parameters, seed_params, trial_overrides
+from klsweep.trainers import reproduce_lines, trainer_kind
+from klsweep.verl.metrics import ALIASES, VAL_SCORE
+from klsweep.verl.preflight import preflight
 
 
 def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
@@ -22,11 +32,6 @@ def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
     Uses an in-memory Optuna study with :func:`klsweep.orchestrate.samplers.build_sampler` (seeded with the sweep
     seed) and :func:`klsweep.spec.space.define_space`; no trial is told a value, as before any result exists.
     """
-    import optuna
-
-    from klsweep.orchestrate.samplers import build_sampler
-    from klsweep.spec.space import define_space, seed_params
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     directions = ["maximize" if o.mode == "max" else "minimize" for o in sweep.objectives]
     study = optuna.create_study(sampler=build_sampler(sweep), directions=directions)
@@ -48,8 +53,6 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
     combinations of their smallest and largest values (a horizon is only too short for the largest batch a trial can
     have, verl's n_steps). A bad categorical value is caught before any trial runs, not when a sampler happens to
     pick it."""
-    from klsweep.spec.space import condition, parameters, seed_params, trial_overrides
-
     seeds = seed_params(sweep) or [{}]
     variants: list[dict[str, Any]] = list(seeds)
     ends: dict[str, tuple[dict[str, Any], list[Any]]] = {}  # numeric parameter -> (its `when` needs, [min, max])
@@ -79,9 +82,6 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
 def _objective_problems(sweep: Sweep) -> list[str]:
     """Objectives no trial would ever report: a health-rule alias (``ref_kl``; trials report verl's own names), or a
     validation metric the trainer is known not to log (a typo would fail every trial after its whole budget)."""
-    from klsweep.trainers import trainer_kind
-    from klsweep.verl.metrics import ALIASES, VAL_SCORE
-
     kind = trainer_kind(sweep.trainer)
     validation = kind.validation_metric or "val-core/<data_source>/<metric>/mean@<n>"
     logged_as = {
@@ -112,17 +112,14 @@ def preflight_sweep(sweep: Sweep, *, files_here: bool = False) -> list[str]:
     Raises:
         PreflightError: every distinct problem, one per line, with the sweep-file line of the key.
     """
-    from klsweep.spec.space import key_locations
-    from klsweep.verl.preflight import preflight
-
     where = key_locations(sweep)
     problems: dict[str, None] = dict.fromkeys(_objective_problems(sweep))
     warnings: dict[str, None] = {}
     for overrides in preflight_configs(sweep):
         try:
             warnings.update(dict.fromkeys(preflight(
-                overrides, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl, where=where,
-                files_here=files_here)))
+                overrides, runs_verl=trainer_kind(sweep.trainer).runs_verl, allow_negative_kl=sweep.allow_negative_kl,
+                where=where, files_here=files_here)))
         except PreflightError as e:
             problems.update(dict.fromkeys(str(e).splitlines()))
     if problems:
@@ -140,12 +137,6 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines` of the overrides as the trial's ``trials.csv``
     row gives them back, :func:`klsweep.analysis.sweep_dir.overrides_of`).
     """
-    from klsweep.analysis.sweep_dir import overrides_of
-    from klsweep.orchestrate.samplers import MODEL_BASED
-    from klsweep.spec.space import seed_params, trial_overrides
-    from klsweep.trainers import reproduce_lines
-    from klsweep.verl.preflight import preflight
-
     out = out or sys.stdout
     sweep = load_sweep(path, overrides)
     for warning in sweep.warnings:
@@ -156,7 +147,8 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     guided = False
     for i, params in enumerate(planned_params(sweep, n)):
         overrides_i = trial_overrides(sweep, params)
-        warnings = preflight(overrides_i, trainer=sweep.trainer, allow_negative_kl=sweep.allow_negative_kl)
+        warnings = preflight(overrides_i, runs_verl=trainer_kind(sweep.trainer).runs_verl,
+                             allow_negative_kl=sweep.allow_negative_kl)
         if i < seeds:
             origin = f"seed trial {i + 1}"
         elif name == "grid":
@@ -184,10 +176,6 @@ def _random_start(sweep: Sweep) -> int | None:
     """How many trials (seed trials counted) the sweep's sampler proposes before it uses results (the space-filling
     start of TPE and GP, Optuna's ``n_startup_trials`` of CMA-ES, NSGA-II's first ``population_size``); None for
     ``random``, which never uses results."""
-    import optuna
-
-    from klsweep.orchestrate.samplers import SpaceFillingStart, build_sampler
-
     sampler = build_sampler(sweep)
     if isinstance(sampler, SpaceFillingStart):  # tpe, gp: a Sobol design, then the model
         return sampler.startup
@@ -207,10 +195,6 @@ def validate(path: str, overrides: list[str], out: TextIO | None = None) -> int:
     (:func:`klsweep.spec.load.load_partial`), then the sampler's and the preflight's on the rest of the file.
     Prints ``ok``/warnings and returns 0, or prints every problem (one per line) and returns 2.
     """
-    from klsweep.orchestrate.capacity import local_gpu_warning
-    from klsweep.orchestrate.samplers import build_sampler
-    from klsweep.spec.load import load_partial
-
     out = out or sys.stdout
     problems: list[str] = []
     warnings: list[str] = []

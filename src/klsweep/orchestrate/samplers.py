@@ -21,9 +21,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial
 
 from klsweep.errors import SweepFileError
+from klsweep.spec.schema import Choice, Constant, Sweep
+from klsweep.spec.space import parameters
 
 
-def build_sampler(sweep) -> optuna.samplers.BaseSampler:
+def build_sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
     """The Optuna sampler of ``sweep.sampler`` (name + options), seeded per trial from ``sweep.seed``
     (:class:`StudySeededSampler`).
 
@@ -39,8 +41,6 @@ def build_sampler(sweep) -> optuna.samplers.BaseSampler:
         SweepFileError: the sampler cannot handle this sweep's space (grid over a continuous range, cmaes on a
             multi-objective or categorical space) or an option is not accepted by the Optuna sampler.
     """
-    from klsweep.spec.space import parameters
-
     name = sweep.sampler.name
     options: dict[str, Any] = dict(sweep.sampler.options)
     multi = len(sweep.objectives) > 1
@@ -97,7 +97,6 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         startup: trials of the space-filling start, seed trials included (0: none).
         seed: the sweep seed (scrambles the sequence).
     """
-
     def __init__(self, model: optuna.samplers.BaseSampler, names: Sequence[str], startup: int, seed: int) -> None:
         self.model = model
         self.startup = startup
@@ -175,7 +174,6 @@ class StudySeededSampler(optuna.samplers.BaseSampler):
         make: builds the wrapped sampler from a seed (an ``int``); must be picklable (Ray Tune saves the searcher).
         seed: the sweep seed.
     """
-
     def __init__(self, make: Callable[[int], optuna.samplers.BaseSampler], seed: int) -> None:
         self._make = make
         self._seed = seed
@@ -239,15 +237,12 @@ def _new_sampler(name: str, options: dict[str, Any], trials: int, grid: dict[str
     raise ValueError(f"unknown sampler {name!r}: use one of tpe, gp, nsga2, random, grid, cmaes")
 
 
-def _grid_space(sweep) -> dict[str, list[Any]]:
+def _grid_space(sweep: Sweep) -> dict[str, list[Any]]:
     """The grid of a ``sampler: grid`` sweep: each categorical parameter's values (constants are not suggested).
 
     Raises:
         SweepFileError: a range or a conditional parameter (a grid needs value lists).
     """
-    from klsweep.spec.schema import Choice, Constant
-    from klsweep.spec.space import parameters
-
     space, problems = {}, []
     for key, param in parameters(sweep).items():
         if isinstance(param, Choice):

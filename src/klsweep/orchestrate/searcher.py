@@ -15,7 +15,7 @@ stopped by a health rule (multi-objective)     COMPLETE + constraint violated (i
 stopped for non-finite losses or no signal     FAIL: not a score the sampler should learn from
 stopped early by ASHA                          PRUNED, stop_reason "scheduler"
 stopped on the objective (stop_kind            PRUNED, its reason in user attrs (single and multi-objective)
-``objective``, issue 16)
+``objective``)
 raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
 
@@ -40,6 +40,7 @@ from typing import Any
 import optuna
 from ray.tune.search.optuna import OptunaSearch
 
+from klsweep.analysis.sweep_dir import study_of
 from klsweep.results import (
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
@@ -70,7 +71,6 @@ class KlsweepSearch(OptunaSearch):
         description: the study's ``description`` user attribute (what the sweep searches, for the dashboard).
         **kwargs: passed to ``OptunaSearch`` (space, metric, mode, points_to_evaluate, sampler, study_name, storage).
     """
-
     def __init__(self, *, overrides_of: Callable[[Mapping[str, Any]], Mapping[str, Any]], total_steps: int,
                  description: str = "", **kwargs):
         self._description = description
@@ -196,7 +196,7 @@ class KlsweepSearch(OptunaSearch):
             missing = [m for m, v in zip(self._metrics, values) if v is None or not math.isfinite(v)]
             return State.FAIL, f"objective {', '.join(missing)} was never reported or is not finite"
         if early:
-            if len(values) == 1 or stop_kind == STOP_KIND_OBJECTIVE:  # beaten by its peers (issue 16): not a result
+            if len(values) == 1 or stop_kind == STOP_KIND_OBJECTIVE:  # beaten by its peers: not a result
                 return State.PRUNED, stop_reason or f"stopped by the scheduler at step {steps}"
             return State.COMPLETE, stop_reason or f"stopped at step {steps}"
         return State.COMPLETE, stop_reason
@@ -211,8 +211,6 @@ def _as_float(value: Any) -> float | None:
 def optuna_number(trial) -> int | None:
     """The Optuna trial number of a Tune trial (the searcher tags it with the Tune trial id when it suggests it), from
     the study of the sweep directory the trial's Tune experiment is in; None when the study does not say."""
-    from klsweep.analysis.sweep_dir import study_of
-
     sweep_dir = Path(trial.storage.experiment_fs_path).parent
     for told in study_of(sweep_dir).get_trials(deepcopy=False):
         if told.user_attrs.get(ATTR_RAY_TRIAL_ID) == trial.trial_id:

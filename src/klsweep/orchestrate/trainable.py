@@ -15,34 +15,36 @@ trial, its actor gives back the trial's resources only once that tree is gone (:
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ray import tune
+
+from klsweep.launchers.process import run_process_trial, stop_running_trials
+from klsweep.orchestrate.remedy import checkpoint_every, remedies_on, split_config, verl_checkpoints_kept
 from klsweep.results import STEP, TOTAL_STEPS
+from klsweep.spec.space import trial_overrides
+from klsweep.trainers import trainer_kind
+from klsweep.trainers.restore import reapply_after_load
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 
-def run_trial(config: Mapping[str, Any], *, sweep) -> None:
+def run_trial(config: Mapping[str, Any], *, sweep: Sweep) -> None:
     """Train one trial of ``sweep`` with the suggested params ``config``, reporting each step to Ray Tune.
 
     Args:
         config: the params Optuna suggested (aliases or verl keys → values).
         sweep: the loaded :class:`klsweep.spec.Sweep`.
     """
-    from ray import tune
-
-    from klsweep.orchestrate.remedy import checkpoint_every, split_config
-    from klsweep.spec.space import trial_overrides
-    from klsweep.trainers import trainer_kind
-    from klsweep.trainers.restore import reapply_after_load
-
     params, remedies = split_config(config)  # a remedied trial's config also lists its remedies
     overrides = trial_overrides(sweep, params)
     kind = trainer_kind(sweep.trainer)
     if kind.in_process is None:
-        from klsweep.launchers.process import run_process_trial
-        from klsweep.orchestrate.remedy import remedies_on, verl_checkpoints_kept
-
         if remedies_on(sweep):  # the checkpoint before a finding must still be there (the trial's own value wins)
             overrides = verl_checkpoints_kept(sweep, overrides) | overrides
         restored = _restored_step()  # a remedy's restart when it is the step the last remedy restarts from
@@ -73,11 +75,6 @@ def run_trial(config: Mapping[str, Any], *, sweep) -> None:
 def _restored_step() -> int | None:
     """The step of the Tune checkpoint a process trial is restored from (``step.json``, written with every report by
     :func:`klsweep.launchers.process._report_with_step_checkpoint`), or None on a fresh start."""
-    import json
-    from pathlib import Path
-
-    from ray import tune
-
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
         return None
@@ -93,13 +90,9 @@ class EndsWithItsProcess:
 
     Ray's own ``FunctionTrainable.cleanup`` does not wait for the trial's function (``session.finish(timeout=0)``):
     without this, a stopped verl trial's vLLM and workers can hold its GPUs for the supervisor's grace period while
-    Tune already starts the next trial on them (tests/launchers/test_tune.py measured 3.6 s with a trainer that
-    ignores SIGTERM).
+    Tune already starts the next trial on them.
     """
-
     def cleanup(self) -> None:
-        from klsweep.launchers.process import stop_running_trials
-
         try:
             super().cleanup()  # type: ignore[misc]
         finally:

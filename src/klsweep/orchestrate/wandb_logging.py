@@ -12,7 +12,7 @@ the default when W&B is on (wandb#2812: several trials in one W&B run; Search-R1
 ``WANDB_API_KEY`` is read from the environment by wandb itself and never written to any klsweep file.
 
 This callback makes a trial's only W&B runs. verl's own W&B logger stays off in every trial (``trainer.logger`` is
-``[console, file]``, :func:`klsweep.space.launcher_overrides`, which refuses ``wandb`` in a sweep's ``overrides``):
+``[console, file]``, :func:`klsweep.spec.space.launcher_overrides`, which refuses ``wandb`` in a sweep's ``overrides``):
 with it, verl's ``Tracking`` calls ``wandb.init`` in the trial process (verl/utils/tracking.py) without this
 callback's mode and directory, so an offline or keyless trial fails at start and an online one makes a second run.
 
@@ -28,7 +28,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray.air.integrations.wandb import WANDB_ENV_VAR, WandbLoggerCallback, _WandbLoggingActor
@@ -36,19 +36,22 @@ from ray.air.util.node import _force_on_current_node
 
 from klsweep._format import param_labels, short
 from klsweep.health.stopper import REMEDY_NOTE
-from klsweep.orchestrate.remedy import REMEDIES, overrides_of, schedule_line
+from klsweep.orchestrate.remedy import REMEDIES, overrides_of
 from klsweep.orchestrate.searcher import optuna_number
-from klsweep.results import HEALTH, STOP_KIND, STOP_REASON
+from klsweep.results import HEALTH, STOP_KIND, STOP_REASON, restarts, schedule_line
+from klsweep.spec.space import parameters
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 
 class _FlushingWandbLoggingActor(_WandbLoggingActor):
     """Ray's W&B logging actor, which also waits for W&B's service process to write the run file before it returns.
 
     ``wandb.finish`` returns before wandb-core has flushed the run (ray/air/integrations/wandb.py ends the actor
-    right after it): on a loaded machine an offline run file was left with its 7-byte header only.
+    right after it), so an offline run file can be left with its header only.
     ``wandb.teardown`` waits for the service to finish every stream.
     """
-
     def run(self):
         try:
             super().run()
@@ -69,7 +72,7 @@ class VerlWandbCallback(WandbLoggerCallback):
     the restart logs to a new run of the same group: id ``<trial id>-r<restart>``, name ``<trial name>-r<restart>``
     with the segment's parameter values, config the segment's verl overrides (the prescribed knobs changed) with
     ``restart``, ``from_step``, ``parent_run`` (the previous segment's run id) and ``remedy_schedule``
-    (:func:`klsweep.orchestrate.remedy.schedule_line`), tagged ``remedied``; the previous run's config keeps its
+    (:func:`klsweep.results.schedule_line`), tagged ``remedied``; the previous run's config keeps its
     ``remedy_note`` (the rule, step and prescription that ended it). Each run's step axis is the trial's training
     step, so the segments of a trial overlay on one chart, the restarted one starting after its checkpoint's step.
     Rejected: one run whose metrics use a custom x-axis (``define_metric("*", step_metric=...)``) would draw the
@@ -81,10 +84,9 @@ class VerlWandbCallback(WandbLoggerCallback):
     Args:
         overrides_of: Tune config → verl overrides (:func:`klsweep.orchestrate.remedy.overrides_of` bound to the
             sweep: the trial's remedy schedule left out).
-        params: the searched verl keys (:func:`klsweep.space.parameters`), named in the run name by their leaf.
+        params: the searched verl keys (:func:`klsweep.spec.space.parameters`), named in the run name by their leaf.
         **kwargs: ``WandbLoggerCallback`` arguments (project, group, entity, mode, tags, ...).
     """
-
     _logger_actor_cls = _FlushingWandbLoggingActor
     #: result keys W&B gets as config (updated with every result), not as history: strings are dropped there
     AUTO_CONFIG_KEYS = [*WandbLoggerCallback.AUTO_CONFIG_KEYS, HEALTH, STOP_REASON, STOP_KIND, REMEDY_NOTE]
@@ -106,7 +108,8 @@ class VerlWandbCallback(WandbLoggerCallback):
         # WandbLoggerCallback passes self.kwargs to wandb.init after its own arguments, so these win.
         number = optuna_number(trial)
         remedies = list(trial.config.get(REMEDIES, ()))
-        restart = max((int(r["restart"]) for r in remedies), default=0)
+        done = restarts(remedies)
+        restart = done[-1].number if done else 0
         if trial in self._trial_logging_futures and self._segment.get(trial, 0) != restart:
             self._end_segment(trial)  # a remedy restarted the trial: its next steps go to a new run
         self._segment[trial] = restart
@@ -114,7 +117,7 @@ class VerlWandbCallback(WandbLoggerCallback):
         suffix = f"-r{restart}" if restart else ""
         config = {**self._overrides_of(trial.config), "trial_number": number, "searched": searched}
         if restart:
-            config.update(restart=restart, from_step=[r for r in remedies if r["restart"] == restart][0]["from_step"],
+            config.update(restart=restart, from_step=done[-1].from_step,
                           parent_run=trial.trial_id + (f"-r{restart - 1}" if restart > 1 else ""),
                           remedy_schedule=schedule_line(remedies))
         self.kwargs["config"] = config
@@ -159,7 +162,7 @@ class VerlWandbCallback(WandbLoggerCallback):
         super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
 
 
-def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
+def wandb_callback(sweep: Sweep, out_dir: Path) -> VerlWandbCallback | None:
     """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name, tags = sweep name,
     algorithm, trainer), or None with a warning when ``mode: online`` has no credentials (W&B never stops a sweep).
 
@@ -167,8 +170,6 @@ def wandb_callback(sweep, out_dir: Path) -> VerlWandbCallback | None:
     (``out_dir/wandb/offline-run-*``): the logging actors are Ray workers, which do not inherit the driver's
     environment once Ray runs, and would otherwise write into their own working directory.
     """
-    from klsweep.space import parameters
-
     if sweep.wandb.mode == "online" and not _has_credentials():
         print("warning: wandb.mode is online but no W&B credentials were found (WANDB_API_KEY or `wandb login`): "
               "the sweep runs without W&B; use wandb.mode: offline to log locally and `wandb sync` later",
