@@ -11,7 +11,7 @@ import pytest
 from matplotlib.image import imread
 
 from klsweep.analysis.baseline import reference_scores
-from klsweep.analysis.figures import curves_data
+from klsweep.analysis.curves import curves_data
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.results import REFERENCE_FILE

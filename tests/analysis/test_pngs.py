@@ -69,8 +69,8 @@ def test_frontier_png_and_plotly_draw_the_same_fit_points_and_stops(synthetic_sw
 
     import numpy as np
 
-    from klsweep.analysis.figures import frontier_data
     from klsweep.analysis.frontier import sweep_frontier
+    from klsweep.analysis.frontier_figure import frontier_data
     from klsweep.analysis.plots import frontier_figure
 
     from .conftest import FRONTIER_OBJECTIVES, GAO_REFERENCE, frontier_specs
@@ -100,8 +100,8 @@ def test_frontier_png_and_plotly_draw_the_same_fit_points_and_stops(synthetic_sw
 def test_frontier_draws_attainment_surfaces_over_seeds(synthetic_sweep):
     import numpy as np
 
-    from klsweep.analysis.figures import frontier_data
     from klsweep.analysis.frontier import sweep_frontier
+    from klsweep.analysis.frontier_figure import frontier_data
 
     from .conftest import FRONTIER_OBJECTIVES, frontier_specs
 
@@ -147,7 +147,7 @@ def test_front_png_caption_names_every_plotted_kl_scale_and_warns_when_they_mix(
 def test_curves_png_and_plotly_give_each_of_12_trials_its_own_colour_and_line_style(synthetic_sweep):
     """curves.png drew trial 10 in trial 0's colour (plotly's palette has 10): trials 10 and 11 are dashed, so every
     trial of a 12-trial sweep has its own colour-and-style pair, in the PNG and on the report's plotly figure."""
-    from klsweep.analysis.figures import curves_data
+    from klsweep.analysis.curves import curves_data
     from klsweep.analysis.plots import curves_figure
     from klsweep.analysis.sweep_dir import load_history
 

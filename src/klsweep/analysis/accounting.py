@@ -3,7 +3,7 @@
 "Saved" compares with running every trial to ``budget.max_steps``: a trial stopped after ``s`` steps saved ``max_steps −
 s`` steps (its remaining budget), costed at that trial's own seconds per step (``wall_s / steps``) ×
 ``budget.resources.gpu``. A failed trial (state FAIL without a health stop: an error) saved nothing: its missing steps
-were lost, not saved, and count neither as used nor as saved. A remedied trial (issue 17) also used the steps its
+were lost, not saved, and count neither as used nor as saved. A remedied trial also used the steps its
 restarts ran again: a restart decided at step ``s`` from the checkpoint of step ``f`` threw away steps ``f+1..s`` and
 ran them again, so ``s − f`` steps count as used (``steps_rerun``), costed at the trial's seconds per step too (its
 ``wall_s``, Tune's ``time_total_s``, continues from the checkpoint's and leaves the thrown-away run out). Grouped by how
@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from klsweep.results import STOP_KIND_OBJECTIVE
+from klsweep.analysis.pareto import feasible
+from klsweep.results import STOP_KIND_OBJECTIVE, remedy_records, restarts
 
 #: The rule named in a health stop's reason (``klsweep.health.verdict.StopReason.text``: "KIND at step N by RULE: ...").
 _RULE = re.compile(r"\bat step \S+ by ([^\s:]+):")
@@ -100,28 +101,26 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
 
 
 def schedules(df: pd.DataFrame) -> pd.Series:
-    """Each trial's remedies (issue 17) as a list of ``{"restart", "step", "rule", "from_step", "key", "old",
-    "new"}`` (:func:`klsweep.trainers.remedy_schedule` of trials.csv's ``remedies`` column; empty when none)."""
-    from klsweep.trainers import remedy_schedule
-
+    """Each trial's remedies as a list of ``{"restart", "step", "rule", "from_step", "key", "old",
+    "new"}`` (:func:`klsweep.results.remedy_records` of trials.csv's ``remedies`` column; empty when none)."""
     if "remedies" not in df:
         return pd.Series([[] for _ in df.index], index=df.index, dtype=object)
-    return df["remedies"].map(remedy_schedule)
+    return df["remedies"].map(remedy_records)
 
 
 def rerun_steps(df: pd.DataFrame) -> pd.Series:
-    """Steps each trial ran again because a remedy restarted it (issue 17): per restart, the step the remedy was
+    """Steps each trial ran again because a remedy restarted it: per restart, the step the remedy was
     decided at less the step of the checkpoint it restarted from (``step − from_step`` of its schedule); 0 for a
     trial never restarted. Integers, indexed as ``df``."""
 
     def rerun(remedies: list[dict[str, Any]]) -> int:
-        return sum(r["step"] - r["from_step"] for r in {r["restart"]: r for r in remedies}.values())
+        return sum(r.step - r.from_step for r in restarts(remedies))
 
     return schedules(df).map(rerun).astype(int)
 
 
 def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:
-    """Per health rule, what its findings came to when the sweep remedies (issue 17).
+    """Per health rule, what its findings came to when the sweep remedies.
 
     Args:
         df: the trials table (:func:`klsweep.analysis.sweep_dir.load`: ``state``, ``health``, ``stop_reason``,
@@ -135,8 +134,6 @@ def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:
         its ``max_remedies`` used up); ``stopped_unremedied`` (stopped by it for another reason: no checkpoint
         before the finding, a knob without effect, remedies off). Empty (those columns) when no rule fired.
     """
-    from klsweep.analysis.pareto import feasible
-
     columns = ["rule", "flagged", "remedied", "rescued", "stopped_at_cap", "stopped_unremedied"]
     if df.empty:
         return pd.DataFrame(columns=columns)

@@ -1,4 +1,4 @@
-"""The confirmation phase's runs in a trials table (``budget.confirm``, issue 16): which rows re-run a search trial
+"""The confirmation phase's runs in a trials table (``budget.confirm``): which rows re-run a search trial
 (``confirm_of``) and the ranking of the confirmed search trials by their mean over seeds.
 
 Pure pandas on a :func:`klsweep.analysis.sweep_dir.load` frame, shared by ``sweep status``/the end-of-run summary
@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from klsweep.analysis.pareto import feasible
 from klsweep.spec.space import SEED_KEY
 
 
@@ -53,8 +54,6 @@ def ranking(df: pd.DataFrame, objectives: Sequence[tuple[str, str]], *, seed_tri
         below 2 ok runs), ``min``, ``max``. A trial with a run that a health rule stopped or that failed ranks after
         those without (ties: the lower trial number). Empty when nothing was confirmed.
     """
-    from klsweep.analysis.pareto import feasible
-
     columns = [f"value/{metric}" for metric, _ in objectives]
     if df.empty or "confirm_of" not in df or any(c not in df for c in columns):
         return pd.DataFrame()

@@ -1,8 +1,9 @@
-"""What each figure of a sweep shows, as plain data: one function per figure, drawn by two renderers.
+"""What each figure of a sweep shows, as plain data: the Pareto front, importance, knobs and tables.
 
-:mod:`klsweep.analysis.plots` draws these with plotly (the interactive figures of ``report.html`` and the notebook),
-:mod:`klsweep.analysis.pngs` with matplotlib (the report's PNGs, no browser needed). Every choice of what is shown
-(which trials, colour groups, the front, thresholds, axis ranges, titles) is made here once, so the two agree.
+One function per figure, drawn by two renderers: :mod:`klsweep.analysis.plots` with plotly (``report.html``, the
+notebook) and :mod:`klsweep.analysis.pngs` with matplotlib (the report's PNGs). Every choice of what is shown is made
+here once, so the two agree. The curves' data is in :mod:`klsweep.analysis.curves`, the KL frontier's in
+:mod:`klsweep.analysis.frontier_figure`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import optuna
 import pandas as pd
-import plotly.colors
 
-from klsweep.analysis.frontier import RESPONSE_LENGTH, SweepFrontier
-from klsweep.analysis.frontier_fit import FORM_NAMES, attainment_surface
+from klsweep.analysis.accounting import schedules
 from klsweep.analysis.pareto import (
     DEFAULT_LOSS_AGG_MODE,
     Objectives,
@@ -27,21 +27,12 @@ from klsweep.analysis.pareto import (
     pareto_front,
 )
 from klsweep.results import restarts
-from klsweep.verl.metrics import ALIASES, KlSetup
+from klsweep.verl.metrics import KlSetup
 
 AGG = "config/actor_rollout_ref.actor.loss_agg_mode"
-#: The three panels of :func:`curves_data`: alias (klsweep.verl.metrics.ALIASES) and axis title.
-CURVES = (("ref_kl", "reference KL"), ("entropy", "actor/entropy"), ("score", "critic/score/mean"))
 #: COMPLETE trials from which Optuna's default importance is stable: PED-ANOVA (``target_quantile=0.1``) "prefers at
 #: least 5 trials above target_quantile" (optuna/importance/_ped_anova/evaluator.py, Optuna 5), i.e. 5 / 0.1.
 STABLE_IMPORTANCE_TRIALS = 50
-#: Trial colours of the curves, in order (plotly's default qualitative palette, hex).
-PALETTE: tuple[str, ...] = tuple(plotly.colors.qualitative.Plotly)
-#: Line styles (plotly's ``dash`` names) of the curves: trial ``i`` is drawn in colour ``i % 10`` and style
-#: ``i // 10 % 4``, so 40 trials have 40 distinct colour-and-style pairs (colour alone repeated from the 11th trial).
-DASHES: tuple[str, ...] = ("solid", "dash", "dot", "dashdot")
-
-
 @dataclass
 class Points:
     """One series of trials on the front plot: ``x``, ``y``, and per point its hover text and label."""
@@ -67,45 +58,13 @@ class FrontData:
     least_infeasible: Points | None  # with an empty front: the closest trials, labelled ``#rank``
     scales: list[str]  # the KL scales of every trial drawn (the notes warn when feasible ones differ)
     notes: list[str]  # the notes of :func:`klsweep.analysis.pareto.pareto_front`
-    remedied: Points | None = None  # trials a health rule's remedy restarted (issue 17), labelled ``R<restarts>``
+    remedied: Points | None = None  # trials a health rule's remedy restarted, labelled ``R<restarts>``
 
     @property
     def title(self) -> str:
         if self.x_mode:
             return f"Pareto front: {self.y} ({self.y_mode}) vs {self.x} ({self.x_mode})"
         return f"Best trials: {self.y} ({self.y_mode})"
-
-
-@dataclass
-class Line:
-    """One trial's curve of one metric."""
-
-    name: str
-    color: str
-    metric: str
-    steps: list[float]
-    values: list[float]
-    stop_reason: str | None  # set when a health rule stopped the trial (its last point is marked)
-    dash: str = "solid"  # one of :data:`DASHES`
-
-
-@dataclass
-class Panel:
-    alias: str
-    title: str
-    lines: list[Line]
-    bands: list[dict[str, Any]]  # :func:`thresholds` of this panel
-    ylim: tuple[float, float]
-    baseline: float | None = None  # the reference policy's value of this metric (a dotted line), when known
-
-
-@dataclass
-class CurvesData:
-    """Per-trial curves: one panel per objective that no entry of :data:`CURVES` shows, then one per entry
-    (:func:`curves_data`)."""
-
-    panels: list[Panel]
-    title: str
 
 
 @dataclass
@@ -155,100 +114,6 @@ class TableData:
     title: str
 
 
-@dataclass
-class FrontierData:
-    """The KL frontier of a sweep (:func:`frontier_data`): x is the per-sequence KL in nats, y the fitted score.
-
-    ``curves``: ``(name, x, y, dashed)`` per Gao form, the best (solid) first; ``kl_star``: ``(KL*, low, high)`` of
-    the best form when finite (the interval drawn as a band, its ends capped at ``x_max``, the axis end);
-    ``peak``: ``(KL*, score)`` when the peak lies on the axis; ``surfaces``: the 25/50/75 % attainment surfaces
-    (staircases) over training seeds.
-    ``message`` is set (and nothing else drawn) when no trial has a point to draw.
-    """
-
-    title: str
-    x_label: str
-    y_label: str
-    feasible: Points | None
-    stopped: Points | None
-    curves: list[tuple[str, list[float], list[float], bool]]
-    reference: float | None
-    kl_star: tuple[float, float, float] | None
-    peak: tuple[float, float] | None
-    surfaces: list[Points]
-    notes: list[str]
-    x_max: float
-    message: str | None = None
-
-
-#: Attainment levels drawn when a config ran with several training seeds (Fonseca et al. 2001).
-ATTAINMENT_LEVELS = (0.25, 0.5, 0.75)
-
-
-def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
-    """What the KL frontier figure shows, from :func:`klsweep.analysis.frontier.sweep_frontier`.
-
-    Feasible trials are the fitted points; stopped (infeasible) ones are drawn apart, hover naming their reason, and
-    never fitted (the fit is on the paths, :attr:`~klsweep.analysis.frontier.SweepFrontier.paths`; the notes say how
-    many steps). Both Gao forms are drawn on ``points`` KL values from 0 to the axis end (1.3 × the largest KL
-    drawn, or 1.1 × KL* when the peak lies a little beyond, up to 3 × the largest KL), with the reference score at
-    ``d = 0``, KL* with its interval as a band and the peak. The x axis is per-sequence KL: verl logs KL per token
-    and klsweep multiplies it by the trial's mean response length (``response_length/mean``).
-    """
-    title = f"KL frontier: {result.score_metric or 'no score'} vs per-sequence KL"
-    x_label = f"per-sequence KL to the reference policy (nats) = verl's per-token KL × {RESPONSE_LENGTH}"
-    fitted, stopped = result.points, result.stopped
-    notes = [f"score: {result.score_source}"]
-    if result.reference_source:
-        notes.append(f"score at d = 0: {result.reference_source}")
-    notes.append(result.summary())
-    if result.frontier is not None:
-        running = f", {result.running} of them running" if result.running else ""
-        notes.append(f"fitted on {result.frontier.n_points} validation steps of {result.frontier.n} trials{running} "
-                     "(each trial's path; the points drawn are the finished trials' last steps)")
-    if result.negative:
-        notes.append(f"{result.negative} validation steps with a KL below 0 (a per-token k1 estimate's noise) left "
-                     "out of the fit")
-    kls = [*(fitted["kl_seq"] if len(fitted) else []), *(stopped["kl_seq"] if len(stopped) else [])]
-    if not kls:
-        return FrontierData(title, x_label, "", None, None, [], None, None, None, [], notes, 1.0,
-                            message=result.reason or "no trial to draw")
-    reach = max(kls) or 1.0
-    f = result.frontier
-    x_max = 1.3 * reach
-    if f is not None and reach < f.best.kl_star <= 3 * reach:
-        x_max = 1.1 * f.best.kl_star
-    feasible_points = (Points(f"feasible trials ({len(fitted)})", fitted["kl_seq"].tolist(), fitted["score"].tolist(),
-                              fitted["hover"].tolist()) if len(fitted) else None)
-    stopped_points = (Points(f"stopped or failed, not fitted ({len(stopped)})", stopped["kl_seq"].tolist(),
-                             stopped["score"].tolist(),
-                             [f"{h}<br>stopped: {r}" for h, r in zip(stopped["hover"], stopped["reason"])])
-                      if len(stopped) else None)
-    curves, kl_star, peak_point, reference = [], None, None, None
-    if f is not None:
-        import numpy as np
-
-        grid = np.linspace(0.0, x_max, points)
-        for fit in sorted(f.fits.values(), key=lambda fit: fit is not f.best):
-            name = (f"{FORM_NAMES[fit.form]}{' (best)' if fit is f.best else ''}, leave-one-trial-out RMSE "
-                    f"{fit.loo_rmse:.3g}")
-            curves.append((name, grid.tolist(), f.score(np.sqrt(grid), fit.form).tolist(), fit is not f.best))
-        low, high = f.best.intervals["kl_star"]
-        if np.isfinite(f.best.kl_star):
-            kl_star = (f.best.kl_star, min(low, x_max), min(high, x_max))
-        if f.best.kl_star <= x_max:
-            peak_point = (f.best.kl_star, f.best.peak_score)
-        reference = f.reference
-    surfaces = []
-    if result.runs:
-        for level in ATTAINMENT_LEVELS:
-            corners = attainment_surface(result.runs, level)
-            surfaces.append(Points(f"{level:.0%} attainment over {len(result.runs)} seeds",
-                                   corners[:, 0].tolist(), corners[:, 1].tolist()))
-    return FrontierData(title, x_label, result.score_metric or "", feasible_points, stopped_points, curves, reference,
-                        kl_star, peak_point, surfaces, notes, x_max, message=None)
-
-
 def _label(row: pd.Series) -> str:
     """Colour group of a trial: how its KL acts. KL in the loss: ``kl_loss_type / loss_agg_mode``; KL in the
     reward: ``kl_penalty=<estimator> (in reward)``; ``no KL`` when neither mechanism is on (verl 0.9.1 defaults for
@@ -296,15 +161,12 @@ def front_objectives(df: pd.DataFrame, objectives: Objectives) -> list[tuple[str
 def front_data(df: pd.DataFrame, objectives: Objectives, front: pd.DataFrame | None = None) -> FrontData:
     """Every trial as a point (y: first objective, x: second, see :func:`front_objectives`).
 
-    Feasible trials are grouped by how KL acts (``kl_loss_type / loss_agg_mode``, or ``kl_penalty`` with KL in the
-    reward), infeasible ones kept apart (at their last reported values), the front in x order. With no feasible
-    trial the least infeasible five carry their rank instead (a sweep where every trial was stopped still gets a
-    plot that says which came closest). Trials a health rule's remedy restarted (issue 17: their values are those of
-    their last run) are also drawn as their own series, ``remedied (n)``, each labelled ``R<restarts>`` and its hover
-    naming the schedule, so they are never mixed silently with trials that ran as proposed.
+    Feasible trials are grouped by how KL acts (``kl_loss_type / loss_agg_mode``, or ``kl_penalty`` in the reward).
+    Infeasible ones are kept apart, at their last reported values. The front is in x order.
+    With no feasible trial, the five least infeasible carry their rank instead.
+    Trials a health rule's remedy restarted also form their own series, ``remedied (n)``, labelled ``R<restarts>``.
+    Their values are those of their last run; the hover names the schedule.
     """
-    from klsweep.analysis.accounting import schedules
-
     axes = front_objectives(df, objectives)
     (y, y_mode), (x, x_mode) = axes[0], (axes[1] if len(axes) > 1 else ("number", ""))
     if front is None:
@@ -361,106 +223,13 @@ def _plotted(df: pd.DataFrame, column: str) -> pd.Series:
     return values
 
 
-def thresholds(ruleset) -> dict[str, list[dict[str, Any]]]:
-    """Plain thresholds of a health rule set per curve panel (``ref_kl``, ``entropy``, ``score``).
-
-    Only single-value conditions (``stat: value``) are plain thresholds on a curve; window statistics, drops and
-    ratios are not drawn. The built-in ``kl_explosion`` check adds a stop threshold on the reference KL.
-
-    Args:
-        ruleset: a :class:`klsweep.health.RuleSet` (``klsweep.health.load_ruleset``).
-
-    Returns:
-        ``{panel: [{"rule", "action", "above" | "below": value, "for"}]}``.
-    """
-    out: dict[str, list[dict[str, Any]]] = {alias: [] for alias, _ in CURVES}
-    for rule in ruleset.rules:
-        if rule.match == "all" and len(rule.conditions) > 1:
-            continue  # a band of one condition would claim a stop the other conditions may not allow
-        for condition in rule.conditions:
-            if condition.stat != "value":
-                continue
-            for alias, _ in CURVES:
-                if condition.metric == alias or condition.metric in ALIASES.get(alias, (alias,)):
-                    bound = {"above": condition.above} if condition.above is not None else {"below": condition.below}
-                    out[alias].append({"rule": rule.name, "action": rule.action, "for": rule.for_, **bound})
-    if ruleset.builtin.kl_explosion > 0:
-        out["ref_kl"].append({"rule": "kl_explosion (built-in)", "action": "stop", "for": 1,
-                              "above": ruleset.builtin.kl_explosion})
-    return out
-
-
-def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, objectives: Objectives = (),
-                baselines: Mapping[str, float] | None = None, max_trials: int = 40) -> CurvesData:
-    """Per-trial curves of each objective, reference KL, entropy and training score (panels), with the health
-    thresholds. Next to the training score (the proxy reward), a validation objective shows whether the policy
-    got better or only learned to please the reward (the embedded task's gold accuracy falls while its proxy rises).
-
-    Args:
-        history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
-        df: :func:`klsweep.analysis.sweep_dir.load` (for health verdicts, stop reasons and steps).
-        ruleset: the sweep's :class:`klsweep.health.RuleSet`, or None for no thresholds (see :func:`thresholds`).
-        objectives: ``(metric, mode)`` of the sweep; each gets a panel of its own unless a :data:`CURVES` panel
-            shows that metric already.
-        baselines: metric → the reference policy's value (:func:`klsweep.analysis.baseline.reference_scores`),
-            drawn as a dotted line on the metric's panel.
-        max_trials: at most this many trials are drawn (stopped trials first, then by trial number).
-
-    Each panel's y range shows the data and every rule's threshold; a built-in one (``kl_explosion``) only when the
-    data comes within a factor 2 of it, so a KL of 0.1 is not drawn on a 0..5 axis.
-    """
-    if len(df):
-        stopped_first = df.assign(_s=(df.get("health") != "stopped")).sort_values(["_s", "number"])
-        trials = stopped_first.head(max_trials)
-    else:
-        trials = df
-    bands = thresholds(ruleset) if ruleset is not None else {}
-    by_trial = {tid: g for tid, g in history.groupby("trial_id")} if len(history) else {}
-    baselines = baselines or {}
-    in_curves = {name for alias, _ in CURVES for name in (alias, *ALIASES.get(alias, ()))}
-    specs = [(metric, f"{metric} (objective, {mode})") for metric, mode in objectives if metric not in in_curves]
-    panels = []
-    for alias, title in [*specs, *CURVES]:
-        lines = []
-        for i, (_, trial) in enumerate(trials.iterrows()):
-            steps = by_trial.get(trial["trial_id"])
-            if steps is None:
-                continue
-            names = ALIASES.get(alias, (alias,))
-            if alias == "ref_kl" and isinstance(trial.get("kl_metric"), str):
-                names = (trial["kl_metric"],)
-            metric = next((m for m in names if (steps["metric"] == m).any()), None)
-            if metric is None:
-                continue
-            series = steps[steps["metric"] == metric].sort_values("step")
-            stopped = trial.get("health") == "stopped"
-            lines.append(Line(f"trial {trial['number']}", PALETTE[i % len(PALETTE)], metric, series["step"].tolist(),
-                              series["value"].tolist(), str(trial.get("stop_reason")) if stopped else None,
-                              DASHES[i // len(PALETTE) % len(DASHES)]))
-        baseline = baselines.get(alias)
-        values = [v for line in lines for v in line.values if v == v]  # NaN reports are not drawn
-        values += [baseline] if baseline is not None else []
-        lo, hi = (min(values), max(values)) if values else (0.0, 0.0)
-        panel = bands.get(alias, [])
-        shown = [b for b in panel if not b["rule"].endswith("(built-in)") or b.get("above", 0) <= 2 * max(hi, 0)]
-        top = max([hi, *(b["above"] for b in shown if "above" in b)])
-        bottom = min([lo, *(b["below"] for b in shown if "below" in b)])
-        pad = 0.08 * ((top - bottom) or abs(top) or 1.0)
-        panels.append(Panel(alias, title, lines, panel, (bottom - pad, top + pad), baseline))
-    shown_trials = f"{len(trials)} of {len(df)} trials" if len(df) > len(trials) else f"{len(df)} trials"
-    preset = f", health bands: {ruleset.name}" if ruleset is not None else ""
-    return CurvesData(panels, f"Curves ({shown_trials}{preset}; ✕ = stopped by a health rule)")
-
-
-def importance_data(study, objectives: Sequence[Mapping[str, str]] | None = None) -> ImportanceData:
+def importance_data(study: optuna.Study, objectives: Sequence[Mapping[str, str]] | None = None) -> ImportanceData:
     """Parameter importance for each objective: Optuna's default evaluator
     (``optuna.importance.get_param_importances``, PED-ANOVA in Optuna 5) on the study's COMPLETE trials.
 
     With fewer than two COMPLETE trials (or when Optuna cannot evaluate, e.g. no parameter varies) ``message`` says
     why instead. With fewer than :data:`STABLE_IMPORTANCE_TRIALS` ``note`` says the ranking is a hint at most.
     """
-    import optuna
-
     names = [o["metric"] for o in objectives] if objectives else [f"objective {i}" for i in
                                                                    range(len(study.directions))]
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))

@@ -12,26 +12,24 @@ import textwrap
 import warnings
 from collections.abc import Mapping, Sequence
 
+import optuna
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from klsweep.analysis.curves import CurvesData, curves_data, thresholds
 from klsweep.analysis.figures import (
-    CurvesData,
     FrontData,
-    FrontierData,
     ImportanceData,
     KnobsData,
     SliceData,
-    curves_data,
     front_data,
     front_objectives,
-    frontier_data,
     importance_data,
     knobs_data,
-    thresholds,
     varying_knobs,
 )
+from klsweep.analysis.frontier_figure import FrontierData, frontier_data
 from klsweep.analysis.pareto import Objectives
 
 __all__ = [
@@ -96,7 +94,7 @@ def _wrap(text: str, width: int = 120) -> str:
 def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, objectives: Objectives = (),
                   baselines: Mapping[str, float] | None = None, max_trials: int = 40) -> go.Figure:
     """Per-trial curves of each objective, reference KL, entropy and training score (rows), health thresholds as
-    bands, the reference policy's value as a dotted line (:func:`klsweep.analysis.figures.curves_data`).
+    bands, the reference policy's value as a dotted line (:func:`klsweep.analysis.curves.curves_data`).
 
     Args:
         history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
@@ -153,7 +151,7 @@ def _curves(data: CurvesData) -> go.Figure:
 
 
 def frontier_figure(result) -> go.Figure:
-    """The KL frontier of :func:`klsweep.analysis.frontier.sweep_frontier` (:func:`klsweep.analysis.figures.
+    """The KL frontier of :func:`klsweep.analysis.frontier.sweep_frontier` (:func:`klsweep.analysis.frontier_figure.
     frontier_data`): feasible trials, stopped ones apart (hover: trial, knobs, stop reason), both Gao forms (the best
     solid), the reference score at ``d = 0``, KL* with its interval as a band, the peak, and the attainment surfaces
     over training seeds when a config ran with several."""
@@ -257,8 +255,6 @@ def slice_figure(study, objective: int = 0, target_name: str | None = None) -> g
 
 
 def _slice(data: SliceData) -> go.Figure:
-    import optuna
-
     multi = len(data.study.directions) > 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna warns (and draws nothing) when no trial is COMPLETE

@@ -8,26 +8,23 @@ which Optuna draws through pyplot, is closed once saved). :func:`write_pngs` wri
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import optuna
 from matplotlib import colormaps, rc_context
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from klsweep.analysis.figures import (
-    CurvesData,
-    FrontData,
-    FrontierData,
-    ImportanceData,
-    KnobsData,
-    SliceData,
-    TableData,
-)
+from klsweep.analysis.curves import CurvesData
+from klsweep.analysis.figures import FrontData, ImportanceData, KnobsData, SliceData, TableData
+from klsweep.analysis.frontier_figure import FrontierData
 
 DPI = 100
 #: Table text size in points, the height of one line of it, and how many of its characters fill one inch of width
@@ -145,7 +142,7 @@ def _frontier(data: FrontierData, width_in: float) -> Figure:
     return fig
 
 
-#: matplotlib's line style of each of plotly's ``dash`` names (:data:`klsweep.analysis.figures.DASHES`).
+#: matplotlib's line style of each of plotly's ``dash`` names (:data:`klsweep.analysis.curves.DASHES`).
 _LINESTYLES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
 
 
@@ -244,9 +241,6 @@ def _knobs(data: KnobsData, width_in: float) -> Figure:
 
 
 def _slice(data: SliceData, width_in: float) -> Figure:
-    import numpy as np
-    import optuna
-
     complete = data.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     name = data.target_name or f"objective {data.objective}"
     if not complete:
@@ -324,8 +318,6 @@ def _message(title: str, text: str, width_in: float) -> Figure:
 
 def _close(fig: Figure) -> None:
     """Forget a figure pyplot made (Optuna's slice plot); figures made here have no pyplot manager."""
-    import sys
-
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close(fig)
 

@@ -3,7 +3,7 @@
 Sections: summary, Pareto front (with the verl command of each front trial), the KL frontier (Gao et al. 2022 laws
 fitted to the feasible trials, :func:`klsweep.analysis.frontier.sweep_frontier`), curves of the objectives (with the
 reference policy's score, :mod:`klsweep.analysis.baseline`) and of KL, entropy and score with health bands, parameter
-importance (with a caveat when it rests on few trials), KL knobs, stop reasons, remedies per health rule (issue 17),
+importance (with a caveat when it rests on few trials), KL knobs, stop reasons, remedies per health rule,
 compute accounting. PNGs:
 ``summary``, ``front``, ``frontier``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``,
 ``accounting``, drawn by matplotlib (no browser needed) from the same data as the interactive figures of the page
@@ -19,26 +19,21 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
+from plotly.offline import get_plotlyjs
 
 from klsweep.analysis.accounting import compute_accounting, remedy_outcomes
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.confirm import is_search, ranking
-from klsweep.analysis.figures import (
-    SliceData,
-    curves_data,
-    front_data,
-    front_objectives,
-    frontier_data,
-    importance_data,
-    knobs_data,
-    table_data,
-)
+from klsweep.analysis.curves import curves_data
+from klsweep.analysis.figures import SliceData, front_data, front_objectives, importance_data, knobs_data, table_data
 from klsweep.analysis.frontier import sweep_frontier
+from klsweep.analysis.frontier_figure import frontier_data
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.analysis.sweep_dir import load, load_history, overrides_of, study_of
 from klsweep.errors import KlsweepError, ResultsError
+from klsweep.health import load_ruleset
 from klsweep.results import REPORT_DIR, SweepRecord
 from klsweep.trainers import reproduce_commands
 
@@ -121,8 +116,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
 def _ruleset(health):
     if health is None:
         return None
-    from klsweep.health import load_ruleset
-
     try:
         return load_ruleset(health)
     except KlsweepError as e:  # a report still helps without bands
@@ -200,8 +193,6 @@ def _table(df: pd.DataFrame) -> str:
 
 def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
           frontier: str, remedies: pd.DataFrame, confirmed: pd.DataFrame, kl_plotted: list[str]) -> str:
-    from plotly.offline import get_plotlyjs
-
     def fig(name: str) -> str:
         return figures[name].to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}")
 

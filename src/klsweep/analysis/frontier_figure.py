@@ -1,0 +1,111 @@
+"""What the KL frontier figure shows, as data: fitted points, both Gao forms, KL* and attainment surfaces.
+
+:func:`frontier_data` reads a :class:`klsweep.analysis.frontier.SweepFrontier`; :mod:`klsweep.analysis.plots` and
+:mod:`klsweep.analysis.pngs` draw it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from klsweep.analysis.figures import Points
+from klsweep.analysis.frontier import RESPONSE_LENGTH
+from klsweep.analysis.frontier_fit import FORM_NAMES, attainment_surface
+
+if TYPE_CHECKING:
+    from klsweep.analysis.frontier import SweepFrontier
+
+
+@dataclass
+class FrontierData:
+    """The KL frontier of a sweep (:func:`frontier_data`): x is the per-sequence KL in nats, y the fitted score.
+
+    ``curves``: ``(name, x, y, dashed)`` per Gao form, the best (solid) first; ``kl_star``: ``(KL*, low, high)`` of
+    the best form when finite (the interval drawn as a band, its ends capped at ``x_max``, the axis end);
+    ``peak``: ``(KL*, score)`` when the peak lies on the axis; ``surfaces``: the 25/50/75 % attainment surfaces
+    (staircases) over training seeds.
+    ``message`` is set (and nothing else drawn) when no trial has a point to draw.
+    """
+
+    title: str
+    x_label: str
+    y_label: str
+    feasible: Points | None
+    stopped: Points | None
+    curves: list[tuple[str, list[float], list[float], bool]]
+    reference: float | None
+    kl_star: tuple[float, float, float] | None
+    peak: tuple[float, float] | None
+    surfaces: list[Points]
+    notes: list[str]
+    x_max: float
+    message: str | None = None
+
+
+#: Attainment levels drawn when a config ran with several training seeds (Fonseca et al. 2001).
+ATTAINMENT_LEVELS = (0.25, 0.5, 0.75)
+
+
+def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
+    """What the KL frontier figure shows, from :func:`klsweep.analysis.frontier.sweep_frontier`.
+
+    Feasible trials are the fitted points; stopped (infeasible) ones are drawn apart, hover naming their reason, and
+    never fitted (the fit is on the paths, :attr:`~klsweep.analysis.frontier.SweepFrontier.paths`; the notes say how
+    many steps). Both Gao forms are drawn on ``points`` KL values from 0 to the axis end (1.3 × the largest KL
+    drawn, or 1.1 × KL* when the peak lies a little beyond, up to 3 × the largest KL), with the reference score at
+    ``d = 0``, KL* with its interval as a band and the peak. The x axis is per-sequence KL: verl logs KL per token
+    and klsweep multiplies it by the trial's mean response length (``response_length/mean``).
+    """
+    title = f"KL frontier: {result.score_metric or 'no score'} vs per-sequence KL"
+    x_label = f"per-sequence KL to the reference policy (nats) = verl's per-token KL × {RESPONSE_LENGTH}"
+    fitted, stopped = result.points, result.stopped
+    notes = [f"score: {result.score_source}"]
+    if result.reference_source:
+        notes.append(f"score at d = 0: {result.reference_source}")
+    notes.append(result.summary())
+    if result.frontier is not None:
+        running = f", {result.running} of them running" if result.running else ""
+        notes.append(f"fitted on {result.frontier.n_points} validation steps of {result.frontier.n} trials{running} "
+                     "(each trial's path; the points drawn are the finished trials' last steps)")
+    if result.negative:
+        notes.append(f"{result.negative} validation steps with a KL below 0 (a per-token k1 estimate's noise) left "
+                     "out of the fit")
+    kls = [*(fitted["kl_seq"] if len(fitted) else []), *(stopped["kl_seq"] if len(stopped) else [])]
+    if not kls:
+        return FrontierData(title, x_label, "", None, None, [], None, None, None, [], notes, 1.0,
+                            message=result.reason or "no trial to draw")
+    reach = max(kls) or 1.0
+    f = result.frontier
+    x_max = 1.3 * reach
+    if f is not None and reach < f.best.kl_star <= 3 * reach:
+        x_max = 1.1 * f.best.kl_star
+    feasible_points = (Points(f"feasible trials ({len(fitted)})", fitted["kl_seq"].tolist(), fitted["score"].tolist(),
+                              fitted["hover"].tolist()) if len(fitted) else None)
+    stopped_points = (Points(f"stopped or failed, not fitted ({len(stopped)})", stopped["kl_seq"].tolist(),
+                             stopped["score"].tolist(),
+                             [f"{h}<br>stopped: {r}" for h, r in zip(stopped["hover"], stopped["reason"])])
+                      if len(stopped) else None)
+    curves, kl_star, peak_point, reference = [], None, None, None
+    if f is not None:
+        grid = np.linspace(0.0, x_max, points)
+        for fit in sorted(f.fits.values(), key=lambda fit: fit is not f.best):
+            name = (f"{FORM_NAMES[fit.form]}{' (best)' if fit is f.best else ''}, leave-one-trial-out RMSE "
+                    f"{fit.loo_rmse:.3g}")
+            curves.append((name, grid.tolist(), f.score(np.sqrt(grid), fit.form).tolist(), fit is not f.best))
+        low, high = f.best.intervals["kl_star"]
+        if np.isfinite(f.best.kl_star):
+            kl_star = (f.best.kl_star, min(low, x_max), min(high, x_max))
+        if f.best.kl_star <= x_max:
+            peak_point = (f.best.kl_star, f.best.peak_score)
+        reference = f.reference
+    surfaces = []
+    if result.runs:
+        for level in ATTAINMENT_LEVELS:
+            corners = attainment_surface(result.runs, level)
+            surfaces.append(Points(f"{level:.0%} attainment over {len(result.runs)} seeds",
+                                   corners[:, 0].tolist(), corners[:, 1].tolist()))
+    return FrontierData(title, x_label, result.score_metric or "", feasible_points, stopped_points, curves, reference,
+                        kl_star, peak_point, surfaces, notes, x_max, message=None)
