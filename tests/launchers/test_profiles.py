@@ -142,7 +142,7 @@ def test_gpu_smoke_sweep_passes_preflight(tmp_path):
     trials = [trial_overrides(sweep, p) for p in seed_params(sweep)]
     assert [t["actor_rollout_ref.actor.kl_loss_coef"] for t in trials] == [0.001, 0.01]
     for overrides in trials:
-        (warning,) = preflight(overrides, trainer="verl")
+        (warning,) = preflight(overrides, runs_verl=True)
         assert warning.startswith("trainer.save_freq (-1) saves no checkpoint")
         assert overrides["trainer.total_training_steps"] == 3
     script = (REPO / "benchmarks" / "gpu_smoke.sh").read_text()

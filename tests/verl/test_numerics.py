@@ -90,7 +90,7 @@ def test_loss_scale_factor_of_seq_mean_token_sum_norm(factor, loss):
 def test_preflight_refuses_them_with_the_sweep_file_line():
     ppo = {**preset_overrides("ppo", "reward"), **ADAPTIVE, "algorithm.kl_ctrl.horizon": 200}
     with pytest.raises(PreflightError) as e:
-        preflight(ppo, trainer="embedded", where={"algorithm.kl_ctrl.horizon": "k31.yaml:14"})
+        preflight(ppo, runs_verl=False, where={"algorithm.kl_ctrl.horizon": "k31.yaml:14"})
     assert any(line.startswith("k31.yaml:14: algorithm.kl_ctrl.horizon=200 is too short")
                for line in str(e.value).splitlines())
 

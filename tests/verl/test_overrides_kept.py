@@ -50,7 +50,7 @@ def test_the_users_loggers_join_the_file_logger(sweep_file, tmp_path):
     assert overrides["trainer.logger"] == ["console", "file", "tensorboard"]
     argv, _ = trial_command(overrides, trainer="verl", trial_dir=tmp_path)
     assert _arg(argv, "trainer.logger") == ["[console,file,tensorboard]"]
-    assert managed_key_problems({"trainer.logger": ["tensorboard"]}, {}, trainer="verl") == []
+    assert managed_key_problems({"trainer.logger": ["tensorboard"]}, {}, runs_verl=True) == []
 
 
 def test_project_name_is_refused_with_the_field_that_sets_it(sweep_file):
@@ -61,7 +61,7 @@ def test_project_name_is_refused_with_the_field_that_sets_it(sweep_file):
     message = str(refused.value)
     assert "k34.yaml:6: overrides.trainer.project_name: trainer.project_name ('team-kl-study') is set by" in message
     assert "wandb: {project: VALUE}" in message
-    (problem,) = managed_key_problems({"trainer.project_name": "team-kl-study"}, {}, trainer="embedded")
+    (problem,) = managed_key_problems({"trainer.project_name": "team-kl-study"}, {}, runs_verl=False)
     assert problem[0] == "trainer.project_name"
 
     sweep_file.write_text(SWEEP.replace("  trainer.project_name: team-kl-study\n", ""))
@@ -85,11 +85,11 @@ def test_per_trial_names_and_directories_are_refused_for_verl(tmp_path, key, fix
     """Fixed or searched, for trainer verl: trial_command writes each trial's own value over them."""
     argv, _ = trial_command({key: "/mine"}, trainer="verl", trial_dir=tmp_path / "trial_7")
     assert _arg(argv, key) != ["/mine"]  # replaced, hence refused before the sweep starts
-    (fixed,) = managed_key_problems({key: "/mine"}, {}, trainer="verl")
+    (fixed,) = managed_key_problems({key: "/mine"}, {}, runs_verl=True)
     assert fixed[0] == key and f"{key} ('/mine') is set by klsweep" in fixed[1] and fix in fixed[1]
-    (searched,) = managed_key_problems({}, {key: "where"}, trainer="verl")
+    (searched,) = managed_key_problems({}, {key: "where"}, runs_verl=True)
     assert searched[0] == "where" and f"{key} (searched)" in searched[1]
-    assert managed_key_problems({key: "/mine"}, {}, trainer="embedded") == []  # the embedded trainer keeps it
+    assert managed_key_problems({key: "/mine"}, {}, runs_verl=False) == []  # the embedded trainer keeps it
 
 
 @pytest.mark.parametrize(("key", "needed", "other"), [
@@ -98,10 +98,10 @@ def test_per_trial_names_and_directories_are_refused_for_verl(tmp_path, key, fix
 ])
 def test_keys_with_one_workable_value_are_kept_or_refused(tmp_path, key, needed, other):
     for written in (key, "+" + key):
-        assert managed_key_problems({written: needed}, {}, trainer="verl") == []
+        assert managed_key_problems({written: needed}, {}, runs_verl=True) == []
         argv, _ = trial_command({written: needed}, trainer="verl", trial_dir=tmp_path)
         assert _arg(argv, key) == [needed]  # the user's, once
-    (problem,) = managed_key_problems({"+" + key: other}, {}, trainer="verl")
+    (problem,) = managed_key_problems({"+" + key: other}, {}, runs_verl=True)
     assert f"{key} ('{other}') must be '{needed}' for trainer verl" in problem[1]
 
 
@@ -111,12 +111,12 @@ def test_save_freq_and_kl_coef_are_kept(tmp_path):
     argv, _ = trial_command({"trainer.save_freq": 5, "algorithm.kl_ctrl.kl_coef": 0.003}, trainer="verl",
                             trial_dir=tmp_path)
     assert _arg(argv, "trainer.save_freq") == ["5"] and _arg(argv, "algorithm.kl_ctrl.kl_coef") == ["0.003"]
-    assert managed_key_problems({"trainer.save_freq": 5}, {}, trainer="verl") == []
-    assert checkpoint_cadence_warnings({"trainer.save_freq": 5}, trainer="verl") == []
-    assert checkpoint_cadence_warnings({}, trainer="verl") == []  # klsweep chooses one
-    (warning,) = checkpoint_cadence_warnings({"trainer.save_freq": -1}, trainer="verl")
+    assert managed_key_problems({"trainer.save_freq": 5}, {}, runs_verl=True) == []
+    assert checkpoint_cadence_warnings({"trainer.save_freq": 5}, runs_verl=True) == []
+    assert checkpoint_cadence_warnings({}, runs_verl=True) == []  # klsweep chooses one
+    (warning,) = checkpoint_cadence_warnings({"trainer.save_freq": -1}, runs_verl=True)
     assert warning[0] == "trainer.save_freq" and "starts again at step 1" in warning[1]
-    assert checkpoint_cadence_warnings({"trainer.save_freq": -1}, trainer="embedded") == []
+    assert checkpoint_cadence_warnings({"trainer.save_freq": -1}, runs_verl=False) == []
 
 
 def test_sweep_validate_sees_them_through_preflight():
@@ -124,10 +124,10 @@ def test_sweep_validate_sees_them_through_preflight():
     per-trial key is refused at its line, a save_freq that saves nothing is a warning; trainer.project_name, which
     klsweep itself writes into every trial config, is not mistaken for the user's there."""
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL, "trainer.project_name": "klsweep-sweep"}
-    assert preflight(grpo, trainer="verl", has_flash_attn=True) == []
+    assert preflight(grpo, runs_verl=True, has_flash_attn=True) == []
     with pytest.raises(PreflightError) as refused:
-        preflight(grpo | {"trainer.default_local_dir": "/ckpt"}, trainer="verl", has_flash_attn=True,
+        preflight(grpo | {"trainer.default_local_dir": "/ckpt"}, runs_verl=True, has_flash_attn=True,
                   where={"trainer.default_local_dir": "k34.yaml:9"})
     assert str(refused.value).startswith("k34.yaml:9: trainer.default_local_dir ('/ckpt') is set by klsweep")
-    (warning,) = preflight(grpo | {"trainer.save_freq": -1}, trainer="verl", has_flash_attn=True)
+    (warning,) = preflight(grpo | {"trainer.save_freq": -1}, runs_verl=True, has_flash_attn=True)
     assert warning.startswith("trainer.save_freq (-1) saves no checkpoint")

@@ -32,17 +32,17 @@ REAL_VERL = {
 SDPA = {"+" + A + "model.override_config.attn_implementation": "sdpa", A + "model.use_remove_padding": False}
 
 
-def _problems(overrides, trainer="verl", **kw) -> list[str]:
+def _problems(overrides, runs_verl=True, **kw) -> list[str]:
     kw.setdefault("has_flash_attn", True)
     with pytest.raises(PreflightError) as e:
-        preflight(overrides, trainer=trainer, **kw)
+        preflight(overrides, runs_verl=runs_verl, **kw)
     return str(e.value).splitlines()
 
 
 def test_a_complete_grpo_config_passes():
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
     # 16 prompts × 5 samples = 80 over 4 GPUs; mini-batch share 8 × 5 / 4 = 10, micro 2 divides it
-    assert preflight(grpo, trainer="verl", has_flash_attn=True) == []
+    assert preflight(grpo, runs_verl=True, has_flash_attn=True) == []
 
 
 def test_micro_batch_larger_than_the_per_gpu_share_shows_the_arithmetic():
@@ -82,17 +82,17 @@ def test_required_keys_for_real_verl():
     # the embedded trainer needs none of them
     assert preflight(preset_overrides("ppo", "reward", base={"data.train_batch_size": 16,
                                                              A + "actor.ppo_mini_batch_size": 16}),
-                     trainer="embedded") == []
+                     runs_verl=False) == []
 
 
 def test_ref_micro_batch_only_when_a_reference_is_needed():
     no_kl = {**preset_overrides("drgrpo", "none"), **REAL_VERL}
     del no_kl[A + "ref.log_prob_micro_batch_size_per_gpu"]
-    assert preflight(no_kl, trainer="verl", has_flash_attn=True) == []
+    assert preflight(no_kl, runs_verl=True, has_flash_attn=True) == []
 
 
 def test_a_string_where_verl_has_a_bool_is_refused():
-    lines = _problems({A + "actor.use_dynamic_bsz": "off"}, trainer="embedded")
+    lines = _problems({A + "actor.use_dynamic_bsz": "off"}, runs_verl=False)
     assert any("use_dynamic_bsz='off' is not true/false" in p for p in lines)
 
 
@@ -104,15 +104,15 @@ def test_a_typo_gets_its_line_and_the_closest_key():
 def test_a_zero_coefficient_warns():
     overrides = {**preset_overrides("grpo", "loss", base={"data.train_batch_size": 10}), A + "actor.kl_loss_coef": 0}
     overrides[A + "actor.ppo_mini_batch_size"] = 10
-    (warning,) = preflight(overrides, trainer="embedded")
+    (warning,) = preflight(overrides, runs_verl=False)
     assert "kl_loss_coef=0" in warning
 
 
 def test_a_negative_coefficient_needs_the_opt_in():
     overrides = {**preset_overrides("grpo", "loss", base={"data.train_batch_size": 10}),
                  A + "actor.ppo_mini_batch_size": 10, A + "actor.kl_loss_coef": -0.01}
-    assert any("is negative" in p for p in _problems(overrides, trainer="embedded"))
-    assert preflight(overrides, trainer="embedded", allow_negative_kl=True) == []
+    assert any("is negative" in p for p in _problems(overrides, runs_verl=False))
+    assert preflight(overrides, runs_verl=False, allow_negative_kl=True) == []
 
 
 def test_dynamic_batch_sizes_need_no_micro_batch_sizes():
@@ -122,10 +122,10 @@ def test_dynamic_batch_sizes_need_no_micro_batch_sizes():
              A + "actor.ppo_micro_batch_size_per_gpu"]
     dynamic = {k: v for k, v in REAL_VERL.items() if k not in micro}
     dynamic[A + "actor.use_dynamic_bsz"] = True
-    assert preflight({**preset_overrides("grpo", "loss"), **dynamic}, trainer="verl", has_flash_attn=True) == []
+    assert preflight({**preset_overrides("grpo", "loss"), **dynamic}, runs_verl=True, has_flash_attn=True) == []
     ppo = {**preset_overrides("ppo", "reward"), **dynamic, "critic.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
            "critic.ppo_mini_batch_size": 8}
-    assert preflight(ppo, trainer="verl", has_flash_attn=True) == []
+    assert preflight(ppo, runs_verl=True, has_flash_attn=True) == []
     # without dynamic batch sizes each one is required, the critic's included
     lines = _problems({**ppo, A + "actor.use_dynamic_bsz": False})
     required = {p.split(" is required")[0] for p in lines if "is required with trainer: verl" in p}
@@ -137,7 +137,7 @@ def test_micro_batch_sizes_follow_verl_deprecated_form_accepted_both_refused():
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL}
     del grpo[A + "rollout.log_prob_micro_batch_size_per_gpu"]
     # verl accepts the deprecated global size in place of the per-GPU one ...
-    assert preflight({**grpo, A + "rollout.log_prob_micro_batch_size": 16}, trainer="verl",
+    assert preflight({**grpo, A + "rollout.log_prob_micro_batch_size": 16}, runs_verl=True,
                      has_flash_attn=True) == []
     # ... but not both
     (line,) = _problems({**grpo, A + "rollout.log_prob_micro_batch_size": 16,
@@ -157,16 +157,16 @@ def test_flash_attention_missing_is_refused_with_the_sdpa_fallback():
                         where={"+" + A + "model.override_config.attn_implementation": "s.yaml:3"})
     assert line.startswith(f"s.yaml:3: {A}model.override_config.attn_implementation is flash_attention_2 but")
     # the fallback the message gives composes and passes
-    assert preflight({**grpo, **SDPA}, trainer="verl", has_flash_attn=False) == []
+    assert preflight({**grpo, **SDPA}, runs_verl=True, has_flash_attn=False) == []
     # sdpa alone keeps verl's padding-free path, which packs sequences for flash-attn
     (line,) = _problems({**grpo, **SDPA, A + "model.use_remove_padding": True}, has_flash_attn=False,
                         where={A + "model.use_remove_padding": "s.yaml:4"})
     assert line.startswith(f"s.yaml:4: {A}model.use_remove_padding=true but flash-attn is not installed")
     # with flash-attn installed, verl's defaults are fine; the embedded trainer never asks
-    assert preflight(grpo, trainer="verl", has_flash_attn=True) == []
+    assert preflight(grpo, runs_verl=True, has_flash_attn=True) == []
     assert preflight(preset_overrides("grpo", "loss", base={"data.train_batch_size": 10,
                                                             A + "actor.ppo_mini_batch_size": 10}),
-                     trainer="embedded", has_flash_attn=False) == []
+                     runs_verl=False, has_flash_attn=False) == []
 
 
 def test_the_critic_needs_flash_attention_whatever_its_override_config():
@@ -178,7 +178,7 @@ def test_the_critic_needs_flash_attention_whatever_its_override_config():
     (line,) = _problems(ppo, has_flash_attn=False)
     assert line.startswith("the critic (algorithm.adv_estimator=gae, or critic.enable) needs flash-attn")
     assert "load_valuehead_model" in line and "pip install flash-attn" in line
-    assert preflight(ppo, trainer="verl", has_flash_attn=True) == []
+    assert preflight(ppo, runs_verl=True, has_flash_attn=True) == []
 
 
 def test_flash_attention_presence_defaults_to_this_python(monkeypatch):
@@ -194,10 +194,10 @@ def test_flash_attention_presence_defaults_to_this_python(monkeypatch):
 
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
         if installed:
-            assert preflight(grpo, trainer="verl") == []
+            assert preflight(grpo, runs_verl=True) == []
         else:
             with pytest.raises(PreflightError, match="flash-attn is not installed"):
-                preflight(grpo, trainer="verl")
+                preflight(grpo, runs_verl=True)
 
 
 #: Batch-arithmetic refusals of ``preflight`` no other test reaches: id → (changes to a complete GRPO
@@ -241,12 +241,12 @@ def test_missing_local_data_files_and_model_folders(tmp_path):
     here = ("every trial would fail when verl loads it. Fix the path, or run the sweep with --address on a cluster "
             "whose nodes have it")
     elsewhere = "the nodes that run the trials must have it, or every trial fails when verl loads it"
-    assert preflight(grpo, trainer="verl", has_flash_attn=True) == [line + elsewhere for line in missing]
+    assert preflight(grpo, runs_verl=True, has_flash_attn=True) == [line + elsewhere for line in missing]
     assert _problems(grpo, files_here=True) == [line + here for line in missing]
     assert _problems({**grpo, A + "model.path": str(gone / "qwen")}, files_here=True, where={
         A + "model.path": "s.yaml:4"}) == [line + here for line in missing] + [
             f"s.yaml:4: {A}model.path: the model {gone / 'qwen'} does not exist on this machine: {here}"]
     # a Hugging Face id is not a local path; a missing ~ path is
     assert preflight({**grpo, A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct", "data.val_files": "~/no/such.parquet",
-                      "data.train_files": str(tmp_path / "train.parquet")}, trainer="verl", has_flash_attn=True) == [
+                      "data.train_files": str(tmp_path / "train.parquet")}, runs_verl=True, has_flash_attn=True) == [
         "data.val_files: the data file ~/no/such.parquet does not exist on this machine: " + elsewhere]

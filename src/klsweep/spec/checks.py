@@ -17,7 +17,7 @@ from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
 from klsweep.spec.space import condition, fixed_overrides, parameters
 from klsweep.spec.trainer_checks import table_problems, verl_resources
-from klsweep.trainers import runs_verl
+from klsweep.trainers import trainer_kind
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS
 from klsweep.verl.liveness import inert_reason
@@ -44,8 +44,9 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     """
     warnings: list[Problem] = []
     errors, resolved = check_keys_resolved(sweep)
+    on_verl = trainer_kind(sweep.trainer).runs_verl
     errors += [(("overrides", where) if where in sweep.overrides else ("parameters", where), message)
-               for where, message in managed_key_problems(sweep.overrides, resolved, trainer=sweep.trainer)]
+               for where, message in managed_key_problems(sweep.overrides, resolved, runs_verl=on_verl)]
     if errors:
         return errors, warnings
     fixed = fixed_overrides(sweep)
@@ -102,7 +103,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         errors.append((("overrides", "actor_rollout_ref.rollout.n"),
                        f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
-    if runs_verl(sweep.trainer):
+    if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from klsweep.trainers import runs_verl
-
 #: Keys klsweep sets for every trial of the sweep, whatever the sweep's overrides say: key → (why, the fix).
 REFUSED: dict[str, tuple[str, str]] = {
     "trainer.project_name": (
@@ -76,7 +74,7 @@ ONLY_VERL: dict[str, tuple[Any, str]] = {
 
 
 def managed_key_problems(overrides: Mapping[str, Any], searched: Mapping[str, str] | None = None, *,
-                         trainer: str, launcher_keys: bool = True) -> list[tuple[str, str]]:
+                         runs_verl: bool, launcher_keys: bool = True) -> list[tuple[str, str]]:
     """The sweep's values for keys klsweep writes itself, where klsweep would replace them.
 
     Args:
@@ -84,16 +82,16 @@ def managed_key_problems(overrides: Mapping[str, Any], searched: Mapping[str, st
             trial config (:func:`klsweep.verl.preflight.preflight`, with ``launcher_keys=False``: there
             ``trainer.project_name`` is klsweep's own).
         searched: the verl key of each parameter → the parameter's name in the sweep file.
-        trainer: the sweep's ``trainer``.
+        runs_verl: the sweep's trainer runs verl's own ``main_ppo`` (``TrainerKind.runs_verl``): the keys of
+            :data:`REFUSED_VERL` and :data:`ONLY_VERL` are checked too.
         launcher_keys: also check the keys of :data:`REFUSED`, which klsweep writes into every trial config.
 
     Returns:
         ``[(key or parameter name, message)]``; each message names the key, the value, why klsweep sets it and the
         fix.
     """
-    on_verl = runs_verl(trainer)
-    refused = (REFUSED if launcher_keys else {}) | (REFUSED_VERL if on_verl else {})
-    only = ONLY_VERL if on_verl else {}
+    refused = (REFUSED if launcher_keys else {}) | (REFUSED_VERL if runs_verl else {})
+    only = ONLY_VERL if runs_verl else {}
     entries = [(k, k, repr(v), v) for k, v in overrides.items()]
     entries += [(name, key, "searched", None) for key, name in (searched or {}).items()]
     problems: list[tuple[str, str]] = []
@@ -109,7 +107,7 @@ def managed_key_problems(overrides: Mapping[str, Any], searched: Mapping[str, st
     return problems
 
 
-def checkpoint_cadence_warnings(overrides: Mapping[str, Any], *, trainer: str) -> list[tuple[str, str]]:
+def checkpoint_cadence_warnings(overrides: Mapping[str, Any], *, runs_verl: bool) -> list[tuple[str, str]]:
     """A ``trainer: verl`` sweep whose trials never checkpoint: ``trainer.save_freq`` <= 0 in ``overrides`` (verl's
     ``-1``). A trial retried after an NCCL error or a kill, or continued by ``sweep resume``, then starts again at
     step 1 (:mod:`klsweep.launchers.resume`). Without the override, klsweep chooses a cadence itself.
@@ -118,7 +116,7 @@ def checkpoint_cadence_warnings(overrides: Mapping[str, Any], *, trainer: str) -
         ``[("trainer.save_freq", message)]`` or ``[]``.
     """
     value = overrides.get("trainer.save_freq")
-    if not runs_verl(trainer) or value is None or not isinstance(value, (int, float)) or value > 0:
+    if not runs_verl or value is None or not isinstance(value, (int, float)) or value > 0:
         return []
     return [("trainer.save_freq",
              f"trainer.save_freq ({value!r}) saves no checkpoint: a trial retried after an NCCL error or a kill, or "

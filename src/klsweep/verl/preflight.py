@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from klsweep.errors import OverrideError, PreflightError
-from klsweep.trainers import runs_verl
 from klsweep.verl.config import check_values, compose, default_keys
+from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems
 from klsweep.verl.numerics import numeric_problems
 
 VERL_VERSION = "0.9.1"
@@ -32,7 +32,7 @@ A = "actor_rollout_ref."
 def preflight(
     overrides: Mapping[str, Any],
     *,
-    trainer: str,
+    runs_verl: bool,
     allow_negative_kl: bool = False,
     where: Mapping[str, str] | None = None,
     has_flash_attn: bool | None = None,
@@ -42,12 +42,12 @@ def preflight(
 
     Args:
         overrides: the trial's full override dict (e.g. from :func:`klsweep.spec.space.trial_overrides`).
-        trainer: ``embedded`` (batch arithmetic on one device) or ``verl`` (GPU counts from ``trainer.nnodes`` ×
-            ``trainer.n_gpus_per_node``, and the keys a real run needs).
+        runs_verl: the trials are verl's own ``main_ppo`` (the trainer's ``TrainerKind.runs_verl``): GPU counts from
+            ``trainer.nnodes`` × ``trainer.n_gpus_per_node``, and the keys a real run needs. False: one device.
         allow_negative_kl: the sweep's opt-in for negative KL coefficients.
         where: verl key → ``FILE:LINE`` of the sweep-file entry it came from, put in front of each message.
         has_flash_attn: whether the ``flash_attn`` package is importable where the trials run; None (the default)
-            looks in this Python (``importlib.util.find_spec("flash_attn")``). Only ``trainer: verl`` uses it.
+            looks in this Python (``importlib.util.find_spec("flash_attn")``). Only ``runs_verl`` uses it.
         files_here: the trials run on this machine (a private local Ray): a local data file or model folder that is
             missing here (:func:`missing_files`) is a problem; otherwise a warning (the trials' nodes may have it).
 
@@ -82,9 +82,9 @@ def preflight(
             problems.append(at(key, part))
     value = functools.partial(_select, cfg)
     problems += [at(k, m) for k, m in _types(overrides)]
-    problems += [at(k, m) for k, m in _batch_problems(value, trainer)]
+    problems += [at(k, m) for k, m in _batch_problems(value, runs_verl)]
     problems += [at(k, m) for k, m in numeric_problems(value)]
-    if runs_verl(trainer):
+    if runs_verl:
         problems += [at(k, m) for k, m in _required(overrides, value)]
         if has_flash_attn is None:
             has_flash_attn = importlib.util.find_spec("flash_attn") is not None
@@ -92,12 +92,11 @@ def preflight(
             problems += [at(k, m) for k, m in _attention(value)]
         missing = [at(k, m) for k, m in missing_files(overrides, here=files_here)]
         (problems if files_here else warnings).extend(missing)
-    from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems  # keys klsweep writes
-
-    problems += [at(k, m) for k, m in managed_key_problems(overrides, trainer=trainer, launcher_keys=False)]
+    problems += [at(k, m) for k, m in managed_key_problems(overrides, runs_verl=runs_verl, launcher_keys=False)]
     if problems:
         raise PreflightError("\n".join(problems))
-    return warnings + [at(k, m) for k, m in _zero_coef(value) + checkpoint_cadence_warnings(overrides, trainer=trainer)]
+    cadence = checkpoint_cadence_warnings(overrides, runs_verl=runs_verl)
+    return warnings + [at(k, m) for k, m in _zero_coef(value) + cadence]
 
 
 def _installed_verl() -> str:
@@ -132,12 +131,11 @@ def _types(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _batch_problems(value, trainer: str) -> list[tuple[str, str]]:
+def _batch_problems(value, on_gpus: bool) -> list[tuple[str, str]]:
     """Batch arithmetic verl checks late or not at all (verl#2505; verl.utils.config.validate_config)."""
     if value(A + "actor.use_dynamic_bsz"):
         return []
     nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
-    on_gpus = runs_verl(trainer)
     n_gpus = nnodes * per_node if on_gpus else 1
     gpus = f"(trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})" if on_gpus else "(1 device)"
     batch, n = value("data.train_batch_size"), value(A + "rollout.n")
