@@ -1,9 +1,10 @@
 """Plotly figures of a sweep: Pareto front, per-trial curves with health bands, parameter importance, KL knobs.
 
-Each function takes the tables of :mod:`klsweep.analysis.load` (and the Optuna study where Optuna's own evaluators or
-views are used) and returns an interactive ``plotly.graph_objects.Figure`` (``report.html``, the notebook). What a
-figure shows is decided in :mod:`klsweep.analysis.figures`; :mod:`klsweep.analysis.pngs` draws the same data as
-static PNGs with matplotlib. :func:`plotly_figure` draws any of those data objects.
+Each function takes the tables of :mod:`klsweep.analysis.sweep_dir` (and the Optuna study where Optuna's own
+evaluators or views are used). It returns an interactive ``plotly.graph_objects.Figure`` (``report.html``, the
+notebook). What a figure shows is decided in :mod:`klsweep.analysis.figures`, :mod:`klsweep.analysis.curves` and
+:mod:`klsweep.analysis.frontier_figure`; :mod:`klsweep.analysis.pngs` draws the same data as static PNGs with
+matplotlib. :func:`plotly_figure` draws any of those data objects.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from klsweep.analysis.curves import CurvesData, curves_data, thresholds
+from klsweep.analysis.curves import CurvesData, curves_data
 from klsweep.analysis.figures import (
     FrontData,
     ImportanceData,
@@ -34,7 +35,7 @@ from klsweep.analysis.pareto import Objectives
 
 __all__ = [
     "curves_figure", "front_figure", "front_objectives", "frontier_figure", "importance_figure", "knobs_figure",
-    "plotly_figure", "slice_figure", "thresholds", "varying_knobs",
+    "plotly_figure", "slice_figure", "varying_knobs",
 ]
 
 GREY = "rgba(150,150,150,0.6)"
@@ -100,7 +101,7 @@ def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, obje
         history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
         df: :func:`klsweep.analysis.sweep_dir.load` (for health verdicts, stop reasons and steps).
         ruleset: the sweep's :class:`klsweep.health.RuleSet`, or None for no bands. Stop rules are shaded red,
-            warnings orange; the dashed line is the threshold (see :func:`thresholds`).
+            warnings orange; the dashed line is the threshold (see :func:`klsweep.analysis.curves.thresholds`).
         objectives: ``(metric, mode)`` of the sweep, each a panel unless a KL/entropy/score panel shows it.
         baselines: metric → the reference policy's value, a dotted line on that metric's panel.
         max_trials: at most this many trials are drawn (stopped trials first, then by trial number).
