@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 import optuna
 import pytest
@@ -11,6 +12,9 @@ import pytest
 from klsweep.errors import SweepFileError
 from klsweep.spec import load_sweep
 from klsweep.spec.space import define_space, fixed_overrides, seed_params, trial_overrides
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 CONDITIONAL = """\
 name: cond
@@ -33,13 +37,13 @@ seed: 7
 
 
 @pytest.fixture
-def sweep(tmp_path):
+def sweep(tmp_path) -> Sweep:
     path = tmp_path / "cond.yaml"
     path.write_text(CONDITIONAL)
     return load_sweep(path)
 
 
-def test_define_by_run_samples_conditionals_only_when_their_condition_holds(sweep):
+def test_define_by_run_samples_conditionals_only_when_their_condition_holds(sweep: Sweep):
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     space = define_space(sweep)
     seen_types = set()
@@ -61,7 +65,7 @@ def test_define_by_run_samples_conditionals_only_when_their_condition_holds(swee
     assert dist.log and (dist.low, dist.high) == (1e-4, 1e-2)
 
 
-def test_seed_trial_comes_first_with_verl_keys(sweep):
+def test_seed_trial_comes_first_with_verl_keys(sweep: Sweep):
     (seed,) = seed_params(sweep)
     assert seed == {"algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.kl_coef": 0.002,
                     "algorithm.kl_ctrl.target_kl": 0.03, "algorithm.kl_ctrl.horizon": 1000}
@@ -72,7 +76,7 @@ def test_seed_trial_comes_first_with_verl_keys(sweep):
     assert {k: trial.params[k] for k in seed} == seed
 
 
-def test_trial_overrides_are_preset_plus_fixed_plus_params_plus_launcher_keys(sweep):
+def test_trial_overrides_are_preset_plus_fixed_plus_params_plus_launcher_keys(sweep: Sweep):
     overrides = trial_overrides(sweep, {"kl_coef": 0.004, "algorithm.kl_ctrl.type": "adaptive"})
     assert overrides["algorithm.kl_ctrl.kl_coef"] == 0.004
     assert overrides["algorithm.kl_ctrl.type"] == "adaptive"
@@ -88,7 +92,7 @@ def test_trial_overrides_are_preset_plus_fixed_plus_params_plus_launcher_keys(sw
 
 
 @pytest.mark.slow
-def test_optuna_search_accepts_the_define_by_run_space(sweep, ray_local):
+def test_optuna_search_accepts_the_define_by_run_space(sweep: Sweep, ray_local):
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 

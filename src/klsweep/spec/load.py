@@ -263,10 +263,11 @@ _PATH_FIELDS = (
 
 def find_file(name: str, sweep_file: Path, *, then: Iterable[Path] = (), suffix: str = "") -> tuple[Path | None,
                                                                                                     list[str]]:
-    """The file a path written in a sweep file names, the one rule of every path field (``search_space``,
-    ``replay.trace``, ``tabular.table``): a relative path is read from the sweep file's folder first, as Hydra and
-    most tools read a config's relative paths, then from the working directory (klsweep's first place before, kept
-    so that files relying on it still load), then from the folders ``then``; an absolute path is itself.
+    """The file a path written in a sweep file names: the one rule of every path field.
+
+    The path fields are ``search_space``, ``replay.trace`` and ``tabular.table``. A relative path is looked for in
+    the sweep file's folder (as Hydra reads a config's relative paths), then the working directory, then ``then``.
+    An absolute path is itself.
 
     Args:
         name: the path as written.
