@@ -96,7 +96,7 @@ def test_accounting_by_outcome_counts_objective_stops_apart_from_the_scheduler()
 
 def test_steps_a_remedy_ran_again_count_as_used():
     """A restart decided at step s from the checkpoint of step f ran steps f+1..s again: s - f more steps used, at the
-    trial's own seconds per step (issue 17)."""
+    trial's own seconds per step."""
     import json
 
     kl = "algorithm.kl_ctrl.kl_coef"

@@ -190,10 +190,9 @@ def test_a_fit_without_an_interior_peak_says_so_in_words(synthetic_sweep):
 
 
 def test_the_summary_bounds_an_accuracys_peak_and_says_when_a_kl_bound_is_extrapolated():
-    """The line a new user read: 'peak score 0.624 [0.618, 3.74e+06]' for verl's validation accuracy (a mean of 0/1
-    correctness: within [0, 1]) and 'KL* [0.386, 3.54e+18]' from a sweep whose largest KL was 4 nats/sequence. The
-    peak score's interval is clipped to [0, 1]; a KL* bound beyond 10 × 4 = 40 nats/sequence is an extrapolation and
-    said so. A reward (verl's ``val-core/<source>/reward/...``, the reward function's own scale) is not clipped."""
+    """An accuracy's peak-score interval is clipped to [0, 1] (verl's validation accuracy is a mean of 0/1).
+    With a largest KL of 4 nats/sequence, a KL* bound beyond 10 × 4 = 40 reads as an extrapolation.
+    A reward (verl's ``val-core/<source>/reward/...``, the reward function's own scale) is not clipped."""
     def line(metric, kl_interval, peak_interval, peak_score=0.624):
         fit = FormFit("rl", 1.0, 0.5, 0.01, 1.5, 2.25, peak_score, {"kl_star": kl_interval,
                                                                     "peak_score": peak_interval})

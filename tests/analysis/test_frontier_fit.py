@@ -159,10 +159,9 @@ def _partial_sweep(rng, finished: int = 4, running: int = 2, steps: int = 8):
 
 
 def test_a_partial_sweeps_forecast_covers_the_true_peak_at_its_level():
-    """The forecast from 4 finished trials and the paths so far of 2 running ones, over 60 synthetic sweeps (seeds
-    0..59): its 80 % intervals cover the true KL* = e**2 and the true peak score in at least 65 % of them each
-    (0.83 and 0.83 on these seeds, 0.82 and 0.81 over seeds 0..199; 65 % is 2.9 standard errors below 80 % at 60
-    draws). Trials here share no seed offset; with a per-trial N(0, 0.1) offset the peak's coverage falls to ~0.7."""
+    """The forecast from 4 finished trials and the paths so far of 2 running ones, over 60 synthetic sweeps.
+    Its 80 % intervals cover the true KL* = e**2 and the true peak score in at least 65 % of them each.
+    65 % is 2.9 standard errors below 80 % at 60 draws. Trials here share no per-trial seed offset."""
     true_d, true_gain = math.e, 0.5 * math.e  # the peak of d (1 - 0.5 log d): log d = 1
     kl_hits = peak_hits = 0
     for seed in range(60):

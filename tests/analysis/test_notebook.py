@@ -43,7 +43,7 @@ def test_notebook_runs_on_a_sweep(synthetic_sweep):
     # the chosen point is the front trial with the best score: trial 0 (smallest kl_loss_coef, most drift)
     assert "trial 0: value/critic/score/mean" in text
     assert "python3 -m verl.trainer.main_ppo" in text and "actor_rollout_ref.actor.kl_loss_coef=0.0001" in text
-    # issue 15: the reproduce lines sweep run prints for an embedded sweep, the embedded trainer's command first
+    # the reproduce lines sweep run prints for an embedded sweep, the embedded trainer's command first
     assert "reproduce on the embedded trainer:\npython3 -m klsweep.trainers.embedded " in text
     figures = [o for c in nb.cells for o in c.get("outputs", [])
                if "application/vnd.plotly.v1+json" in o.get("data", {})]

@@ -122,8 +122,8 @@ def test_kl_scales_mixed_on_the_front_warn_and_synonyms_do_not():
 
 def test_trials_ranked_against_kl_on_another_scale_warn_even_when_the_front_holds_one_scale():
     """grpo_kl searches loss_agg_mode: a seq-mean-token-sum trial's KL is a sum over the sequence's tokens (267 where
-    token-mean trials log 0.01), so it is dominated and the front holds token-mean trials only; the front's scale
-    alone said nothing while the ranking compared unlike KLs. The note names each scale and how many trials it has."""
+    token-mean trials log 0.01). It is dominated, so the front holds token-mean trials only.
+    The ranking still compares unlike KLs, so the note names each scale and how many trials it has."""
     df = HAND.assign(**{KL_TYPE: "low_var_kl", AGG: "token-mean"})
     df.loc[df["number"] == 7, AGG] = "seq-mean-token-sum"  # dominated by trial 0 (hand table above)
     with pytest.warns(KlScaleWarning) as caught:

@@ -148,7 +148,7 @@ def test_report_on_a_directory_that_is_not_a_sweep(tmp_path):
 
 
 def remedied_specs() -> list[dict]:
-    """Four trials of a sweep that remedies (issue 17): 0 rescued by one kl_runaway remedy; 1 remedied twice, then
+    """Four trials of a sweep that remedies: 0 rescued by one kl_runaway remedy; 1 remedied twice, then
     stopped at the cap; 2 stopped by reward_hacking without a checkpoint to restart from; 3 never flagged."""
     kl = "algorithm.kl_ctrl.kl_coef"
 
