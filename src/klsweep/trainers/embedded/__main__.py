@@ -47,9 +47,10 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 
 
 def console_line(step: int, metrics: dict[str, float]) -> str:
-    """verl's console logger line (``verl.utils.logger.aggregate_logger.concat_dict_to_str``: ``step:N - key:value``),
-    with numpy scalars as plain Python numbers (``0.25``; verl's ``pprint.pformat`` prints numpy 2 scalars as
-    ``np.float64(0.25)``, which klsweep's log reader parses but a reader of the log should not have to)."""
+    """verl's console logger line, ``step:N - key:value - ...`` (``aggregate_logger.concat_dict_to_str``).
+
+    Numpy scalars print as plain numbers (``0.25``), not as verl's ``np.float64(0.25)``.
+    """
     return " - ".join([f"step:{step}", *(f"{k}:{_plain(v)!r}" for k, v in metrics.items())])
 
 
@@ -86,7 +87,10 @@ def checkpointing(overrides: Mapping[str, Any]) -> tuple[int, Path, Path | None]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train with the given overrides; see the module docstring."""
+    """Train with the overrides in ``argv`` (default: ``sys.argv[1:]``), resuming as verl would.
+
+    Returns the exit code: 0 done, 2 bad overrides (one line on stderr).
+    """
     from klsweep.trainers.embedded.trainer import EmbeddedTrainer, run  # torch: only the process pays for it
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
