@@ -15,7 +15,7 @@ from typing import Any
 
 from klsweep.health.engine import HealthEngine
 from klsweep.health.load import load_ruleset
-from klsweep.health.readers import Trace, read_trace
+from klsweep.health.readers import FullConfig, Trace, read_trace
 from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS, KlSetup
 
 #: Exit codes of ``sweep health check`` per verdict (2 is a log that cannot be read: the CLI's input errors).
@@ -106,6 +106,7 @@ def health_check(
     rules: str | Path | None = None,
     as_json: bool = False,
     run: str | None = None,
+    full_config: FullConfig | None = None,
 ) -> int:
     """Print the timeline and final verdict of a log under a rule set.
 
@@ -116,6 +117,7 @@ def health_check(
         as_json: print one JSON object instead of text (the engine's summary, with ``verdict`` as below and the
             counts of :func:`coverage`).
         run: the run to judge in a W&B export holding several.
+        full_config: completes the log's own config (:func:`klsweep.health.readers.read_trace`).
 
     Returns:
         :data:`EXIT_CODES`: 0 when the run would have been left alone (healthy or warned), 1 when a rule would have
@@ -127,7 +129,7 @@ def health_check(
         SweepFileError: unknown preset or invalid rules file (the CLI exits 2).
     """
     ruleset = load_ruleset(rules if rules is not None else (preset or "default"))
-    t = read_trace(trace, run=run)
+    t = read_trace(trace, run=run, full_config=full_config)
     timeline, summary = backtest(t, ruleset)
     summary = {**summary, **coverage(t, summary)}
     if as_json:

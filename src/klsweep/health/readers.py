@@ -23,12 +23,12 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from klsweep.errors import TraceReadError
-from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord
 from klsweep.verl.stream import decode_json_line, skip_reason, step_number
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -36,6 +36,9 @@ _STEP_LINE = re.compile(r"(?:^|[\s\]])step:(\d+) - (.*)$")
 _WRAPPED = re.compile(r"^(?:np\.)?(?:float\d*|int\d*|tensor)\((.*?)(?:,.*)?\)$")
 _STEP_COLUMNS = ("step", "_step", "Step", "global_step", "training_iteration")
 _DECIMALS = re.compile(r"\.(\d+)(?:[eE]|$)")
+
+#: ``(log path, the log's own config) -> the run's whole verl overrides``, or None where it cannot tell.
+FullConfig = Callable[[Path, Mapping[str, Any]], dict[str, Any] | None]
 
 
 @dataclass
@@ -81,13 +84,16 @@ def parse_value(text: str) -> float | str:
         return text
 
 
-def read_trace(path: str | Path, run: str | None = None) -> Trace:
+def read_trace(path: str | Path, run: str | None = None, full_config: FullConfig | None = None) -> Trace:
     """Read a training log.
 
     Args:
         path: the log (formats in the module docstring).
         run: the run to read from a W&B export holding several (``"<run> - <metric>"`` headers); None reads a log of
             one run.
+        full_config: completes the log's own config (a Tune log's holds only the searched parameters): called with
+            the log's path and that config, it returns the run's whole overrides, or None where it cannot tell
+            (:func:`klsweep.spec.trial_log.trial_log_overrides` for a klsweep trial).
 
     Raises:
         TraceReadError: missing or unreadable file, no step found in it (the message names the formats tried), a W&B
@@ -112,32 +118,21 @@ def read_trace(path: str | Path, run: str | None = None) -> Trace:
             "or a Ray Tune progress.csv/result.json"
         )
     trace.rounded = _looks_rounded(trace.reports)
-    trace.config = _run_config(path, trace.config)
+    trace.config = _run_config(path, trace.config, full_config)
     return trace
 
 
-def _run_config(path: Path, config: dict[str, Any] | None) -> dict[str, Any] | None:
+def _run_config(path: Path, config: dict[str, Any] | None, full_config: FullConfig | None) -> dict[str, Any] | None:
     """The run's verl overrides in full, or None where the log does not hold them.
 
-    A Ray Tune log's config is the trial's searched parameters only. For a klsweep trial
-    (``<run dir>/tune/<trial>/result.json`` or ``progress.csv``) the sweep's saved file completes it: the trial's
-    overrides as the sweep ran them (:func:`klsweep.spec.space.trial_overrides`). Elsewhere a config that does not say
+    ``full_config(path, config)`` completes a config first, where it can. Otherwise a config that does not say
     whether a KL mechanism is on is not used: verl's defaults for the missing keys would call the KL off and leave
     the KL rules idle on a run that logs its KL.
     """
     if not config:
         return None
-    run_dir = path.parent.parent.parent
-    if path.parent.parent.name == TUNE_DIR and (run_dir / SWEEP_FILE).is_file():
-        from klsweep.errors import KlsweepError
-        from klsweep.spec.schema import Sweep
-        from klsweep.spec.space import trial_overrides
-
-        try:
-            sweep = Sweep.model_validate(SweepRecord.read(run_dir).sweep)
-            return trial_overrides(sweep, {k: v for k, v in config.items() if "." in k})  # verl keys, not remedies
-        except (KlsweepError, ValueError, KeyError):
-            pass  # a sweep file of another klsweep version: the log's own config, as for any Tune run
+    if full_config is not None and (full := full_config(path, config)) is not None:
+        return full
     if not {"actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"} & config.keys():
         return None
     return config
