@@ -14,15 +14,13 @@ non-finite checks. A rule whose metrics never appear is listed under ``not_appli
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import islice
-from operator import mul
 from typing import Any
 
 from klsweep.health.builtin import builtin_checks
 from klsweep.health.rules import Rule, RuleSet
+from klsweep.health.series import Series, statistic
 from klsweep.health.signals import Signals, TokenScale
 from klsweep.health.streak import Streak, steps_text
 from klsweep.health.verdict import Event, StopReason, Verdict
@@ -31,110 +29,6 @@ from klsweep.verl.metrics import VAL_SCORE, KlSetup
 _BEST_SIGNALS = (VAL_SCORE, "score")
 SCALED = ("actor/kl_loss", "actor/entropy")  # the token sums the summary explains
 _UNSET = object()
-
-
-class _Series:
-    """The finite values of one signal: enough recent (step, value) pairs to cover ``span`` steps, the first value
-    and step, and the run max.
-
-    Memory and work stay O(window): :meth:`push` drops the oldest pair once the next one also covers the span.
-    A step lower than the last one (a log that restarts its count) starts the window afresh.
-    """
-
-    __slots__ = ("span", "steps", "values", "first", "first_step", "run_max", "count", "fresh")
-
-    def __init__(self, span: int):
-        self.span = span
-        self.steps: deque[int] = deque()
-        self.values: deque[float] = deque()
-        self.first: float | None = None
-        self.first_step = 0
-        self.run_max = -math.inf
-        self.count = 0
-        self.fresh = False  # has a value in the current report
-
-    def push(self, step: int, value: float) -> None:
-        if self.steps and step < self.steps[-1]:
-            self.steps.clear()
-            self.values.clear()
-        self.steps.append(step)
-        self.values.append(value)
-        while len(self.steps) > 1 and self.steps[1] <= step - self.span + 1:
-            self.steps.popleft()
-            self.values.popleft()
-        if self.first is None:
-            self.first, self.first_step = value, step
-        if value > self.run_max:
-            self.run_max = value
-        self.count += 1
-        self.fresh = True
-
-    def window(self, steps: int) -> int | None:
-        """Index of the first pair of the window of ``steps`` steps ending at the last report: the last report at
-        or before step ``last − steps + 1`` (so the window covers the steps, with at least two reports), or None
-        while the run has not covered that many steps yet."""
-        target = self.steps[-1] - steps + 1
-        for i in range(len(self.steps) - 1, -1, -1):
-            if self.steps[i] <= target:
-                return i
-        return None
-
-
-def _statistic(stat: str, window: int | None, peak_above: float, series: _Series) -> tuple[float, int] | None:
-    """A condition's statistic over ``series`` (which holds this report's value) and the first step it read, or None
-    if undefined yet (a window whose steps are not covered yet; ``drop_from_max`` while the maximum is at or below
-    ``peak_above``).
-
-    Windows are in training steps (:meth:`_Series.window`): every report from the last one at or before the window's
-    first step. Window statistics weigh each report equally and use exactly rounded sums (``math.fsum``): variance =
-    E[x²] − E[x]², population (ddof 0); slope = least-squares slope of value against step (against position when
-    steps repeat), NaN (never above or below a bound) when the products overflow the float range.
-    """
-    value, step = series.values[-1], series.steps[-1]
-    if stat == "value":
-        return value, step
-    if stat == "ratio_to_first":
-        return (value / series.first, series.first_step) if series.first else None
-    start = None if window is None else series.window(window)
-    if stat == "drop_from_max":
-        if window is None:
-            peak, first = series.run_max, series.first_step
-        else:  # a window not covered yet: the maximum so far
-            first_index = start or 0
-            peak, first = max(islice(series.values, first_index, None)), series.steps[first_index]
-        return ((peak - value) / peak, first) if peak > peak_above else None
-    if start is None:
-        return None
-    xs = list(islice(series.values, start, None))
-    first = series.steps[start]
-    if stat == "min":
-        return min(xs), first
-    if stat == "max":
-        return max(xs), first
-    n = len(xs)
-    try:
-        mean = math.fsum(xs) / n
-    except OverflowError:  # finite values near the float limit: their sum overflows, their mean does not
-        mean = math.fsum(x / n for x in xs)
-    if stat == "mean":
-        return mean, first
-    if stat == "slope":
-        ts = list(islice(series.steps, start, None))
-        if len(set(ts)) < n:
-            ts = list(range(n))
-        try:
-            t_mean = math.fsum(ts) / n
-            sxx = math.fsum(map(mul, ts, ts)) / n - t_mean * t_mean
-            sxy = math.fsum(map(mul, ts, xs)) / n - t_mean * mean
-        except (OverflowError, ValueError):  # steps² or step × value beyond the float range: no finite slope
-            return math.nan, first
-        return sxy / sxx, first
-    mean_square = math.fsum(map(mul, xs, xs)) / n
-    if math.isfinite(mean_square):
-        var = max(0.0, mean_square - mean * mean)
-    else:  # squares beyond the float range: the spread is that large (inf when it is)
-        var = math.fsum((x - mean) * (x - mean) for x in xs) / n
-    return (var if stat == "var" else math.sqrt(var)), first
 
 
 @dataclass
@@ -172,9 +66,9 @@ class HealthEngine:
         names = [m for rule in ruleset.rules for m in rule.metrics]
         self.scale = TokenScale(run_config)
         self._signals = Signals(self.setup, [*names, "ref_kl", "kl_coef", "entropy", *_BEST_SIGNALS], self.scale)
-        self._series: dict[str, _Series] = {}
+        self._series: dict[str, Series] = {}
         for name in self._signals.names:
-            self._series[name] = _Series(_window_need(ruleset.rules, name))
+            self._series[name] = Series(_window_need(ruleset.rules, name))
         self._builtins = builtin_checks(ruleset.builtin, self._signals, rounded)
         self._states = [_RuleState.of(rule) for rule in ruleset.rules]
         self._fired: dict[str, dict[str, Any]] = {}  # rule or check -> action, kind, count, first/last step
@@ -247,7 +141,7 @@ class HealthEngine:
                 continue
             stat = stats.get(cache_key, _UNSET)
             if stat is _UNSET:
-                stat = stats[cache_key] = _statistic(*cache_key[1:], series)
+                stat = stats[cache_key] = statistic(*cache_key[1:], series)
             if stat is None:  # a window whose steps are not covered yet
                 uncovered += 1
                 if need_all:
