@@ -19,9 +19,12 @@ from klsweep.verl.liveness import inert_reason
 
 
 def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
-    """The prescriptions of the sweep's own health rules (``health.rules[i].remedy``): an alias without a live key,
-    a key that is not verl's (with the closest), a knob inert for the sweep's algorithm and KL placement. A preset's
-    prescription that is inert for the sweep is not a problem: the rule then stops as before, saying so."""
+    """Check the prescriptions of the sweep's own health rules (``health.rules[i].remedy``).
+
+    Takes the trial-independent overrides ``fixed`` (:func:`klsweep.spec.space.fixed_overrides`). Yields an error for
+    an alias without a live key, a key that is not verl's (with the closest), and a knob inert for the sweep's
+    algorithm and KL placement. A preset's inert prescription is not checked: the rule then stops, saying so.
+    """
     for i, rule in enumerate(sweep.health.rules):
         for name in rule.remedy:
             path = ("health", "rules", i, "remedy", name)
@@ -42,9 +45,12 @@ def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
 
 
 def remedies_off(sweep: Sweep) -> Iterator[Problem]:
-    """Under a trainer that cannot restart a trial (:attr:`klsweep.trainers.TrainerKind.no_restarts`), the rules
-    with a remedy stop their trial instead (:func:`klsweep.orchestrate.remedy.remedies_on`): said once, naming them,
-    where remedies would otherwise be on (ASHA and ``health: {remedies: false}`` turn them off anyway)."""
+    """Warn once when the trainer cannot restart a trial, naming the rules whose remedy then stops it instead.
+
+    Such a trainer has :attr:`klsweep.trainers.TrainerKind.no_restarts`; see
+    :func:`klsweep.orchestrate.remedy.remedies_on`. Yields nothing where remedies are off anyway (ASHA,
+    ``health: {remedies: false}``).
+    """
     why = trainer_kind(sweep.trainer).no_restarts
     if not why or not sweep.health.remedies or sweep.scheduler.type != "none":
         return
@@ -68,8 +74,10 @@ def _first_firing_step(rule: Rule) -> int:
 
 
 def rules_out_of_reach(sweep: Sweep) -> Iterator[Problem]:
-    """One warning naming the health rules that cannot fire within ``budget.max_steps`` (:func:`_first_firing_step`):
-    a trial such a stop rule would stop ends COMPLETE and healthy, a warn rule never warns."""
+    """Warn once, naming the health rules that cannot fire within ``budget.max_steps`` (:func:`_first_firing_step`).
+
+    A trial such a stop rule would stop ends COMPLETE and healthy; such a warn rule never warns.
+    """
     steps = sweep.budget.max_steps
     late = [(rule, _first_firing_step(rule)) for rule in load_ruleset(sweep.health).rules]
     late = [(rule, first) for rule, first in late if first > steps]

@@ -29,12 +29,16 @@ def _verl_default(key: str) -> Any:
 
 
 def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
-    """A verl trial runs on exactly the GPUs Ray reserves for it (``budget.resources.gpu``; the launcher sets
-    ``CUDA_VISIBLE_DEVICES`` to them) and asks its own local Ray for ``trainer.nnodes × trainer.n_gpus_per_node``
-    GPUs (verl/trainer/ppo/v1/trainer_base.py, verl/single_controller/ray/base.py ``ResourcePoolManager``; verl's
-    default n_gpus_per_node is 8). Fewer reserved than asked fails every trial ("Total available GPUs ... is less than
-    total desired GPUs ..."), more idles them. A fraction of one GPU is fine for a one-GPU trial (trials share the
-    GPU). Each trial is one process with its own local Ray on one node, so ``trainer.nnodes`` must be 1."""
+    """Check that a ``trainer: verl`` trial reserves the GPUs its verl asks for, on one node.
+
+    Takes the fixed overrides, the searched parameters and each searched key's parameter name (``names``).
+    A trial runs on the GPUs Ray reserves for it (``budget.resources.gpu``; the launcher sets
+    ``CUDA_VISIBLE_DEVICES``). Its verl asks its own local Ray for ``trainer.nnodes × trainer.n_gpus_per_node``
+    GPUs (verl's ``ResourcePoolManager``; the default n_gpus_per_node is 8). Fewer reserved than asked fails every
+    trial ("Total available GPUs ... is less than total desired GPUs ..."); more idles them. A fraction of one GPU
+    is fine for a one-GPU trial. Each trial is one process with its own Ray on one node: ``trainer.nnodes`` is 1.
+    Yields an error for each mismatch, or for a searched GPU key.
+    """
     searched = [key for key in _GPU_KEYS if key in params]
     for key in searched:
         yield ("parameters", names[key]), (
@@ -73,11 +77,15 @@ def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str
 
 
 def table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dict[str, Any]) -> Iterator[Problem]:
-    """For ``trainer: tabular``: a table recorded for another sweep (other searched keys or training settings, or
-    none of a searched category's values: one problem naming the sweep its header was recorded for and the table of
-    its folder that fits, if any); else each searched categorical value the table did not record (its header's
-    ``grid``). The trainer would refuse such trials at run time (:meth:`klsweep.trainers.tabular.Table.nearest`) or
-    serve them another sweep's runs."""
+    """Check that a ``trainer: tabular`` sweep's table was recorded for this sweep and its searched values.
+
+    Takes the searched parameters, each searched key's parameter name (``names``) and the fixed overrides.
+    A table recorded for another sweep (other searched keys or training settings, or none of a searched category's
+    values) is one error: it names the sweep the header was recorded for and the table of its folder that fits.
+    Else each searched categorical value the table did not record (its header's ``grid``) is an error. The trainer
+    would refuse such trials at run time (:meth:`klsweep.trainers.tabular.Table.nearest`) or serve another sweep's
+    runs. Yields nothing for another trainer.
+    """
     if sweep.trainer != "tabular" or sweep.tabular is None:
         return
     header = load_table(sweep.tabular.table).header
