@@ -7,8 +7,11 @@ Public API::
     pareto_front, hypervolume,               klsweep.analysis.pareto
     least_infeasible, kl_scale, feasible
     compute_accounting                       klsweep.analysis.accounting
-    klsweep.analysis.frontier                the KL frontier: Gao et al. 2022 fits, sweep_frontier (imported on use)
-    klsweep.analysis.figures                 what each figure shows, as data (imported on use)
+    klsweep.analysis.frontier_fit            the KL frontier's mathematics: Gao et al. 2022 fits (imported on use)
+    klsweep.analysis.frontier                a sweep's KL frontier: sweep_frontier (imported on use)
+    klsweep.analysis.figures                 what each figure shows, as data (imported on use); the curves'
+    klsweep.analysis.curves                  and the KL frontier's data in their own modules
+    klsweep.analysis.frontier_figure
     klsweep.analysis.plots                   plotly figures of that data (imported on use)
     klsweep.analysis.pngs                    matplotlib PNGs of that data (imported on use)
     klsweep.analysis.report.write_report     ``sweep report``

@@ -1,14 +1,12 @@
 """Compute accounting of a sweep: trial-steps and GPU-hours used, and saved by stopping trials early.
 
-"Saved" compares with running every trial to ``budget.max_steps``: a trial stopped after ``s`` steps saved ``max_steps −
-s`` steps (its remaining budget), costed at that trial's own seconds per step (``wall_s / steps``) ×
-``budget.resources.gpu``. A failed trial (state FAIL without a health stop: an error) saved nothing: its missing steps
-were lost, not saved, and count neither as used nor as saved. A remedied trial also used the steps its
-restarts ran again: a restart decided at step ``s`` from the checkpoint of step ``f`` threw away steps ``f+1..s`` and
-ran them again, so ``s − f`` steps count as used (``steps_rerun``), costed at the trial's seconds per step too (its
-``wall_s``, Tune's ``time_total_s``, continues from the checkpoint's and leaves the thrown-away run out). Grouped by how
-trials ended (``by="outcome"``, the report's table) or by what stopped them (``by="reason"``: each health rule by name,
-the objective stopper, the scheduler; ``sweep status`` and the end of ``sweep run``).
+"Saved" compares with running every trial to ``budget.max_steps``.
+A trial stopped after ``s`` steps saved ``max_steps − s`` steps, its remaining budget.
+Hours are costed at the trial's own seconds per step (``wall_s / steps``) × ``budget.resources.gpu``.
+A failed trial (FAIL without a health stop) saved nothing: its missing steps count neither as used nor as saved.
+A restart decided at step ``s`` from the checkpoint of step ``f`` ran steps ``f+1..s`` again.
+Those ``s − f`` steps count as used (``steps_rerun``), at the trial's seconds per step.
+Groups: how trials ended (``by="outcome"``, the report) or what stopped them (``by="reason"``, ``sweep status``).
 """
 
 from __future__ import annotations
@@ -45,14 +43,14 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
             ``full budget``, ``running``.
 
     Returns:
-        One row per group present, then ``total``; first column ``outcome`` or ``reason`` (as ``by``), then ``trials``,
-        ``steps_used`` (the steps of each trial's last run plus ``steps_rerun``), ``steps_saved``, ``saved_share`` (the
-        group's steps saved ÷ (steps used + steps saved) of the whole sweep, so the groups' shares add up to the
-        total's), ``wall_h_used``, ``wall_h_saved``, ``gpu_h_used``, ``gpu_h_saved``, ``gpu_h_saved_share`` (as
-        ``saved_share``, in GPU-hours; 0 when nothing was used), ``steps_rerun`` (steps remedies ran again,
-        :func:`rerun_steps`), hours: saved = missing steps × the trial's seconds per step × gpu / 3600; a trial with no
-        step or no wall time saves steps but no measurable hours. A running trial saves nothing yet, a failed one
-        nothing at all (a failure is not a saving).
+        One row per group present, then ``total``. Columns: ``outcome`` or ``reason`` (as ``by``), ``trials``,
+        ``steps_used`` (the last run's steps plus ``steps_rerun``), ``steps_saved``, ``saved_share``,
+        ``wall_h_used``, ``wall_h_saved``, ``gpu_h_used``, ``gpu_h_saved``, ``gpu_h_saved_share``, ``steps_rerun``
+        (:func:`rerun_steps`).
+        ``saved_share`` is the group's steps saved ÷ (steps used + steps saved) of the whole sweep: groups add up.
+        ``gpu_h_saved_share`` is the same in GPU-hours, 0 when nothing was used.
+        Hours saved = missing steps × the trial's seconds per step × gpu / 3600.
+        A trial without a step or a wall time saves steps but no hours. A running or failed trial saves nothing.
 
     Raises:
         ValueError: ``by`` is neither ``"outcome"`` nor ``"reason"``.
@@ -109,9 +107,10 @@ def schedules(df: pd.DataFrame) -> pd.Series:
 
 
 def rerun_steps(df: pd.DataFrame) -> pd.Series:
-    """Steps each trial ran again because a remedy restarted it: per restart, the step the remedy was
-    decided at less the step of the checkpoint it restarted from (``step − from_step`` of its schedule); 0 for a
-    trial never restarted. Integers, indexed as ``df``."""
+    """Steps each trial ran again because a remedy restarted it, as integers indexed as ``df``.
+
+    Per restart: the step the remedy was decided at less its checkpoint's step (``step − from_step``).
+    0 for a trial never restarted."""
 
     def rerun(remedies: list[dict[str, Any]]) -> int:
         return sum(r.step - r.from_step for r in restarts(remedies))

@@ -27,10 +27,11 @@ from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  
 
 def reference_scores(trainer: str, metrics: Sequence[str], df: pd.DataFrame,
                      cache_dir: str | Path | None = None) -> dict[str, float]:
-    """``{metric: the reference policy's value}`` for the objectives ``metrics`` the reference policy can be
-    scored on: the embedded trainer's validation accuracy (``val-core/arith/acc/mean@1``), under the validation
-    settings of the sweep's first trial (its ``data.max_response_length``). Empty for other trainers and metrics,
-    for a sweep without trials, or when the first trial's overrides no longer build a trainer.
+    """``{metric: the reference policy's value}`` for those of ``metrics`` the reference policy can be scored on.
+
+    That is the embedded trainer's validation accuracy (``val-core/arith/acc/mean@1``).
+    It is computed under the validation settings of the sweep's first trial (its ``data.max_response_length``).
+    Empty for other trainers and metrics, a sweep without trials, or overrides that no longer build a trainer.
 
     Args:
         trainer: the sweep's ``trainer:``.

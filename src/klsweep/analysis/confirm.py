@@ -47,12 +47,11 @@ def ranking(df: pd.DataFrame, objectives: Sequence[tuple[str, str]], *, seed_tri
         seed_trials: the sweep enqueued seed trials, so trial 0 is the seed preset.
 
     Returns:
-        One row per search trial with at least one confirmation run, best first: ``trial``, ``preset`` (it is the
-        seed preset, trial 0 of a sweep with seed trials), ``runs`` (its search run and re-runs in the study),
-        ``finished``, ``ok`` (finished COMPLETE and healthy, with a value), ``seeds`` (the ``data.seed`` of the ok
-        runs), then for each objective ``mean/<metric>``, and for the first ``sd`` (sample standard deviation, NaN
-        below 2 ok runs), ``min``, ``max``. A trial with a run that a health rule stopped or that failed ranks after
-        those without (ties: the lower trial number). Empty when nothing was confirmed.
+        One row per search trial with at least one confirmation run, best first. Empty when nothing was confirmed.
+        Columns: ``trial``; ``preset`` (trial 0 of a sweep with seed trials); ``runs`` (search run and re-runs);
+        ``finished``; ``ok`` (finished COMPLETE and healthy, with a value); ``seeds`` (``data.seed`` of the ok runs);
+        ``mean/<metric>`` per objective; for the first objective ``sd`` (sample, NaN below 2 ok runs), ``min``,
+        ``max``. A trial with a stopped or failed run ranks after those without; ties go to the lower number.
     """
     columns = [f"value/{metric}" for metric, _ in objectives]
     if df.empty or "confirm_of" not in df or any(c not in df for c in columns):

@@ -91,9 +91,9 @@ def thresholds(ruleset: RuleSet) -> dict[str, list[dict[str, Any]]]:
 
 def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset: RuleSet | None = None, *, objectives: Objectives = (),
                 baselines: Mapping[str, float] | None = None, max_trials: int = 40) -> CurvesData:
-    """Per-trial curves of each objective, reference KL, entropy and training score (panels), with the health
-    thresholds. Next to the training score (the proxy reward), a validation objective shows whether the policy
-    got better or only learned to please the reward (the embedded task's gold accuracy falls while its proxy rises).
+    """Per-trial curves of each objective, reference KL, entropy and training score (panels), with health bands.
+
+    A validation objective beside the training score (the proxy reward) shows whether the policy got better.
 
     Args:
         history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
@@ -105,8 +105,8 @@ def curves_data(history: pd.DataFrame, df: pd.DataFrame, ruleset: RuleSet | None
             drawn as a dotted line on the metric's panel.
         max_trials: at most this many trials are drawn (stopped trials first, then by trial number).
 
-    Each panel's y range shows the data and every rule's threshold; a built-in one (``kl_explosion``) only when the
-    data comes within a factor 2 of it, so a KL of 0.1 is not drawn on a 0..5 axis.
+    Each panel's y range shows the data and every rule's threshold.
+    A built-in threshold (``kl_explosion``) counts only when the data comes within a factor 2 of it.
     """
     if len(df):
         stopped_first = df.assign(_s=(df.get("health") != "stopped")).sort_values(["_s", "number"])

@@ -41,8 +41,10 @@ _ACCURACY = re.compile(r"^val-(core|aux)/.+/acc/(mean|maj|best|worst)@\d+(/mean)
 
 
 def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per trial, the per-sequence KL and the score at every step that logged a reference KL, the response length and
-    the score: the trial's path from the reference policy outwards (Gao et al.'s RL points are such checkpoints).
+    """Each trial's path from the reference policy outwards: per-sequence KL and score at each step.
+
+    A step counts when it logged a reference KL, the response length and the score.
+    Gao et al.'s RL points are such checkpoints along training.
 
     Args:
         history: :func:`klsweep.analysis.sweep_dir.load_history` (long format: ``trial_id, step, metric, value``).
@@ -51,11 +53,10 @@ def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFram
             with a point (:func:`klsweep.analysis.pareto.kl_scale`) must agree.
 
     Returns:
-        Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric`` (one row per trial and step,
-        steps ascending; a per-token ``kl`` (k1) estimate may be below 0), and ``attrs["reference"]``: the median
-        over trials of the score logged at the earliest step any trial logged one (verl validates the initial policy
-        before training); a trial whose history starts later (restarted from a checkpoint by a remedy) is left out
-        of it.
+        Columns ``trial_id, step, kl_token, response_length, kl_seq, score, kl_metric``: one row per trial and step,
+        steps ascending. A per-token ``kl`` (k1) estimate may be below 0.
+        ``attrs["reference"]`` is the median over trials of the score at the earliest step any trial logged one.
+        verl validates the initial policy there, before training. A trial whose history starts later is left out.
 
     Raises:
         ResultsError: no trial logged all three at one step, or the trials measure KL on different scales.
@@ -123,10 +124,11 @@ class SweepFrontier:
         stopped: the infeasible trials' end points (same columns plus ``reason``), never fitted.
         frontier: the fit, or ``None``; ``reason`` then says why.
         runs: one ``(m, 2)`` array of ``(kl_seq, score)`` per training seed when some config ran with several
-            seeds (:func:`attainment_surface` input), else empty.
-        paths: the fitted points (:func:`frontier_paths`): every validation step of the feasible trials and of the
-            running ones (their steps so far) with a KL ``>= 0``; ``running``: how many of the fitted trials are
-            still running; ``negative``: steps left out for a KL below 0 (a per-token k1 estimate's noise).
+            seeds (:func:`klsweep.analysis.frontier_fit.attainment_surface` input), else empty.
+        paths: the fitted points (:func:`frontier_paths`) with a KL ``>= 0``: every validation step of the feasible
+            trials, and the steps so far of the running ones.
+        running: how many of the fitted trials are still running.
+        negative: steps left out for a KL below 0 (a per-token k1 estimate's noise).
     """
 
     score_metric: str | None

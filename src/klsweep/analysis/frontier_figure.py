@@ -52,12 +52,12 @@ ATTAINMENT_LEVELS = (0.25, 0.5, 0.75)
 def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
     """What the KL frontier figure shows, from :func:`klsweep.analysis.frontier.sweep_frontier`.
 
-    Feasible trials are the fitted points; stopped (infeasible) ones are drawn apart, hover naming their reason, and
-    never fitted (the fit is on the paths, :attr:`~klsweep.analysis.frontier.SweepFrontier.paths`; the notes say how
-    many steps). Both Gao forms are drawn on ``points`` KL values from 0 to the axis end (1.3 × the largest KL
-    drawn, or 1.1 × KL* when the peak lies a little beyond, up to 3 × the largest KL), with the reference score at
-    ``d = 0``, KL* with its interval as a band and the peak. The x axis is per-sequence KL: verl logs KL per token
-    and klsweep multiplies it by the trial's mean response length (``response_length/mean``).
+    Feasible trials are drawn as the fitted points; the fit itself is on their paths (the notes count the steps).
+    Stopped (infeasible) trials are drawn apart, never fitted; the hover names their reason.
+    Both Gao forms are drawn on ``points`` KL values from 0 to the axis end.
+    The axis ends at 1.3 × the largest KL drawn, or at 1.1 × KL* when KL* lies within 3 × that KL.
+    The reference score sits at ``d = 0``; KL* is drawn with its interval as a band, and the peak.
+    The x axis is per-sequence KL in nats (verl's per-token KL × ``response_length/mean``).
     """
     title = f"KL frontier: {result.score_metric or 'no score'} vs per-sequence KL"
     x_label = f"per-sequence KL to the reference policy (nats) = verl's per-token KL × {RESPONSE_LENGTH}"

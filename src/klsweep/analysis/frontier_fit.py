@@ -215,6 +215,9 @@ def fit_frontier(
             over trials (trials drawn with replacement, each with all its points).
         n_boot: bootstrap resamples; ``seed``: their generator's seed.
 
+    Returns:
+        A :class:`Frontier` with both forms' fits and intervals. ``best`` is ``form``'s fit, or the lower-error one.
+
     Raises:
         ResultsError: fewer than :data:`MIN_POINTS` trials with a finite point, or a negative KL.
     """
@@ -263,12 +266,13 @@ def fit_frontier(
 def attainment_surface(runs: Sequence[np.ndarray], level: float) -> np.ndarray:
     """The empirical ``level``-attainment surface of several runs' fronts of (KL down, score up).
 
-    Fonseca, Grunert da Fonseca & Hall 2001 ("Inferential performance assessment of stochastic optimisers and the
-    attainment function"): a goal ``(kl, score)`` is attained by a run when one of its points has KL ``<=`` kl and
-    score ``>=`` score; the ``k``-th attainment surface bounds the goals attained by at least ``k`` of the ``n``
-    runs, with ``k = ceil(level * n)`` (``level`` 0.5 is the median surface, 1/n the best, 1 the worst).
-    In two objectives it is a staircase: at each KL where some run has a point, the ``k``-th largest over runs of
-    the best score reached at or below that KL.
+    Source: Fonseca, Grunert da Fonseca & Hall 2001, "Inferential performance assessment of stochastic optimisers
+    and the attainment function".
+    A run attains a goal ``(kl, score)`` when one of its points has KL ``<=`` kl and score ``>=`` score.
+    The ``k``-th surface bounds the goals at least ``k`` of the ``n`` runs attain, ``k = ceil(level * n)``.
+    ``level`` 0.5 gives the median surface, 1/n the best, 1 the worst.
+    In two objectives it is a staircase. At each KL where some run has a point, its height is the ``k``-th largest
+    over runs of the best score reached at or below that KL.
 
     Args:
         runs: one ``(m_i, 2)`` array of ``(kl, score)`` per run (e.g. per training seed), NaN rows ignored.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import textwrap
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import optuna
 import pandas as pd
@@ -32,6 +33,10 @@ from klsweep.analysis.figures import (
 )
 from klsweep.analysis.frontier_figure import FrontierData, frontier_data
 from klsweep.analysis.pareto import Objectives
+
+if TYPE_CHECKING:
+    from klsweep.analysis.frontier import SweepFrontier
+    from klsweep.health import RuleSet
 
 __all__ = [
     "curves_figure", "front_figure", "front_objectives", "frontier_figure", "importance_figure", "knobs_figure",
@@ -92,10 +97,13 @@ def _wrap(text: str, width: int = 120) -> str:
     return "<br>".join(textwrap.wrap(text, width))
 
 
-def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset=None, *, objectives: Objectives = (),
-                  baselines: Mapping[str, float] | None = None, max_trials: int = 40) -> go.Figure:
-    """Per-trial curves of each objective, reference KL, entropy and training score (rows), health thresholds as
-    bands, the reference policy's value as a dotted line (:func:`klsweep.analysis.curves.curves_data`).
+def curves_figure(history: pd.DataFrame, df: pd.DataFrame, ruleset: RuleSet | None = None, *,
+                  objectives: Objectives = (), baselines: Mapping[str, float] | None = None,
+                  max_trials: int = 40) -> go.Figure:
+    """Per-trial curves of each objective, reference KL, entropy and training score, one row each.
+
+    Health thresholds are bands; the reference policy's value is a dotted line
+    (:func:`klsweep.analysis.curves.curves_data`).
 
     Args:
         history: :func:`klsweep.analysis.sweep_dir.load_history` (long format).
@@ -151,11 +159,13 @@ def _curves(data: CurvesData) -> go.Figure:
     return fig
 
 
-def frontier_figure(result) -> go.Figure:
-    """The KL frontier of :func:`klsweep.analysis.frontier.sweep_frontier` (:func:`klsweep.analysis.frontier_figure.
-    frontier_data`): feasible trials, stopped ones apart (hover: trial, knobs, stop reason), both Gao forms (the best
-    solid), the reference score at ``d = 0``, KL* with its interval as a band, the peak, and the attainment surfaces
-    over training seeds when a config ran with several."""
+def frontier_figure(result: SweepFrontier) -> go.Figure:
+    """The KL frontier of :func:`klsweep.analysis.frontier.sweep_frontier`, as
+    :func:`klsweep.analysis.frontier_figure.frontier_data` describes it.
+
+    It draws feasible trials, stopped ones apart (hover: trial, knobs, stop reason), and both Gao forms (the best
+    solid). It adds the reference score at ``d = 0``, KL* with its interval as a band, and the peak.
+    Attainment surfaces over training seeds appear when a config ran with several."""
     return _frontier(frontier_data(result))
 
 
@@ -198,7 +208,7 @@ def _frontier(data: FrontierData) -> go.Figure:
     return fig
 
 
-def importance_figure(study, objectives: Sequence[Mapping[str, str]] | None = None) -> go.Figure:
+def importance_figure(study: optuna.Study, objectives: Sequence[Mapping[str, str]] | None = None) -> go.Figure:
     """Parameter importance for each objective: Optuna's default evaluator
     (``optuna.importance.get_param_importances``, PED-ANOVA in Optuna 5) on the study's COMPLETE trials.
 
@@ -249,7 +259,7 @@ def _knobs(data: KnobsData) -> go.Figure:
     return fig
 
 
-def slice_figure(study, objective: int = 0, target_name: str | None = None) -> go.Figure:
+def slice_figure(study: optuna.Study, objective: int = 0, target_name: str | None = None) -> go.Figure:
     """Optuna's slice plot (``optuna.visualization.plot_slice``, COMPLETE trials) of one objective against each
     searched knob."""
     return _slice(SliceData(study, objective, target_name))

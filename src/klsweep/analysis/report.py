@@ -1,13 +1,16 @@
 """``sweep report runs/<name>``: a self-contained ``report.html`` (plotly.js inlined, no network needed) and PNGs.
 
-Sections: summary, Pareto front (with the verl command of each front trial), the KL frontier (Gao et al. 2022 laws
-fitted to the feasible trials, :func:`klsweep.analysis.frontier.sweep_frontier`), curves of the objectives (with the
-reference policy's score, :mod:`klsweep.analysis.baseline`) and of KL, entropy and score with health bands, parameter
-importance (with a caveat when it rests on few trials), KL knobs, stop reasons, remedies per health rule,
-compute accounting. PNGs:
-``summary``, ``front``, ``frontier``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``,
-``accounting``, drawn by matplotlib (no browser needed) from the same data as the interactive figures of the page
-(:mod:`klsweep.analysis.figures`).
+Sections:
+
+* summary; the Pareto front, with the verl command of each front trial;
+* the KL frontier (:func:`klsweep.analysis.frontier.sweep_frontier`);
+* curves of the objectives, with the reference policy's score (:mod:`klsweep.analysis.baseline`);
+* curves of KL, entropy and score, with health bands;
+* parameter importance, with a caveat when it rests on few trials; KL knobs;
+* stop reasons, remedies per health rule, compute accounting.
+
+PNGs (``summary``, ``front``, ``frontier``, ``curves``, ``importance``, ``knobs``, ``slice``, ``stop_reasons``,
+``accounting``) are drawn by matplotlib from the same data as the page's interactive figures.
 """
 
 from __future__ import annotations
