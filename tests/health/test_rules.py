@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from klsweep.errors import SweepFileError
 from klsweep.health import PRESETS, HealthConfig, Rule, load_ruleset
-from klsweep.health.rules import DropCondition, ValueCondition, WindowCondition
+from klsweep.health.conditions import DropCondition, ValueCondition, WindowCondition
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "health-rules.md"
 

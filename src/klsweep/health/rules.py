@@ -35,12 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from klsweep.health.conditions import CONDITION_KEYS, Condition
 
 Action = Literal["stop", "warn", "advise"]
 Kind = Literal["diverged", "no_signal", "collapsed", "misconfigured", "nonfinite", "unhealthy"]
-WINDOW_STATS = ("mean", "std", "var", "min", "max", "slope")
-STATS = ("value", *WINDOW_STATS, "drop_from_max", "ratio_to_first")
 PRESETS = ("default", "seed", "conservative", "aggressive")
 
 _MODEL = ConfigDict(extra="forbid", frozen=True)
@@ -100,107 +100,6 @@ def _operation(operation: str) -> str:
 #: error's location), not the first one only.
 _Knob = Annotated[str, AfterValidator(_prescribable)]
 _Operation = Annotated[str, AfterValidator(_operation)]
-
-
-class _Condition(BaseModel):
-    model_config = _MODEL
-
-    metric: str = Field(min_length=1, description="verl metric name or alias the condition reads")
-    above: float | None = Field(None, description="true when the statistic is strictly above this")
-    below: float | None = Field(None, description="true when the statistic is strictly below this")
-
-    @model_validator(mode="after")
-    def _one_bound(self):
-        if (self.above is None) == (self.below is None):
-            raise ValueError(
-                f"condition on {self.metric!r} needs exactly one of 'above' or 'below' "
-                f"(got above={self.above}, below={self.below}); write two conditions under 'any:' for a band"
-            )
-        return self
-
-    def holds(self, x: float) -> bool:
-        return x > self.above if self.above is not None else x < self.below  # type: ignore[operator]
-
-    def describe(self) -> str:
-        bound = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
-        return f"{self.label()} {bound}"
-
-    def label(self) -> str:
-        return self.metric
-
-
-class ValueCondition(_Condition):
-    """The report's own value of the metric."""
-
-    stat: Literal["value"] = "value"
-
-
-class WindowCondition(_Condition):
-    """A statistic of the metric over its last ``window`` steps (``slope``: least squares, units per step).
-
-    The window reads every report from the last one at or before its first step, so it is judged only once the run
-    covers ``window`` steps, with at least two reports; each report weighs the same.
-    """
-
-    stat: Literal["mean", "std", "var", "min", "max", "slope"]
-    window: int = Field(ge=2, description="training steps the statistic covers, ending at the report's step")
-
-    def label(self) -> str:
-        return f"{self.stat}{self.window}({self.metric})"
-
-
-class DropCondition(_Condition):
-    """Relative drop from the running maximum: (max − value) / max; max over ``window`` steps or the whole run.
-
-    Judged only while that maximum is above ``peak_above`` (default 0): a relative drop from a near-zero peak (a
-    validation accuracy of 0.01 at the start of training) is noise, not a drop.
-    """
-
-    stat: Literal["drop_from_max"]
-    window: int | None = Field(None, ge=2, description="training steps the maximum is taken over (default: whole run)")
-    peak_above: float = Field(0.0, ge=0, description="judge only once the maximum is above this (metric units)")
-
-    def describe(self) -> str:
-        floor = f" (max > {self.peak_above:g})" if self.peak_above else ""
-        return super().describe() + floor
-
-    def label(self) -> str:
-        return f"drop_from_max{self.window or ''}({self.metric})"
-
-
-class RatioCondition(_Condition):
-    """value / first finite value of the metric in the run."""
-
-    stat: Literal["ratio_to_first"]
-
-    def label(self) -> str:
-        return f"ratio_to_first({self.metric})"
-
-
-def _condition_tag(data: Any) -> str | None:
-    stat = data.get("stat", "value") if isinstance(data, Mapping) else getattr(data, "stat", None)
-    if stat == "value":
-        return "value"
-    if stat in WINDOW_STATS:
-        return "window"
-    if stat in ("drop_from_max", "ratio_to_first"):
-        return stat
-    return None
-
-
-Condition = Annotated[
-    Annotated[ValueCondition, Tag("value")]
-    | Annotated[WindowCondition, Tag("window")]
-    | Annotated[DropCondition, Tag("drop_from_max")]
-    | Annotated[RatioCondition, Tag("ratio_to_first")],
-    Discriminator(
-        _condition_tag,
-        custom_error_type="invalid_stat",
-        custom_error_message=f"unknown 'stat': valid statistics are {', '.join(STATS)}",
-    ),
-]
-
-_CONDITION_KEYS = ("metric", "stat", "window", "peak_above", "above", "below")
 
 
 class Rule(BaseModel):
@@ -281,7 +180,7 @@ class Rule(BaseModel):
             )
         form = forms[0]
         if form == "metric":
-            data["conditions"] = [{k: data.pop(k) for k in _CONDITION_KEYS if k in data}]
+            data["conditions"] = [{k: data.pop(k) for k in CONDITION_KEYS if k in data}]
         elif form in ("all", "any"):
             items = data.pop(form)
             if not isinstance(items, list):

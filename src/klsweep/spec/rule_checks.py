@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from klsweep.health import load_ruleset
-from klsweep.health.rules import Rule, WindowCondition
+from klsweep.health.conditions import WindowCondition
+from klsweep.health.rules import Rule
 from klsweep.spec.key_checks import Problem
 from klsweep.spec.schema import Sweep
 from klsweep.trainers import trainer_kind
