@@ -91,11 +91,17 @@ class BuiltinCheck:
         said = "logged, but never finite" if self.nonfinite_seen else "never logged"
         return f"{said} (looked for {', '.join(keys)}{more})"
 
+    def _finding(self, step: int, kind: str, values: dict[str, float], advice: str, message: str,
+                 action: str = "stop") -> Event:
+        """This check's finding at ``step``."""
+        return Event(rule=self.name, kind=kind, step=step, values=values, advice=advice, message=message,
+                     action=action)
+
     def _nonfinite(self, step: int, bad: dict[str, float], advice: str, note: str = "") -> Event:
         """The finding of this check at ``step`` for its NaN/inf values ``bad`` (``key = value, ...`` + ``note``),
         with the check's ``action``."""
-        return Event(rule=self.name, kind="nonfinite", step=step, values=bad, advice=advice,
-                     message=", ".join(f"{k} = {v}" for k, v in bad.items()) + note, action=self.action)
+        return self._finding(step, "nonfinite", bad, advice, ", ".join(f"{k} = {v}" for k, v in bad.items()) + note,
+                             self.action)
 
     def check(self, step: int, metrics: Mapping[str, Any], values: Values) -> Event | None:
         raise NotImplementedError
@@ -148,11 +154,8 @@ class NonfiniteGradNorm(BuiltinCheck):
         self.count += 1
         stop = 0 < self.steps_to_stop <= held
         what = ", ".join(f"{k} = {v}" for k, v in bad.items())
-        return Event(
-            rule=self.name,
-            kind="nonfinite",
-            step=step,
-            values={**bad, "streak": float(held), "count": float(self.count)},
+        return self._finding(
+            step, "nonfinite", {**bad, "streak": float(held), "count": float(self.count)},
             advice="lower the learning rate or grad_clip" if stop else "",
             message=f"{what} with finite losses for {held} steps ({steps_text(self.streak.start or step, step)}; "
             f"{self.count} reports in the run)",
@@ -212,16 +215,12 @@ class NoSignal(BuiltinCheck):
             return None
         seen = {**adv, **score}
         what = "every advantage is 0" if adv_zero else "every score is 0"
-        return Event(
-            rule=self.name,
-            kind="no_signal",
-            step=step,
-            values=seen,
+        return self._finding(
+            step, "no_signal", seen,
             advice="check the reward function and data; use an easier task or a larger rollout.n (more chances of "
             "a non-zero group)",
             message=f"{what} ({', '.join(f'{k} = {v:g}' for k, v in seen.items())}) for {held} steps "
             f"({steps_text(self.streak.start or step, step)}): the policy gradient is 0",
-            action="stop",
         )
 
     def why_not_applicable(self):
@@ -234,6 +233,12 @@ def _not_updating(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
         if number(metrics.get(key)) == 0.0:
             return key, 0.0
     return None
+
+
+def _estimator(signals: Signals, key: str) -> str | None:
+    """The base estimator of the KL that metric ``key`` logs (in the loss or in the reward), from the run config."""
+    s = signals.setup
+    return base_estimator(s.loss_estimator if key in KL_IN_LOSS_METRICS else s.reward_estimator)
 
 
 class NoUpdate(BuiltinCheck):
@@ -280,17 +285,13 @@ class NoUpdate(BuiltinCheck):
         held = self.streak.update(step, flat[0])
         if held < self.steps:
             return None
-        return Event(
-            rule=self.name,
-            kind="misconfigured",
-            step=step,
-            values={idle[0]: idle[1]},
+        return self._finding(
+            step, "misconfigured", {idle[0]: idle[1]},
             advice="the actor never changes: check actor_rollout_ref.actor.optim.lr (> 0), that the advantages are "
             "not all 0 (critic/advantages/max and /min), that the actor's parameters are trainable (not frozen; LoRA "
             "adapters attached) and that the optimizer steps (no skipped or overflowing steps)",
             message=f"no update: {idle[0]} is 0 for {held} steps ({steps_text(self.streak.start or step, step)}) "
             f"while the policy is flat ({flat[1]})",
-            action="stop",
         )
 
     def why_not_applicable(self):
@@ -328,16 +329,12 @@ class KlDead(BuiltinCheck):
         held = self.streak.update(step, kl[1] == 0.0)
         if held < self.steps:
             return None
-        return Event(
-            rule=self.name,
-            kind="misconfigured",
-            step=step,
-            values={kl[0]: kl[1]},
+        return self._finding(
+            step, "misconfigured", {kl[0]: kl[1]},
             advice="the reference policy equals the actor or the KL term is not computed: check that the KL "
             "mechanism you sweep is the one that is on (use_kl_loss vs use_kl_in_reward) and the reference model loads",
             message=f"{kl[0]} is exactly 0 for {held} steps ({steps_text(self.streak.start or step, step)}, after the "
             f"warm-up of {self.after}) while KL is on and the actor updates",
-            action="stop",
         )
 
     def why_not_applicable(self):
@@ -361,27 +358,19 @@ class KlNegative(BuiltinCheck):
         super().__init__()
         self.signals, self.tolerance = signals, tolerance
 
-    def _estimator(self, key: str) -> str | None:
-        s = self.signals.setup
-        return base_estimator(s.loss_estimator if key in KL_IN_LOSS_METRICS else s.reward_estimator)
-
     def check(self, step, metrics, values):
         kl = values.get("ref_kl")
         if kl is None or not self.signals.setup.known or not math.isfinite(kl[1]):
             return None
         self.judged = True
-        estimator = self._estimator(kl[0])
+        estimator = _estimator(self.signals, kl[0])
         if estimator not in NONNEGATIVE_ESTIMATORS or kl[1] >= -self.tolerance:
             return None
-        return Event(
-            rule=self.name,
-            kind="misconfigured",
-            step=step,
-            values={kl[0]: kl[1]},
+        return self._finding(
+            step, "misconfigured", {kl[0]: kl[1]},
             advice="the estimator is >= 0 per token, so a negative mean is a bug: check the reference log-probs "
             "(same tokenizer and padding) and the loss aggregation",
             message=f"{kl[0]} = {kl[1]:g} < 0 with estimator {estimator} (abs, k2, k3 are never negative)",
-            action="stop",
         )
 
     def why_not_applicable(self):
@@ -404,22 +393,12 @@ class KlExplosion(BuiltinCheck):
         self.judged = True
         if kl[1] < self.threshold:
             return None
-        s = self.signals.setup
-        estimator = base_estimator(s.loss_estimator if kl[0] in KL_IN_LOSS_METRICS else s.reward_estimator)
-        clamp = (
-            f" (k3 clamps each token at {K3_CLAMP:g}: most tokens are at the clamp)"
-            if estimator in CLAMPED_ESTIMATORS
-            else ""
-        )
-        return Event(
-            rule=self.name,
-            kind="diverged",
-            step=step,
-            values={kl[0]: kl[1]},
-            advice="lower the learning rate, raise the KL coefficient, or lower target_kl",
-            message=f"{kl[0]} = {kl[1]:g} >= {self.threshold:g}{clamp}",
-            action="stop",
-        )
+        clamp = ""
+        if _estimator(self.signals, kl[0]) in CLAMPED_ESTIMATORS:
+            clamp = f" (k3 clamps each token at {K3_CLAMP:g}: most tokens are at the clamp)"
+        return self._finding(step, "diverged", {kl[0]: kl[1]},
+                             advice="lower the learning rate, raise the KL coefficient, or lower target_kl",
+                             message=f"{kl[0]} = {kl[1]:g} >= {self.threshold:g}{clamp}")
 
     def why_not_applicable(self):
         return self.signals.why_absent("ref_kl")
