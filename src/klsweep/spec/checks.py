@@ -157,7 +157,7 @@ def _negative_kl(sweep: Sweep, params: dict) -> Iterator[Problem]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             yield ("overrides", key), f"{key}={value}: {why}"
     for name, p in sweep.parameters.items():
-        key = presets.resolve_key(name, sweep.placement)
+        key = sweep.parameter_keys[name]
         if key not in KL_COEF_KEYS:
             continue
         low = p.min if isinstance(p, Range) else min((v for v in _numbers(p)), default=0)

@@ -12,6 +12,7 @@ is a parameter defined *earlier* in the file.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Annotated, Any, Literal, Union
 
@@ -29,6 +30,7 @@ from pydantic import (
 
 from klsweep.health import HealthConfig
 from klsweep.trainers import TrainerName, trainer_kind
+from klsweep.verl.presets import resolve_key
 
 
 def _scalar(value: Any) -> Any:
@@ -459,6 +461,15 @@ class Sweep(BaseModel):
     def placement(self) -> str:
         """kl_placement with the algorithm's default filled in."""
         return self.kl_placement or {"ppo": "reward", "grpo": "loss", "drgrpo": "none"}[self.algorithm]
+
+    @functools.cached_property
+    def parameter_keys(self) -> dict[str, str]:
+        """Each parameter's name → its verl key, aliases resolved for :attr:`placement`, in file order.
+
+        Raises:
+            ValueError: an alias has no live key under the placement (a loaded sweep has none).
+        """
+        return {name: resolve_key(name, self.placement) for name in self.parameters}
 
     @field_validator("objective", mode="before")
     @classmethod

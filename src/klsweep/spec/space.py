@@ -24,7 +24,7 @@ def parameters(sweep: Sweep) -> dict[str, Parameter]:
 
     Assumes a sweep that passed :func:`klsweep.spec.load.load_sweep` (alias errors are reported there).
     """
-    return {resolve_key(name, sweep.placement): p for name, p in sweep.parameters.items()}
+    return {sweep.parameter_keys[name]: p for name, p in sweep.parameters.items()}
 
 
 def condition(sweep: Sweep, when: Mapping[str, Any] | None) -> dict[str, list[Any]]:
@@ -155,5 +155,5 @@ def key_locations(sweep: Sweep) -> dict[str, str]:
     """verl key → ``FILE:LINE`` of the sweep-file entry that sets it (fixed override or parameter), for messages."""
     out = {key: sweep.where("overrides", key) for key in sweep.overrides}
     for name in sweep.parameters:
-        out[resolve_key(name, sweep.placement)] = sweep.where("parameters", name)
+        out[sweep.parameter_keys[name]] = sweep.where("parameters", name)
     return {k: v for k, v in out.items() if v}
