@@ -15,14 +15,16 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.errors import KlsweepError
 from klsweep.results import REFERENCE_FILE
 from klsweep.trainers import trainer_kind
 from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  # no torch: config only
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def reference_scores(trainer: str, metrics: Sequence[str], df: pd.DataFrame,

@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import plotly.colors
 
-from klsweep.analysis.pareto import Objectives
 from klsweep.verl.metrics import ALIASES
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from klsweep.analysis.pareto import Objectives
     from klsweep.health import RuleSet
 
 #: The three panels of :func:`curves_data`: alias (klsweep.verl.metrics.ALIASES) and axis title.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import pandas as pd
@@ -19,7 +19,6 @@ import pandas as pd
 from klsweep.analysis.accounting import schedules
 from klsweep.analysis.pareto import (
     DEFAULT_LOSS_AGG_MODE,
-    Objectives,
     feasible,
     kl_scale,
     least_infeasible,
@@ -28,6 +27,9 @@ from klsweep.analysis.pareto import (
 )
 from klsweep.results import restarts
 from klsweep.verl.metrics import KlSetup
+
+if TYPE_CHECKING:
+    from klsweep.analysis.pareto import Objectives
 
 AGG = "config/actor_rollout_ref.actor.loss_agg_mode"
 #: COMPLETE trials from which Optuna's default importance is stable: PED-ANOVA (``target_quantile=0.1``) "prefers at

@@ -17,17 +17,24 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.confirm import config_of
-from klsweep.analysis.frontier_fit import FORM_NAMES, MIN_POINTS, Frontier, fit_frontier
+from klsweep.analysis.frontier_fit import FORM_NAMES, MIN_POINTS, fit_frontier
 from klsweep.analysis.pareto import feasible, kl_scale
 from klsweep.analysis.sweep_dir import load, load_history, sweep_info
 from klsweep.errors import ResultsError
 from klsweep.verl.metrics import resolve
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from klsweep.analysis.frontier_fit import Frontier
+    from klsweep.results import SweepRecord
 
 #: verl's mean response length per training step (tokens), ``compute_data_metrics`` in verl/trainer/ppo/metric_utils.py.
 RESPONSE_LENGTH = "response_length/mean"
@@ -233,8 +240,8 @@ def score_metric_of(objectives: Sequence) -> tuple[str | None, str]:
     return None, "the sweep maximises no objective: no score to fit"
 
 
-def sweep_frontier(source, *, level: float = 0.8, n_boot: int = 1000,
-                   references: Mapping[str, float] | None = None) -> SweepFrontier:
+def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepRecord], *, level: float = 0.8,
+                   n_boot: int = 1000, references: Mapping[str, float] | None = None) -> SweepFrontier:
     """Fit the KL frontier of a sweep on the paths (:func:`frontier_paths`) of its feasible and running trials.
 
     Feasible trials are COMPLETE and not stopped by a health rule. Running ones add their steps so far (the

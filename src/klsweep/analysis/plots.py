@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import optuna
-import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -32,10 +31,12 @@ from klsweep.analysis.figures import (
     varying_knobs,
 )
 from klsweep.analysis.frontier_figure import FrontierData, frontier_data
-from klsweep.analysis.pareto import Objectives
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from klsweep.analysis.frontier import SweepFrontier
+    from klsweep.analysis.pareto import Objectives
     from klsweep.health import RuleSet
 
 __all__ = [

@@ -32,7 +32,7 @@ import json
 import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -52,11 +52,13 @@ from klsweep.results import (
     STOP_REASON,
     TOTAL_STEPS,
     TUNE_DIR,
-    Objective,
     SweepRecord,
     failure_reason,
 )
 from klsweep.verl.metrics import resolve
+
+if TYPE_CHECKING:
+    from klsweep.results import Objective
 
 
 def sweep_info(path: str | Path) -> SweepRecord:
