@@ -23,7 +23,7 @@ _GPU_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
 
 @functools.lru_cache(maxsize=None)
 def _verl_default(key: str) -> Any:
-    from omegaconf import OmegaConf  # on use, as klsweep.verl.config: not at import
+    from omegaconf import OmegaConf  # on use: ~0.25 s to import, more than klsweep.spec
 
     return OmegaConf.select(compose({}), key)
 
