@@ -1,4 +1,4 @@
-"""The sweep file: schema (pydantic), loading with line numbers, command-line overrides, error messages."""
+"""The sweep file: schema (pydantic), loading with command-line overrides, checks, and the search space."""
 
 from klsweep.spec.load import load_sweep
 from klsweep.spec.schema import Budget, Choice, Constant, Objective, Range, Sampler, Scheduler, Sweep
