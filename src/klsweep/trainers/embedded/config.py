@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klsweep.errors import OverrideError
+from klsweep.verl.config import check_values, compose
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +192,6 @@ def settings_from_overrides(overrides: Mapping[str, Any], *, allow_negative_kl: 
         OverrideError: unknown key (with the closest valid key), a value verl rejects (with the valid values), or a
             value the embedded trainer cannot run (with the reason and the fix).
     """
-    from klsweep.verl.config import check_values, compose
-
     cfg = compose(with_embedded_defaults(overrides))
     check_values(cfg, allow_negative_kl=allow_negative_kl)
     settings = _read(cfg)
@@ -206,7 +205,7 @@ def settings_from_overrides(overrides: Mapping[str, Any], *, allow_negative_kl: 
 
 
 def _read(cfg) -> Settings:
-    from verl.workers.config import ActorConfig
+    from verl.workers.config import ActorConfig  # verl imports torch: only when a trainer is built
 
     a = cfg.actor_rollout_ref.actor
     algo, critic, data, trainer = cfg.algorithm, cfg.critic, cfg.data, cfg.trainer
