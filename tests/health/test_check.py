@@ -1,5 +1,4 @@
-"""`sweep health check` on public logs of real verl runs (tests/data/traces; acceptance of issue 3), its exit codes
-and JSON output."""
+"""`sweep health check` on public logs of real verl runs (tests/data/traces), its exit codes and JSON output."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The conservative preset on the committed tabular benchmark (benchmarks/tabular/conservative.jsonl.gz, 156 runs of
 the embedded task): its rules stop every run whose gold validation accuracy collapses, and no run that ends at least
-as accurate as it was at its first validation (issue 16: a verdict that kills a good run is the worst one a user
-sees). The previous calibration (validation 15 % below its best at one validation, KL > 0.25 rising) stopped 9 runs
-that end at or above their first validation: 8 by `reward_hacking` on one noisy validation (steps 50 and 80), 1 by
-`kl_runaway` at step 62."""
+as accurate as it was at its first validation (a verdict that kills a good run is the worst one a user sees)."""
 
 from __future__ import annotations
 

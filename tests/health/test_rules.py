@@ -146,6 +146,6 @@ def test_remedies_parse_with_a_default_cap_and_presets_prescribe_only_where_the_
     assert rule.remedy == {"target_kl": "*0.7", "actor_rollout_ref.actor.optim.lr": "/2"} and rule.max_remedies == 2
     for name in ("default", "conservative", "aggressive"):
         prescribed = {r.name: r.remedy for r in load_ruleset(name).rules if r.remedy}
-        # x4, not x1.5: x1.5 (x2.25 after two) rescued 5 of 44 flagged trials, x4 14 of 48 (BENCHMARKS.md, issue 17)
+        # x4, not x1.5: BENCHMARKS.md has the rescue rates of both
         assert prescribed == {"kl_runaway": {"kl_coef": "*4"}, "reward_hacking": {"kl_coef": "*4"}}, name
     assert not any(r.remedy for r in load_ruleset("seed").rules)  # the seed thresholds stay literal

@@ -1,5 +1,5 @@
 """Rules judge per-token values: under token-sum aggregations verl logs actor/kl_loss and actor/entropy as sums over
-tokens, and the engine divides them by the tokens summed (issue 14)."""
+tokens, and the engine divides them by the tokens summed."""
 
 from __future__ import annotations
 

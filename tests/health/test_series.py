@@ -51,7 +51,7 @@ def test_window_statistics_match_numpy():
 
 
 def test_window_statistics_of_values_near_the_float_limit_do_not_raise():
-    # found by hypothesis: fsum of [0, -7.98e307, -1e308] overflows although every value and the mean are finite
+    # fsum of [0, -7.98e307, -1e308] overflows although every value and the mean are finite
     xs = [0.0, -7.976931348623158e307, -1e308]
     rules = [{"name": f"r_{stat}", "metric": "m", "stat": stat, "window": 3, "above": 1.0, "action": "warn"}
              for stat in ("mean", "var", "std", "slope")]
@@ -65,7 +65,7 @@ def test_window_statistics_of_values_near_the_float_limit_do_not_raise():
 
 
 def test_a_slope_over_steps_beyond_the_float_range_is_not_a_number():
-    # found by hypothesis: a step of 1.34e154 squared is an int too large for a float
+    # a step of 1.34e154 squared is an int too large for a float
     rule = {"name": "rising", "metric": "m", "stat": "slope", "window": 3, "above": 0.0, "action": "warn"}
     reports = [(None, {"m": 0.0}), (None, {"m": 0.0}), (1.3407807929942597e154, {"m": 0.0})]
     engine, verdicts = _run(_rules(rule), reports)

@@ -1,4 +1,4 @@
-"""Windows, ``for`` and ``after`` count training steps, not reports (issue 14): a log with one row every k steps gets
+"""Windows, ``for`` and ``after`` count training steps, not reports: a log with one row every k steps gets
 the verdict of the full log within k steps, and each finding says the steps it looked at."""
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ It takes verl's Hydra overrides and does what verl 0.9.1's v1 trainer (``verl/tr
 ``RayPPOTrainer.fit``) does with them, minus the model:
 
 - ``trainer.logger`` (default ``[console,file]``): ``file`` writes through verl's own ``FileLogger``
-  (``verl/utils/tracking.py``, loaded from the installed file without importing the rest of verl, which costs ~9 s
-  of torch imports) to ``$VERL_FILE_LOGGER_PATH``; ``console`` prints verl's ``step:N - key:value`` line.
+  (``verl/utils/tracking.py``, loaded from the installed file without importing the rest of verl and its torch
+  imports) to ``$VERL_FILE_LOGGER_PATH``; ``console`` prints verl's ``step:N - key:value`` line.
 - ``trainer.total_training_steps`` (the test knob ``steps=N`` wins; default 3): steps ``global_steps + 1 .. N``, each
   logging ``actor/kl_loss = step / 100`` and ``actor/entropy = 1 / step``.
 - ``trainer.val_before_train=true`` (or ``val_before_train=1``): first a validation line

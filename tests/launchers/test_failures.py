@@ -1,5 +1,5 @@
 """Failure kinds from the stderr tail of a real verl trial: each kind from the lines that ended the process, never
-from a warning or a log line that merely mentions NCCL, ``ProcessGroupNCCL`` or ``ActorDiedError`` (issue 13).
+from a warning or a log line that merely mentions NCCL, ``ProcessGroupNCCL`` or ``ActorDiedError``.
 
 The tails follow the formats of verl 0.9.1's driver (Hydra's ``Error executing job``, a ``ray.get`` on the
 TaskRunner actor), Ray 2.60 (worker prefixes, ``RayTaskError(...)``, ``ActorDiedError`` and its context lines,
@@ -329,7 +329,7 @@ def test_trial_failed_survives_copy_and_pickle_as_ray_handles_it():
 #: One row per pattern alternative of ``PATTERNS`` and ``FINAL_PATTERNS`` the real tails above do not reach, each a
 #: failure line as its library prints it (torch c10d/NCCL, Hydra 1.3's ``ConfigLoaderImpl`` and ``instantiate``,
 #: omegaconf, verl 0.9.1's ``core_algos.agg_loss`` and ``workers/config/actor.py``, Ray 2.60's ``ray.exceptions``),
-#: under the driver's traceback and Hydra's notice as a verl run prints it (issue 19).
+#: under the driver's traceback and Hydra's notice as a verl run prints it.
 EACH_PATTERN = {
     "cuda_oom: CUDA error: out of memory": (
         "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other "

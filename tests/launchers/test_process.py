@@ -17,7 +17,7 @@ from klsweep.launchers.process import attempt_dir, run_process_trial, trial_comm
 
 from .conftest import seconds_until_gone, tree_of, wait_for
 
-#: kill-to-gone seconds measured by the tests of this module (printed with -s; reported in the issue).
+#: kill-to-gone seconds measured by the tests of this module (printed with -s).
 MEASURED: dict[str, float] = {}
 
 

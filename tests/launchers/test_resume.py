@@ -1,4 +1,4 @@
-"""A verl trial that starts again continues from its own last checkpoint (issue 13, item 8): checkpoint cadence,
+"""A verl trial that starts again continues from its own last checkpoint: checkpoint cadence,
 steps reported once, and the adaptive KL coefficient carried over. The trials run the stand-in for verl's main_ppo
 (``fake_trainer.py``: verl's FileLogger, checkpoint layout, resume_mode=auto and KL controllers)."""
 
@@ -141,7 +141,7 @@ def test_a_later_start_of_the_trial_continues_its_curve(verl_standin, tmp_path, 
 @pytest.mark.slow  # two runs of the stand-in, each starting its own Ray as verl's main_ppo does
 def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_standin, tmp_path):
     """A KL runaway (the stand-in's KL = 0.5 × step × 0.01 / β) passes 0.3 at step 7, where Tune pauses the trial
-    (the remedy, issue 17), which restarts it from step 4 with kl_coef = 1.5 × the coefficient logged last: verl
+    (the remedy), which restarts it from step 4 with kl_coef = 1.5 × the coefficient logged last: verl
     resumes from global_step_4 (resume_path, not auto: its tracker names 6), the abandoned run's
     checkpoint 6 is gone before the restart, Tune is told steps 5-10 again, and the KL stays below 0.3."""
     from verl.trainer.ppo import core_algos

@@ -91,8 +91,8 @@ def test_sigkill_of_the_sweep_driver(tmp_path):
 
 def test_trials_on_a_two_node_cluster_never_share_a_gpu(tmp_path):
     """2 nodes × 2 logical GPUs, 4 trials of {"gpu": 1} at once: one GPU each, spread over both nodes; every trial's
-    files are in the sweep's results directory (Tune's storage_path), the worker node's included (they used to stay
-    in Ray's node-local staging directory); a trial's process starts its own Ray, not a client of the cluster's."""
+    files are in the sweep's results directory (Tune's storage_path), the worker node's included (not in Ray's
+    node-local staging directory); a trial's process starts its own Ray, not a client of the cluster's."""
     env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE.parents[1])}
     out = subprocess.run([sys.executable, str(HERE / "tune_trials.py"), "placement", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=300)
@@ -152,19 +152,19 @@ def test_a_stopped_process_trial_does_not_lose_the_next_one(ray_local, fake_trai
     """Two trials one after the other, each holding the whole (2-CPU) Ray as a verl trial holds its GPUs; Tune stops
     the first while its process ignores SIGTERM, so its tree ends only at SIGKILL after the supervisor's grace period
     (5 s, more than the 2 s Ray's reset_config waits for a reused actor's previous trial,
-    TUNE_FUNCTION_THREAD_TIMEOUT_S). The second trial runs to its end (it used to be ERROR 'Could not re-use actor'
-    without running, and fit() never returned), and starts only once the first trial's tree is gone (Tune gives the
+    TUNE_FUNCTION_THREAD_TIMEOUT_S). The second trial runs to its end (not ERROR 'Could not re-use actor' without
+    running, with fit() never returning), and starts only once the first trial's tree is gone (Tune gives the
     slot, on a GPU node its GPUs, to the next trial when the stopped actor's stop returns)."""
-    from klsweep.orchestrate.sweep import _reuse_actors
+    from klsweep.orchestrate.tuner import reuse_actors
 
-    assert _reuse_actors("embedded") and not _reuse_actors("verl") and not _reuse_actors(fake_trainer)
+    assert reuse_actors("embedded") and not reuse_actors("verl") and not reuse_actors(fake_trainer)
     slow_to_stop = {"steps": 1000, "interval": 0.05, "ignore_term": 1}
     all_cpus = ray_local.cluster_resources()["CPU"]  # one slot: the next trial waits for the first one's resources
     tuner = tune.Tuner(
         tune.with_resources(fake_trial, {"cpu": all_cpus}),
         param_space=tune.grid_search([slow_to_stop, {"steps": 3}]),
-        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=_reuse_actors(fake_trainer),
-                                    time_budget_s=120),  # a lost trial used to leave fit() waiting forever
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=reuse_actors(fake_trainer),
+                                    time_budget_s=120),  # a lost trial would leave fit() waiting forever
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="reuse", stop=_stop_the_slow_one, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
@@ -238,7 +238,7 @@ def test_a_trial_past_its_time_limit_fails_and_ends_its_tree(ray_local, fake_tra
 def test_a_trial_tune_retries_resumes_from_its_checkpoint(ray_local, tmp_path):
     """A verl trial that fails with a kind klsweep does not retry itself is retried by Tune (FailureConfig
     max_failures=1) in the same trial directory: it resumes from its checkpoint (step 6, save_freq 10 // 5 = 2), and
-    Tune's results have each step once, in order, with training_iteration == step (it used to start again at 1), the
+    Tune's results have each step once, in order, with training_iteration == step (not starting again at 1), the
     adaptive KL coefficient continuing where it was (verl does not checkpoint it: without the carry-over, step 8
     would use 0.1 × 1.02 instead of 0.1 × 1.02^7)."""
     from tests.launchers.test_resume import ADAPTIVE
@@ -266,7 +266,7 @@ def test_a_trial_tune_retries_resumes_from_its_checkpoint(ray_local, tmp_path):
 
 
 def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_local, tmp_path):
-    """Issue 17 on the trial process path: the stand-in's KL runs away (0.5 × step × 0.01 / β, β = kl_coef 0.1 under
+    """A remedy on the trial process path: the stand-in's KL runs away (0.5 × step × 0.01 / β, β = kl_coef 0.1 under
     the fixed controller) and passes 0.3 at step 7; the remedy (kl_coef ×2) restarts the same Tune trial from the
     checkpoint before that step that verl still holds, 6 (save_freq 2, 2 kept), with resume_mode=resume_path, and the
     trial ends healthy at step 10 (KL 0.25) with one schedule entry and each step once in result.json, keeping its
@@ -274,15 +274,11 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
     import functools
 
     from klsweep.health import HealthStopper, load_ruleset
-    from klsweep.launchers.resume import KL_COEF_KEY
-    from klsweep.orchestrate.remedy import (
-        REMEDIES,
-        KeepRestartPoints,
-        RemedyScheduler,
-        ResultsFromCheckpoint,
-        overrides_of,
-    )
+    from klsweep.orchestrate.remedy import REMEDIES, overrides_of
+    from klsweep.orchestrate.remedy_tune import KeepRestartPoints, RemedyScheduler
+    from klsweep.orchestrate.result_json import ResultsFromCheckpoint
     from klsweep.spec import load_sweep
+    from klsweep.trainers.restore import KL_COEF_KEY
     from tests.orchestrate.conftest import sweep_file
 
     from .tune_trials import verl_sweep_trial

@@ -81,7 +81,7 @@ verl_trial.__mixins__ = run_trial.__mixins__
 
 def verl_sweep_trial(config, sweep):
     """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``verl``), the
-    stand-in as verl's main_ppo: a remedied trial restarts it from verl's checkpoint (issue 17)."""
+    stand-in as verl's main_ppo: a remedied trial restarts it from verl's checkpoint."""
     import dataclasses
 
     from klsweep.trainers import TRAINERS

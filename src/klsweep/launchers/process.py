@@ -188,8 +188,8 @@ def run_process_trial(
             the trial) ends the process tree and propagates.
         timeout_s: wall-clock limit of each attempt in seconds (None: none; the sweep's ``budget.trial_timeout_s``).
             An attempt past it ends with its whole tree and fails with kind ``timeout``, "timed out after N s" (not
-            retried). Checkpoint steps of verl take ~10× a normal step (~2,500 s against ~170 s in verl's GRPO
-            reference log): size it for the whole run, not per step.
+            retried). A verl checkpoint step takes many times a normal step: size it for the whole run, not per
+            step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
         retries: how many new attempts a retryable failure gets.
         rewind_to: the step a remedy restarts the trial from (None: none; ignored when verl no longer holds a

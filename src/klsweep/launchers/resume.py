@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from klsweep.trainers.restore import KL_COEF_KEY
 from klsweep.verl.stream import MetricsTail
 
 #: verl's checkpoint cadence key; a verl trial without one gets :func:`save_freq`.
@@ -24,15 +25,13 @@ SAVE_FREQ_KEY = "trainer.save_freq"
 #: How many checkpoints verl keeps per trial unless the sweep says otherwise (verl's default null keeps all: with
 #: klsweep's cadence, five full actor and critic checkpoints per trial); a resume needs only the latest.
 CHECKPOINTS_KEPT = {"trainer.max_actor_ckpt_to_keep": 1, "trainer.max_critic_ckpt_to_keep": 1}
-#: The initial coefficient of verl's in-reward KL controller (``core_algos.get_kl_controller``).
-KL_COEF_KEY = "algorithm.kl_ctrl.kl_coef"
 #: The coefficient ``ray_trainer.apply_kl_penalty`` used at a step: the controller's value before that step's update.
 KL_COEFF_METRIC = "actor/reward_kl_penalty_coeff"
 #: verl's checkpoint tracker in ``trainer.default_local_dir`` (``verl/utils/checkpoint/checkpoint_manager.py``).
 TRACKER = "latest_checkpointed_iteration.txt"
 #: Steps between checkpoints when neither ``trainer.save_freq`` nor ``trainer.test_freq`` is set: a fifth of the
-#: run, the cadence of verl's GRPO reference run (tests/data/README.md: 20 of 105 steps; a checkpoint step took ~15
-#: normal steps there, so a shorter cadence costs more than a retry saves).
+#: run, the cadence of verl's GRPO reference run (tests/data/README.md). A checkpoint step is slow, so a shorter
+#: cadence costs more than a retry saves.
 DEFAULT_CHECKPOINTS_PER_RUN = 5
 
 

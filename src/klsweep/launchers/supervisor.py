@@ -2,8 +2,8 @@
 
 Ray kills only a trial worker's direct children, so verl's own Ray (raylet, GCS, workers) and vLLM servers started by
 ``python -m verl.trainer.main_ppo`` would outlive a stopped trial, and every process survives when the sweep driver
-is SIGKILLed (ray#23971, ray#34125). The design that cleaned up in every case we tried
-(tests/launchers/test_process.py: a stopped trial, a SIGKILLed driver, verl's own Ray):
+is SIGKILLed (ray#23971, ray#34125). The design (tests/launchers/test_process.py checks a stopped trial, a SIGKILLed
+driver and verl's own Ray):
 
 1. :func:`start` launches ``python -m klsweep.launchers.supervisor SPEC`` in a new session; that process forks and
    exits, so the supervisor is neither a direct child of the Ray worker nor in its process group or session.

@@ -50,7 +50,7 @@ def cache_path(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> Path:
 
 
 def load_reference(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> TinyTransformer:
-    """The reference policy, loaded from the cache or built (about 10-30 s on one core) and cached.
+    """The reference policy, loaded from the cache or built (:data:`SFT_STEPS` steps of SFT) and cached.
 
     Returns:
         A fresh :class:`TinyTransformer` holding the SFT weights (callers may train it).
