@@ -11,8 +11,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klsweep.orchestrate.trainable import run_trial
+
+if TYPE_CHECKING:
+    from klsweep.spec import Sweep
 
 HERE = Path(__file__).resolve().parent
 
@@ -79,7 +83,7 @@ def verl_trial(config):
 verl_trial.__mixins__ = run_trial.__mixins__
 
 
-def verl_sweep_trial(config, sweep):
+def verl_sweep_trial(config, sweep: Sweep):
     """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``verl``), the
     stand-in as verl's main_ppo: a remedied trial restarts it from verl's checkpoint."""
     import dataclasses
@@ -94,7 +98,7 @@ def verl_sweep_trial(config, sweep):
 verl_sweep_trial.__mixins__ = run_trial.__mixins__
 
 
-def sweep_trial(config, sweep):
+def sweep_trial(config, sweep: Sweep):
     """:func:`klsweep.orchestrate.trainable.run_trial` itself with ``sweep`` (whose ``trainer`` is ``fake``), as the
     sweep's Tuner runs it; ``config`` are the trial's params (for the fake trainer: ``steps``, ``hang``, ...)."""
     from klsweep.trainers import TRAINERS
