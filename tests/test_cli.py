@@ -15,6 +15,9 @@ from klsweep import __version__
 from klsweep.cli import main
 from tests.orchestrate.conftest import sweep_file
 
+#: Ray client's connection timeouts (ray/util/client/worker.py, 5 s growing to 30 s by default) cut to 1 s.
+FAST_GIVE_UP = {"RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
+
 
 def test_options_may_follow_or_precede_the_overrides(tmp_path, capsys):
     path = sweep_file(tmp_path)
@@ -51,14 +54,15 @@ def test_a_directory_without_a_sweep_is_neither_written_into_nor_deleted(tmp_pat
 
 def test_no_cluster_to_join_is_one_line_and_leaves_nothing_behind(tmp_path):
     # A port nobody listens on (`--address auto` would join any Ray this machine runs, the tests' own included):
-    # Ray's client gives up after its 30 s connection timeout.
+    # Ray's client gives up after 3 connection attempts, 1 s each here (FAST_GIVE_UP).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "klsweep.cli", "run", sweep_file(tmp_path), "--out", str(out),
                           "--address", f"ray://127.0.0.1:{port}"],
-                         env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=300)
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled", **FAST_GIVE_UP}, capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
     assert f"no Ray cluster to join at --address ray://127.0.0.1:{port}" in run.stderr
