@@ -59,7 +59,7 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
 
     Each trial spec: ``params`` (verl overrides searched), ``steps``, ``health``, ``stop_reason``, optional
     ``state`` (default COMPLETE), ``metrics`` (a function of (params, step) → dict; default :func:`curve`) and
-    ``remedies`` (the schedule :class:`klsweep.orchestrate.remedy.RemedyScheduler` records, a list of dicts) and
+    ``remedies`` (the schedule :class:`klsweep.orchestrate.remedy_tune.RemedyScheduler` records, a list of dicts) and
     ``confirm_of`` (a confirmation re-run of that trial number, with ``params["data.seed"]`` its seed).
     Trials' told values are their last reported objectives (what KlsweepSearch tells Optuna); PRUNED/FAIL get none.
     """

@@ -39,7 +39,7 @@ def test_confirmation_columns_are_integers_in_trials_csv(synthetic_sweep):
     empty on the others, written '2' and '3' to trials.csv (a float64 column wrote '2.0')."""
     import csv
 
-    from klsweep.orchestrate.progress import write_trials_csv
+    from klsweep.analysis.trials_csv import write_trials_csv
 
     from .conftest import trial_spec
 
@@ -66,8 +66,8 @@ def test_a_trial_that_raised_has_its_exception_as_stop_reason_in_trials_csv_and_
 
     from rich.console import Console
 
-    from klsweep.orchestrate.progress import write_trials_csv
-    from klsweep.orchestrate.status import status
+    from klsweep.analysis.status import status
+    from klsweep.analysis.trials_csv import write_trials_csv
 
     from .conftest import trial_spec
 
