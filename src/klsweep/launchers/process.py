@@ -1,16 +1,15 @@
-"""One trial = one training process: ``python -m verl.trainer.main_ppo`` (GPU nodes) or the embedded trainer's
-process mode ``python -m klsweep.trainers.embedded`` (CPU), supervised, streamed step by step to Ray Tune.
+"""One trial = one training process, supervised and streamed step by step to Ray Tune.
 
-The process writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``
-(``verl.utils.tracking.FileLogger``: unbuffered, truncated on start, so every attempt gets a new path); the trial
-tails that file and calls ``ray.tune.report(data | {"step": N})`` once per training step, in order, where the health
-stopper and the searcher see it; the tail wakes when the file is written (inotify, :mod:`klsweep.launchers._watch`),
-so a step reaches Tune within milliseconds, while the process still runs. verl's step-0 line (validation before
-training, ``verl/trainer/ppo/v1/trainer_base.py``) is not a result of its own: it is merged into step 1's, so Tune's
-``training_iteration`` equals verl's step and ASHA (``time_attr="training_iteration"``) stops at the steps it names.
-When Tune stops the trial (``tune.report`` raises ``SystemExit``), when the process fails or runs past its time limit,
-and when the sweep driver dies, :mod:`klsweep.launchers.supervisor` ends the whole process tree (ray#23971,
-ray#34125).
+The process is ``python -m verl.trainer.main_ppo`` (GPU nodes) or ``python -m klsweep.trainers.embedded`` (CPU). It
+writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``
+(``verl.utils.tracking.FileLogger``: unbuffered, truncated on start, so every attempt gets a new path). The trial
+tails that file (:class:`klsweep.verl.stream.MetricsTail`) and wakes when it is written (inotify,
+:mod:`klsweep.launchers._watch`). Each training step becomes one ``ray.tune.report(data | {"step": N})``, in order,
+while the process still runs (:class:`klsweep.verl.stream.StepReports`). verl's step-0 line (validation before
+training) is merged into step 1's report. So Tune's ``training_iteration`` equals verl's step, and ASHA
+(``time_attr="training_iteration"``) stops at the steps it names. :mod:`klsweep.launchers.supervisor` ends the whole
+process tree when Tune stops the trial, when the process fails or runs past its time limit, and when the sweep driver
+dies (ray#23971, ray#34125).
 
 Layout of a trial directory (in the sweep's results directory, :func:`klsweep.launchers.storage.trial_directory`)::
 
@@ -99,11 +98,11 @@ def trial_command(
     Returns:
         ``(argv, env)``. For verl, argv has ``trainer.save_freq`` (the trial's own, else
         :func:`klsweep.launchers.resume.save_freq`), ``trainer.max_actor_ckpt_to_keep`` and
-        ``trainer.max_critic_ckpt_to_keep`` (the trial's own, else 1: a resume needs only the latest) and ends with
-        the managed keys: ``trainer.experiment_name`` (the
-        trial directory's name), ``trainer.default_local_dir`` (``trial_dir/checkpoints``), ``hydra.run.dir``
-        (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list plus ``file``, default ``[console,file]``) and
-        ``+ray_kwargs.ray_init.address=local`` unless the sweep sets that key. ``env`` has
+        ``trainer.max_critic_ckpt_to_keep`` (the trial's own, else 1: a resume needs only the latest). It ends with
+        the managed keys: ``trainer.experiment_name`` (the trial directory's name), ``trainer.default_local_dir``
+        (``trial_dir/checkpoints``), ``hydra.run.dir`` (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list
+        plus ``file``, default ``[console,file]``), and ``+ray_kwargs.ray_init.address=local`` unless the sweep sets
+        that key. ``env`` has
         ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl``, ``RAY_AUTH_MODE=disabled`` unless ``base_env``
         sets it (:data:`RAY_AUTH_MODE_DEFAULT`), and none of :data:`DROPPED_ENV`.
 
@@ -164,15 +163,13 @@ def run_process_trial(
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
     A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed) starts a new attempt, up to
-    ``retries`` times. Other failures raise at once (Tune's ``FailureConfig`` cannot tell kinds apart: keep its
-    ``max_failures=0``). Every attempt of a verl trial, in this call or in a later one on the same ``trial_dir``
-    (a Tune retry, ``sweep resume``), resumes from the trial's own last checkpoint (``trainer.save_freq``,
-    verl's ``resume_mode=auto``) with the KL controller's coefficient carried over
-    (:func:`klsweep.launchers.resume.resume_overrides`); steps that the trial's earlier attempts logged are not
-    reported again, so the curve Tune sees has each step once, in order. A verl trial a remedy restarts
-    (``rewind_to``, :mod:`klsweep.orchestrate.remedy`) continues from verl's checkpoint at that step
-    (``trainer.resume_mode=resume_path``, :func:`klsweep.launchers.resume.rewind`) with ``overrides`` as they are
-    (the remedy's coefficient, not the one logged there), and reports the steps after it again.
+    ``retries`` times. Other failures raise at once: Tune's ``FailureConfig`` cannot tell kinds apart, so keep its
+    ``max_failures=0``. Every attempt of a verl trial resumes from the trial's own last checkpoint, in this call or a
+    later one on the same ``trial_dir`` (a Tune retry, ``sweep resume``). The KL controller's coefficient is carried
+    over (:func:`klsweep.launchers.resume.resume_overrides`). Steps that earlier attempts logged are not reported
+    again: Tune sees each step once, in order. A verl trial a remedy restarts (``rewind_to``) continues from verl's
+    checkpoint at that step (:func:`klsweep.launchers.resume.rewind`). It runs with ``overrides`` as given (the
+    remedy's coefficient, not the one logged there) and reports the steps after that checkpoint again.
 
     Args:
         overrides: the trial's flat verl overrides.

@@ -204,8 +204,9 @@ class MetricsTail:
 class StepReports:
     """verl's file-logger lines → one report per training step, each step once and in order.
 
-    verl logs validation before training as step 0: that line is merged into step 1's report, step 1's own values
-    winning. A step at or before the last one reported (a retry resumed from an older checkpoint) is not reported.
+    verl logs validation before training as step 0 (``verl/trainer/ppo/v1/trainer_base.py``). That line is merged
+    into step 1's report, step 1's own values winning. A step at or before the last one reported is not reported
+    again (a retry resumed from an older checkpoint logs it again).
 
     Args:
         report: called with ``data | {"step": N}`` once per reported step.
