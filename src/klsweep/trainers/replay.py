@@ -5,10 +5,11 @@ stream: each logged step becomes one Ray Tune report with verl's metric names, s
 searcher and the results table see what they would see from a live run. Use it to try a rule set on real logs
 inside ``sweep run``, or to exercise the orchestrator at scale without training (``benchmarks/scale_sim.py``).
 
-The log is read by :func:`klsweep.health.readers.read_trace`, the decoder ``sweep health check`` and live trials use
-(verl file-logger jsonl, verl console log, W&B CSV export, Ray Tune ``progress.csv`` / ``result.json``; non-finite
-values as each writer spells them, verl's ``null`` included, so a run whose losses went NaN is stopped, never played to
-COMPLETE). The trial's parameters do not change what is played back.
+The log is read by :func:`klsweep.health.readers.read_trace`, as ``sweep health check`` reads it: verl file-logger
+jsonl, verl console log, W&B CSV export, Ray Tune ``progress.csv`` / ``result.json``. JSON lines go through the
+decoder live trials use (:mod:`klsweep.verl.stream`). Non-finite values count as each writer spells them, verl's
+``null`` included, so a run whose losses went NaN is stopped, never played to COMPLETE. The trial's parameters do not
+change what is played back.
 """
 
 from __future__ import annotations
