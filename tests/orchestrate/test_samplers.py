@@ -10,7 +10,7 @@ import pytest
 
 from klsweep.orchestrate.samplers import build_sampler, trial_seed
 from klsweep.spec import load_sweep
-from klsweep.spec.schema import SAMPLERS
+from klsweep.spec.schema import SAMPLERS, Sweep
 from klsweep.spec.space import define_space, seed_params
 from tests.orchestrate.conftest import sweep_file
 
@@ -20,7 +20,7 @@ PARAMETERS = {
 }
 
 
-def _ask(study: optuna.Study, sweep, n: int) -> list[tuple]:
+def _ask(study: optuna.Study, sweep: Sweep, n: int) -> list[tuple]:
     """Ask ``n`` trials the way Ray's OptunaSearch does (define-by-run), tell each a value; their param sets."""
     space = define_space(sweep)
     proposed = []
@@ -77,7 +77,7 @@ RANGES = {  # numeric ranges only: every sampler name accepts them (cmaes refuse
 }
 
 
-def _random_proposal(seed: int, sweep) -> tuple:
+def _random_proposal(seed: int, sweep: Sweep) -> tuple:
     """What Optuna's own RandomSampler seeded ``seed`` proposes for the sweep's space as a study's first trial."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed), direction="maximize")
     return _ask(study, sweep, 1)[0]

@@ -84,7 +84,7 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
     return 0
 
 
-def save_frontier(run_dir: str, record) -> str | None:
+def save_frontier(run_dir: str, record: SweepRecord) -> str | None:
     """Save the sweep's KL frontier figure into its study (optuna-dashboard's custom plotly figures, id
     :data:`FRONTIER_GRAPH_ID`); a sweep that cannot be fitted yet gets the figure that says why.
 

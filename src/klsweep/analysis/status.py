@@ -51,14 +51,13 @@ def status(run_dir: str, console: Console | None = None) -> int:
     return 0
 
 
-def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame | None = None) -> str | None:
-    """The KL frontier forecast from the trials finished so far (:meth:`klsweep.analysis.frontier.SweepFrontier.
-    summary`), once :data:`klsweep.analysis.frontier_fit.MIN_POINTS` trials are feasible; ``None`` before.
+def frontier_line(run_dir: str, df: pd.DataFrame, record: SweepRecord,
+                  history: pd.DataFrame | None = None) -> str | None:
+    """The KL frontier forecast line from the trials finished so far; ``None`` below ``MIN_POINTS`` feasible trials.
 
-    ``d = 0`` is the reference policy's score where klsweep can compute it (the embedded trainer's validation, a few
-    seconds, once per sweep), as ``sweep report`` does, so both print the same KL*; elsewhere the median first
-    logged score. ``record`` is the sweep's :class:`klsweep.results.SweepRecord`, as :func:`status` read it;
-    ``history`` the trials' steps (:func:`klsweep.analysis.sweep_dir.load_history` columns; default: read from run_dir).
+    Takes the trials frame ``df``, the sweep's ``record`` and optionally the trials' steps ``history`` (default:
+    read from ``run_dir``). ``d = 0`` is the reference policy's score where klsweep can compute it, as in
+    ``sweep report``; elsewhere the median first logged score.
     """
     if int(feasible(df).sum()) < MIN_POINTS:
         return None
@@ -69,20 +68,17 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record, history: pd.DataFrame 
 
 
 def trials_table(sweep: Sweep, df: pd.DataFrame) -> Table:
-    """One row per trial of a :func:`klsweep.analysis.load` frame: number, state, the searched parameters (the
-    trial's verl overrides; with confirmation runs, ``confirms``, the trial a run re-runs, and its ``seed``), the last
-    reported step, reference KL, entropy and training score (``kl_metric``,
-    ``actor/entropy``, ``critic/score/mean``: running trials included, from their Tune result files), each
-    objective's last value, the health verdict and, when a trial was remedied, its whole schedule
-    (:func:`klsweep.results.schedule_line`) in a ``remedies`` column. The parameters are the proposed
-    ones, as the Optuna trial keeps them; where a remedy changed one, its cell also shows the value the last remedy
-    restarted the trial with (``0.002→0.0347``), and a caption under the table says so.
+    """The table ``sweep status`` prints: one row per trial of a :func:`klsweep.analysis.load` frame.
 
-    KL and entropy of trials measured on another scale than most rows' are marked (``267.4†``) and the caption
-    names each scale: KL by :func:`klsweep.analysis.pareto.kl_scale` (estimator, aggregation, mechanism), entropy by
-    ``loss_agg_mode`` (verl's ``actor/entropy`` is ``agg_loss`` of the token entropies with the actor's
-    ``loss_agg_mode``, verl/trainer/ppo/ray_trainer.py): under ``seq-mean-token-sum`` both are sums over a
-    sequence's tokens, hundreds of times a per-token mean."""
+    Columns: trial, state, the searched parameters (with confirmation runs also ``confirms`` and ``seed``), the last
+    step, reference KL, entropy, training score, each objective's last value, the health verdict, and for remedied
+    trials their schedule (:func:`klsweep.results.schedule_line`). Parameters are the proposed ones; a cell a remedy
+    changed also shows the last restart's value (``0.002→0.0347``), said in the caption.
+
+    KL and entropy on another scale than most rows' are marked (``267.4†``) and the caption names each scale: KL by
+    :func:`klsweep.analysis.pareto.kl_scale`, entropy by the actor's ``loss_agg_mode``. Under
+    ``seq-mean-token-sum`` both are sums over a sequence's tokens, not per-token means.
+    """
     keys = list(parameters(sweep))
     objectives = [o.metric for o in sweep.objectives]
     confirmation = {"confirm_of": "confirms", f"config/{SEED_KEY}": "seed"} if "confirm_of" in df else {}

@@ -1,6 +1,8 @@
-"""The end of ``sweep run`` (and of ``sweep status``): counts by state, the stop reasons, the compute used and saved
-per stop reason, the confirmed leaders ranked by their mean over seeds (``budget.confirm``), the best trial(s) and
-the verl command that reproduces each."""
+"""The end of ``sweep run`` and of ``sweep status``: what the sweep did and its best trial(s).
+
+Counts by state, the stop reasons, the compute used and saved per stop reason, the confirmed leaders ranked by their
+mean over seeds (``budget.confirm``), the best trial(s) and the verl command that reproduces each.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 #: Console.print options for text that must come out verbatim ("[console,file]" is not rich markup).
 _PLAIN = {"markup": False, "highlight": False, "soft_wrap": True}
+
 
 def best_trials(sweep: Sweep, df: pd.DataFrame) -> pd.DataFrame:
     """The best COMPLETE, healthy search trial (single objective) or the Pareto front of them (several objectives).
