@@ -103,8 +103,9 @@ def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFram
 
 
 def frontier_points(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per trial, the last row of :func:`frontier_paths`: the per-sequence KL and the score at the trial's last step
-    that logged a reference KL, the response length and the score (same columns and ``attrs["reference"]``).
+    """Per trial, the last row of :func:`frontier_paths`: its end point in (per-sequence KL, score).
+
+    Same columns and ``attrs["reference"]`` as :func:`frontier_paths`.
 
     Raises:
         ResultsError: as :func:`frontier_paths`.

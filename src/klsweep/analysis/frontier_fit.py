@@ -78,8 +78,8 @@ def fit_form(form: Form, d: np.ndarray, gain: np.ndarray) -> tuple[float, float]
 def peak(form: Form, alpha: float, beta: float) -> tuple[float, float]:
     """``(d*, R(d*))``: where the fitted gain peaks and its value there.
 
-    ``beta <= 0`` has no interior maximum (the gain keeps rising with KL): ``(inf, inf)`` when it rises, and for a
-    gain that never rises (``alpha <= 0`` with ``beta <= 0``) the peak is at ``d = 0`` with gain 0.
+    ``beta <= 0`` has no interior maximum: the result is ``(inf, inf)`` while the gain rises with KL.
+    A gain that never rises (``alpha <= 0`` with ``beta <= 0``) peaks at ``d = 0`` with gain 0.
     """
     if beta <= 0:
         return (math.inf, math.inf) if alpha > 0 or beta < 0 else (0.0, 0.0)
@@ -176,8 +176,10 @@ class Frontier:
 
 
 def expanded_tails(level: float, n: int) -> tuple[float, float]:
-    """Percentiles (0-100) of Hesterberg's (2015) expanded percentile interval at ``level`` from ``n`` resampled
-    units: ``Phi(-+ sqrt(n / (n - 1)) t_{n-1}((1 + level) / 2))``; they tend to ``(1 -+ level) / 2`` as ``n`` grows.
+    """Percentiles (0-100) of Hesterberg's (2015) expanded percentile interval at ``level`` from ``n`` units.
+
+    Formula: ``Phi(-+ sqrt(n / (n - 1)) t_{n-1}((1 + level) / 2))``.
+    At ``n`` units the interval is as wide as a Student-t one; it tends to ``(1 -+ level) / 2`` as ``n`` grows.
 
     Raises:
         ValueError: ``n < 2`` or ``level`` outside ``(0, 1)``.

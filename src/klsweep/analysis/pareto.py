@@ -1,8 +1,8 @@
 """Pareto fronts and hypervolume of a sweep's trials table (:func:`klsweep.analysis.sweep_dir.load`).
 
-The non-dominated sort and the hypervolume are Optuna's own (``optuna.study._multi_objective._is_pareto_front``, the
-function behind ``Study.best_trials``, and ``optuna._hypervolume.compute_hypervolume``, exact WFG); this module only
-turns table columns and directions into Optuna's minimisation convention and decides which trials are feasible.
+The non-dominated sort and the hypervolume are Optuna's own: ``optuna.study._multi_objective._is_pareto_front``
+(behind ``Study.best_trials``) and ``optuna._hypervolume.compute_hypervolume`` (exact WFG). This module turns table
+columns and directions into Optuna's minimisation convention, and decides which trials are feasible.
 
 Feasible = Optuna state COMPLETE and health verdict not ``stopped`` (the health constraint of
 :data:`klsweep.results.HEALTH_CONSTRAINT`). When no trial is feasible the front is empty, a

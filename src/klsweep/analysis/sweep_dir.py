@@ -202,10 +202,11 @@ def load(path: str | Path) -> pd.DataFrame:
 
 
 def overrides_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The flat verl overrides of one trial, from its ``config/<verl key>`` entries in a :func:`load` row (pandas
-    Series or dict); empty cells (keys other trials set) are left out and numpy scalars become Python values, ready
-    for :func:`klsweep.verl.config.verl_command`. Whole floats become ints: a column with empty cells is float64 in
-    pandas, and verl's int fields (``ppo_epochs``) refuse ``1.0`` while its float fields accept ``1``."""
+    """The flat verl overrides of one trial, from the ``config/<verl key>`` entries of a :func:`load` row.
+
+    ``row`` is a pandas Series or a dict. Empty cells (keys other trials set) are left out.
+    Numpy scalars become Python values, ready for :func:`klsweep.verl.config.verl_command`.
+    Whole floats become ints: verl's int fields (``ppo_epochs``) refuse ``1.0``, its float fields accept ``1``."""
     out = {}
     for key, value in row.items():
         if not str(key).startswith("config/") or value is None or (isinstance(value, float) and math.isnan(value)):
