@@ -1,7 +1,7 @@
 """Health rules as a Ray Tune ``Stopper``: one :class:`HealthEngine` per trial, the verdict written into the result.
 
 A stop by a rule with a ``remedy`` is first offered to the sweep's remedy planner
-(:class:`klsweep.orchestrate.remedy.RemedyScheduler`): when it plans a restart from a checkpoint, the trial is not
+(:class:`klsweep.orchestrate.remedy_tune.RemedyScheduler`): when it plans a restart from a checkpoint, the trial is not
 stopped, and its engine restarts from the reports up to that checkpoint.
 """
 
