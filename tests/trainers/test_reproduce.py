@@ -8,7 +8,8 @@ import shlex
 
 import pytest
 
-from klsweep.trainers import remedy_schedule, reproduce_commands, reproduce_lines
+from klsweep.results import remedy_records
+from klsweep.trainers import reproduce_commands, reproduce_lines
 
 KL = "algorithm.kl_ctrl.kl_coef"
 LR = "actor_rollout_ref.actor.optim.lr"
@@ -69,7 +70,7 @@ def test_every_segment_of_an_embedded_trial_has_both_commands_and_an_unremedied_
             ("", "python3 -m verl.trainer.main_ppo algorithm.use_kl_in_reward=true "
                  "algorithm.kl_ctrl.kl_coef=0.001 actor_rollout_ref.actor.optim.lr=1e-06 trainer.save_freq=4")]
     with pytest.raises(ValueError, match="not a JSON list"):
-        remedy_schedule('{"restart": 1}')
+        remedy_records('{"restart": 1}')
 
 
 def test_a_restart_back_to_an_earlier_segments_step_is_saved_by_that_segment():
