@@ -31,9 +31,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import OverrideError, TraceReadError
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 CHECKPOINT_FILE = "tabular_trainer.json"
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -294,15 +297,13 @@ class TabularTrainer:
         self._next, self.global_step = state["next"], state["global_step"]
 
 
-def recorded_values(sweep, header: Mapping[str, Any]) -> list[str]:
+def recorded_values(sweep: Sweep, header: Mapping[str, Any]) -> list[str]:
     """Sweep-file overrides (``parameters.NAME={values: [...]}``) that narrow each categorical parameter of ``sweep``
     to the values its table recorded (the header's ``grid``), for sweeps run on a table that holds fewer categories
     than the file searches (the trainer refuses the others)."""
-    from klsweep.verl.presets import resolve_key
-
     out = []
-    for name in sweep.parameters:
-        axis = header["parameters"].get(resolve_key(name, sweep.placement), {})
+    for name, key in sweep.parameter_keys.items():
+        axis = header["parameters"].get(key, {})
         grid = axis.get("grid")
         if axis.get("scale") == "categorical" and grid is not None and grid != axis.get("values"):
             out.append(f"parameters.{name}={{values: [{', '.join(map(str, grid))}]}}")
