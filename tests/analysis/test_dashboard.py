@@ -20,8 +20,11 @@ import pytest
 from klsweep.analysis.dashboard import DEFAULT_PORT
 from klsweep.cli import _parser
 from klsweep.results import SweepRecord, default_storage
+from tests.orchestrate import conftest as orchestrate_conftest
 
 pytestmark = pytest.mark.slow
+#: The finished real sweep the dashboard serves (the fixture of tests/orchestrate/conftest.py).
+pareto_run = orchestrate_conftest.pareto_run
 
 
 def _free_port() -> int:
