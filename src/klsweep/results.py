@@ -68,7 +68,7 @@ ATTR_STOP_REASON = STOP_REASON
 ATTR_STEPS = "steps"
 #: JSON list of the trial's remedy records, oldest first (:func:`remedy_records`, :class:`Restart`)
 ATTR_REMEDIES = "remedies"
-#: a confirmation run (``budget.confirm``, :mod:`klsweep.orchestrate.confirm`): the number of the search trial it
+#: a confirmation run (``budget.confirm``, :mod:`klsweep.orchestrate.confirm_search`): the number of the search trial it
 #: re-runs with a new training seed; absent on search trials
 ATTR_CONFIRM_OF = "confirm_of"
 #: a confirmation run's training seed (``data.seed``), set when it is enqueued, before it has params

@@ -2,7 +2,7 @@
 (``confirm_of``) and the ranking of the confirmed search trials by their mean over seeds.
 
 Pure pandas on a :func:`klsweep.analysis.sweep_dir.load` frame, shared by ``sweep status``/the end-of-run summary
-(:mod:`klsweep.orchestrate.confirm`) and ``sweep report`` (:mod:`klsweep.analysis.report`).
+(:mod:`klsweep.orchestrate.confirm_search`) and ``sweep report`` (:mod:`klsweep.analysis.report`).
 """
 
 from __future__ import annotations

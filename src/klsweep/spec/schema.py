@@ -297,7 +297,7 @@ class Resources(BaseModel):
 
 class Confirm(BaseModel):
     """``budget.confirm``: after the search, re-run its leaders with new training seeds (``data.seed``) and rank
-    them by the mean over seeds (:mod:`klsweep.orchestrate.confirm`). Off unless given."""
+    them by the mean over seeds (:mod:`klsweep.orchestrate.confirm_search`). Off unless given."""
 
     model_config = _MODEL
 

@@ -135,7 +135,7 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
     Every knob of :data:`klsweep.verl.presets.KNOBS` is present: the trial's value, else the sweep's fixed
     override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's; interpolated
     verl defaults follow the trial's values (``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``).
-    A ``data.seed`` in ``params`` (a confirmation run's new training seed, :mod:`klsweep.orchestrate.confirm`) wins
+    A ``data.seed`` in ``params`` (a confirmation run's new training seed, :mod:`klsweep.orchestrate.confirm_search`) wins
     over the sweep's ``seed``.
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
