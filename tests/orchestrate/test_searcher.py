@@ -136,3 +136,16 @@ def test_a_step_run_again_replaces_the_abandoned_runs_value(tmp_path):
     assert trial.state == optuna.trial.TrialState.PRUNED
     assert trial.intermediate_values == {2: pytest.approx(0.2), 4: pytest.approx(0.1)}
     assert trial.value == pytest.approx(0.1)
+
+
+def test_a_proposed_trial_records_its_overrides_before_it_reports(tmp_path):
+    """The full verl overrides are a user attribute from the moment the trial is proposed: a running trial's row in
+    trials.csv and `sweep status` read them, not just its searched parameters."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    searcher = KlsweepSearch(space=_space, metric="val", mode="max", sampler=optuna.samplers.RandomSampler(seed=0),
+                             study_name="proposed", storage=storage, overrides_of=_overrides, total_steps=STEPS)
+    params = searcher.suggest("trial-a")
+    running = optuna.load_study(study_name="proposed", storage=storage).trials[0]
+    assert running.state == optuna.trial.TrialState.RUNNING
+    assert running.user_attrs["verl_overrides"] == '{"x.kind": "%s"}' % params["kind"]
+    assert running.user_attrs["ray_trial_id"] == "trial-a"

@@ -65,7 +65,8 @@ class KlsweepSearch(OptunaSearch):
     """OptunaSearch that records PRUNED/FAIL/infeasible trials correctly (see the module docstring).
 
     Args:
-        overrides_of: maps a trial's suggested params to its full verl override dict (stored as a user attribute).
+        overrides_of: maps a trial's suggested params to its full verl override dict (stored as a user attribute
+            when the trial is proposed).
         total_steps: the step budget of a trial; a trial that ended earlier without a health stop was stopped by
             the scheduler.
         description: the study's ``description`` user attribute (what the sweep searches, for the dashboard).
@@ -95,8 +96,18 @@ class KlsweepSearch(OptunaSearch):
         if trial_id not in self._ot_trials and self._orphans:
             self._ot_trials[trial_id] = self._orphans.pop(0)
         params = super().suggest(trial_id)
-        self._ot_trials[trial_id].set_user_attr(ATTR_RAY_TRIAL_ID, trial_id)
+        ot_trial = self._ot_trials[trial_id]
+        ot_trial.set_user_attr(ATTR_RAY_TRIAL_ID, trial_id)
+        if params is not None:
+            self._record_overrides(ot_trial)
         return params
+
+    def _record_overrides(self, ot_trial: optuna.Trial) -> None:
+        """Record the trial's full verl overrides as it is proposed, so running trials show them too."""
+        try:
+            ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, json.dumps(dict(self._overrides_of(ot_trial.params))))
+        except Exception as e:  # a broken config must not leave the trial RUNNING
+            ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, f"unavailable: {e}")
 
     def restore(self, checkpoint_path: str) -> None:
         """Restore the saved searcher, then adopt the study's orphans.
@@ -165,10 +176,8 @@ class KlsweepSearch(OptunaSearch):
         ot_trial.set_user_attr(ATTR_STEPS, steps)
         if len(self._metrics) > 1:  # single objective: a health stop is PRUNED (CmaEsSampler warns on constraints)
             ot_trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if health == "stopped" else -1.0)
-        try:
-            ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, json.dumps(dict(self._overrides_of(ot_trial.params))))
-        except Exception as e:  # a broken config must not leave the trial RUNNING
-            ot_trial.set_user_attr(ATTR_VERL_OVERRIDES, f"unavailable: {e}")
+        if ATTR_VERL_OVERRIDES not in stored.user_attrs:  # proposed before a driver crash, never recorded
+            self._record_overrides(ot_trial)
         told = values if len(values) > 1 else values[0]
         try:
             self._ot_study.tell(ot_trial, told if state == optuna.trial.TrialState.COMPLETE else None, state=state)
