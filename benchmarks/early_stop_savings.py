@@ -1,4 +1,4 @@
-"""Trial-steps saved by health early stopping (issue 8): ``sweeps/aggressive.yaml`` with and without health rules.
+"""Trial-steps saved by health early stopping: ``sweeps/aggressive.yaml`` with and without health rules.
 
 Two ``sweep run`` of the same file, same seed and sampler (TPE, seed 0, the seed preset as trial 0): one with the
 file's rules (``health: aggressive``; ``--health PRESET`` for another), one with none (preset ``none`` and the built-in
@@ -16,7 +16,7 @@ steps 30-60; with 5 of 12 trials hacking, stopping each at its first bad validat
 Scaled down: nothing by default (12 trials × 80 steps, the file's budget, ~2 × 1-3 min on 2 cores);
 ``--steps``/``--trials`` shrink it.
 
-``--table`` (issue 16) runs many sweeps per shipped file in seconds on the tabular benchmark (benchmarks/tabular/)
+``--table`` runs many sweeps per shipped file in seconds on the tabular benchmark (benchmarks/tabular/)
 instead: each sweep is the file with ``seed=S`` (S = 0..``--sweeps``-1; the sampler's seed and ``data.seed``), its own
 sampler, search space and seed trials, asked one trial at a time (no concurrency); each trial is served its recorded
 run (:class:`klsweep.trainers.tabular.TabularTrainer`) and judged step by step by the file's health rules

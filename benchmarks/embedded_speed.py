@@ -1,4 +1,4 @@
-"""Speed of the embedded CPU trainer at its default size (issue 2): RL steps per second, reference warm-up and load.
+"""Speed of the embedded CPU trainer at its default size: RL steps per second, reference warm-up and load.
 
 Prints, for GRPO with KL in the loss and for PPO (gae) with KL in the reward, the steps per second of ``train_step``
 (default settings: 16 prompts x 8 samples, responses up to 8 tokens, validation every 10 steps included) in wall

@@ -1,4 +1,4 @@
-"""How well the KL frontier forecast after 30 % of a sweep predicts the whole sweep's (issue 18), on the tabular
+"""How well the KL frontier forecast after 30 % of a sweep predicts the whole sweep's, on the tabular
 benchmark (benchmarks/tabular/).
 
 Each simulated sweep draws ``budget.trials`` trials at random from the table's runs (grid point and training seed

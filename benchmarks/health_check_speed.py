@@ -1,8 +1,8 @@
 """Time ``sweep health check`` on a 10,000-step verl jsonl (full-precision values, ~60 metrics per step).
 
 Prints the wall time of the whole command (a fresh Python process: imports, reading, judging, printing) and its
-ratio to the 2 s budget of issue 3 (ratio < 1 passes), and the CPU time of that process (user + sys), which is what
-to compare on a machine shared with other jobs, where wall time also counts waiting for a core.
+ratio to the 2 s budget in BENCHMARKS.md (ratio < 1 passes), and the CPU time of that process (user + sys),
+which is what to compare on a machine shared with other jobs, where wall time also counts waiting for a core.
 
     python benchmarks/health_check_speed.py [--steps 10000]
 """

@@ -1,10 +1,10 @@
-"""How long ``klsweep.analysis.load`` takes on a 1,000-trial sweep directory, as a ratio to the 5 s target (issue 7).
+"""How long ``klsweep.analysis.load`` takes on a 1,000-trial sweep directory, as a ratio to the 5 s target.
 
 Builds the directory once with the test suite's synthetic sweep (a real Optuna sqlite study with the searcher's user
 attributes and one Ray Tune result.json per trial), then times ``load`` and ``load_history``. A ratio below 1 meets
 the target. Each result.json row has the key set of a real embedded PPO trial's row (:data:`REAL_ROW`: 49 trainer
 metrics, Ray Tune's own fields, the trial config and klsweep's health fields, ~2.2 KB), not only the few metrics the
-analysis tests need: parsing the rows is most of ``load``'s work (issue 19).
+analysis tests need: parsing the rows is most of ``load``'s work.
 
     python benchmarks/load_speed.py [--trials 1000] [--steps 80] [--dir /tmp/klsweep_load_speed]
 """

@@ -1,4 +1,4 @@
-"""Orchestration overhead (issue 8): the same 8 embedded trials bare and through ``sweep run`` with 2 at once.
+"""Orchestration overhead: the same 8 embedded trials bare and through ``sweep run`` with 2 at once.
 
 (a) bare: the 8 trials one after another in this process, each ``EmbeddedTrainer(overrides)`` + ``train_step`` to
     the end, exactly the overrides ``sweep run`` gives them (:func:`klsweep.spec.space.trial_overrides`); verl is

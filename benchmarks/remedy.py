@@ -1,14 +1,14 @@
-"""Remedy instead of kill (issue 17): the same sweep file, same seeds, with its health rules' remedies and kill-only.
+"""Remedy instead of kill: the same sweep file, same seeds, with its health rules' remedies and kill-only.
 
 For each sweep file and seed S, two live ``sweep run`` of the file with ``seed=S`` (the sampler's seed and
 ``data.seed``): one as shipped (a rule with a ``remedy`` restarts its trial from the last checkpoint before the
 finding began, with the prescription, :mod:`klsweep.orchestrate.remedy`), one with ``health: {remedies: false}``
-(those rules stop their trial, as before issue 17). Per run it counts, from ``trials.csv`` and each trial's Tune
+(those rules stop their trial, as before remedies existed). Per run it counts, from ``trials.csv`` and each trial's Tune
 ``progress.csv`` (every step a trial ran, the steps a restart ran again included):
 
 - flagged: trials a rule with a remedy fired on (remedied, or stopped by such a rule);
 - rescued: flagged trials that end healthy within 90 % of the run's best healthy score (the objective's last value
-  of trials no rule stopped); goal ≥ 50 % of the flagged (issue 17);
+  of trials no rule stopped); goal ≥ 50 % of the flagged;
 - trial-steps: every step run; the remedy runs' extra over kill-only, goal ≤ 15 %;
 - best healthy score, overall and at equal trial-steps (trials in start order until the smaller run's trial-steps
   are spent; two run at a time, so this is approximate); goal ≥ kill-only + 5 %.
@@ -191,7 +191,7 @@ def bound(dirs: list[Path], share: float = 0.5) -> float:
     ``ceil(share × flagged)`` are counted (the others stopped at their first finding, as kill-only stops them), per
     sweep file and pooled. The restart points are those the remedy arm used (the last checkpoint before the finding's
     evidence began, :func:`klsweep.orchestrate.remedy.trend_start`): a policy restarting later would pay less. Prints
-    per file, then the pooled fraction last; above 0.15 the two goals of issue 17 (rescued ≥ 50 %, extra ≤ 15 %)
+    per file, then the pooled fraction last; above 0.15 the two remedy goals (rescued ≥ 50 %, extra ≤ 15 %)
     cannot both be met on these runs. The same bound from the kill-only arms' own flagged trials
     (:func:`kill_costs`, restart points computed, not observed) is printed beside it, as a check that the remedy
     arms' flagged trials (TPE proposes other trials there) are not unusually costly.

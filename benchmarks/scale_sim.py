@@ -1,4 +1,4 @@
-"""Scale simulation (issue 8): replay trials on a simulated N-node × 8-GPU Ray cluster (goal size: 1,000 on 64 × 8).
+"""Scale simulation: replay trials on a simulated N-node × 8-GPU Ray cluster (goal size: 1,000 on 64 × 8).
 
 The cluster is one local Ray with N × 8 logical GPUs (``num_gpus``; nothing runs on a GPU). Each trial asks for 8 GPUs
 (one node's worth) and no CPU, so N run at once, and replays verl's GRPO reference run
@@ -10,8 +10,8 @@ trials.csv).
 
 Prints: GPU-slot utilisation = Σ over trials of 8 × the trial's own time (Tune's ``time_total_s``) ÷ (N × 8 × the
 wall time of the whole ``sweep run`` call: what a user pays for the GPUs), then the same over the trial window only
-(first trial's start to the last one's end: it leaves out Ray's start, preflight and the wrap-up, so it flatters;
-issue 19); results per second the driver handled; where the slot time of the trial window went (ramp-up while Ray
+(first trial's start to the last one's end: it leaves out Ray's start, preflight and the wrap-up, so it flatters);
+results per second the driver handled; where the slot time of the trial window went (ramp-up while Ray
 starts a worker per slot, gaps between trials on one worker, tail); peak RSS of this driver process (sampled every
 0.5 s) and of all Ray processes. The last line is the whole-run utilisation (goal ≥ 0.95) and the driver's peak RSS
 (goal < 2 GB).

@@ -1,4 +1,4 @@
-"""Search efficiency (issue 8): Optuna TPE vs random vs grid on the embedded GRPO KL sweep, 5 sampler seeds.
+"""Search efficiency: Optuna TPE vs random vs grid on the embedded GRPO KL sweep, 5 sampler seeds.
 
 The sweep is ``sweeps/grpo_kl.yaml`` (kl_loss_coef 0.001-10 log, kl_loss_type × 5, loss_agg_mode × 4, the verl
 preset as seed trial). Every config a sampler can propose is trained once, up front, into a table (a tabular
@@ -27,7 +27,7 @@ kl_coef on 5 points, one training seed; the table takes most of the time (2 proc
 
     python benchmarks/search_efficiency.py [--steps 30] [--batch 8] [--seeds 5]
 
-``--table`` (issue 16) uses the tabular benchmark (benchmarks/tabular/) instead of training: for each table file and
+``--table`` uses the tabular benchmark (benchmarks/tabular/) instead of training: for each table file and
 searcher, ``--seeds`` sweeps of ``--trials`` trials (sweep seeds ``--first-seed`` on; the sweep seed is also the
 trial's training seed) run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials, health
 rules and objective stopper as the file says, ``--objective on`` with its defaults, ``off`` without it; one trial at

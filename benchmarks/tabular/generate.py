@@ -1,4 +1,4 @@
-"""Generate the tabular benchmark of the embedded task (issue 16): every grid point × training seed of each shipped
+"""Generate the tabular benchmark of the embedded task: every grid point × training seed of each shipped
 sweep, every logged metric at every step, one ``benchmarks/tabular/<sweep>.jsonl.gz`` per sweep.
 
 Each run is exactly what a trial of the sweep trains: the overrides come from klsweep's own loader and

@@ -1,4 +1,4 @@
-"""The honest reference of a tabular benchmark table (issue 16): the true best config, the true Pareto front and
+"""The honest reference of a tabular benchmark table: the true best config, the true Pareto front and
 which grid points end healthy, computed from every recorded run.
 
 For each run (grid point × seed) of ``benchmarks/tabular/<sweep>.jsonl.gz``:

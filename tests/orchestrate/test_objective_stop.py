@@ -1,4 +1,4 @@
-"""The objective stopper (issue 16) on hand-built curves, and once in a real sweep on the tabular trainer."""
+"""The objective stopper on hand-built curves, and once in a real sweep on the tabular trainer."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def test_plan_prints_seed_first_then_sampler_trials_with_verl_commands():
     assert "note: from trial 2 on, sweep run's tpe sampler proposes each trial from the results" in text
     commands = [line.strip() for line in text.splitlines() if line.startswith("  python3 -m verl.trainer.main_ppo")]
     assert len(commands) == 3
-    # issue 15: the commands sweep run and sweep status print: the embedded trainer's own, then verl's without the
+    # the commands sweep run and sweep status print: the embedded trainer's own, then verl's without the
     # embedded sizes (8-token responses, batch 16, 8 responses per prompt)
     embedded = [line for line in text.splitlines() if line.startswith("  python3 -m klsweep.trainers.embedded ")]
     assert len(embedded) == 3 and "data.max_response_length=8" in embedded[0]
@@ -168,7 +168,7 @@ def test_the_verl_name_of_an_alias_is_a_valid_objective(tmp_path):
 
 @pytest.mark.slow
 def test_validate_runs_verls_adaptive_controller_at_every_value_the_space_can_propose(tmp_path):
-    # issue 14: verl's config accepts each value, verl's AdaptiveKLController breaks on it at the first update;
+    # verl's config accepts each value, verl's AdaptiveKLController breaks on it at the first update;
     # 256 prompts × 4 responses = 1,024 responses per step (verl's n_steps), so horizon must exceed 0.2 × 1024 = 204.8
     code, printed = _validate(tmp_path / "bounds.yaml", (
         "name: bounds\nalgorithm: ppo\nkl_placement: reward\noverrides:\n  algorithm.kl_ctrl.type: adaptive\n"
@@ -190,7 +190,7 @@ def test_validate_runs_verls_adaptive_controller_at_every_value_the_space_can_pr
 
 @pytest.mark.slow
 def test_validate_lists_the_file_and_the_verl_problems_of_one_file_in_one_run(tmp_path):
-    # issue 15: schema, keys, inert knobs and verl's values were four runs of validate, one stage each
+    # schema, keys, inert knobs and verl's values are all reported by one run of validate
     code, printed = _validate(tmp_path / "four.yaml", (
         "name: four\nalgorithm: grpo\nobjective: {metric: val-core/arith/acc/mean@1, mode: max}\n"
         "budget: {trials: 4, max_concurent: 2}\n"                              # line 4: schema
@@ -206,7 +206,7 @@ def test_validate_lists_the_file_and_the_verl_problems_of_one_file_in_one_run(tm
 
 @pytest.mark.slow
 def test_the_horizon_is_checked_at_the_largest_batch_the_space_can_propose(tmp_path):
-    # issue 14: verl's n_steps is data.train_batch_size × rollout.n of the trial; horizon 200 is safe for
+    # verl's n_steps is data.train_batch_size × rollout.n of the trial; horizon 200 is safe for
     # 64 × 4 = 256 responses (0.2 × 256 = 51.2) but turns the coefficient negative for 512 × 4 = 2048 (> 409.6 needed)
     code, printed = _validate(tmp_path / "batch.yaml", (
         "name: batch\nalgorithm: ppo\nkl_placement: reward\noverrides:\n  algorithm.kl_ctrl.type: adaptive\n"

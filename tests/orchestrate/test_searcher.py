@@ -1,6 +1,6 @@
 """KlsweepSearch records each trial's real outcome in the Optuna study (stock OptunaSearch records a stopped trial as
 COMPLETE: ray#15283), through real Ray Tune + Optuna and the real HealthStopper: a rule's stop is PRUNED (single
-objective) or infeasible (multi-objective), a non-finite loss or no learning signal is FAIL (issue 19)."""
+objective) or infeasible (multi-objective), a non-finite loss or no learning signal is FAIL."""
 
 from __future__ import annotations
 

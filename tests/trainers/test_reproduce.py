@@ -1,5 +1,5 @@
 """The reproduce commands of a remedied trial are its schedule: per segment the commands of an unremedied trial, each
-resuming from the checkpoint the restart went back to (issue 17); the embedded ones run and resume."""
+resuming from the checkpoint the restart went back to; the embedded ones run and resume."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tabular trainer (issue 16): nearest grid point and seed, the served curve against the committed table
+"""The tabular trainer: nearest grid point and seed, the served curve against the committed table
 (benchmarks/tabular/), a live embedded run against the table, and a tabular sweep through `sweep run`."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def test_reference_best_is_the_healthy_point_with_the_best_seed_mean_and_stopped
 @pytest.mark.slow
 def test_a_tabular_sweep_stops_a_flagged_trial_instead_of_remedying_it(tmp_path, capsys):
     """The aggressive preset's reward_hacking has a remedy (kl_coef *4); under the tabular trainer the trial is
-    stopped where the rules flag its recorded run, with no remedy recorded and no step re-run (issue 17)."""
+    stopped where the rules flag its recorded run, with no remedy recorded and no step re-run."""
     table = REPO / "benchmarks" / "tabular" / "aggressive.jsonl.gz"
     sweep = yaml.safe_load((REPO / "sweeps" / "aggressive.yaml").read_text())
     sweep["parameters"]["horizon"] = {"values": [20000]}

@@ -1,5 +1,5 @@
-"""Values verl's config accepts that break verl's adaptive KL controller or loss aggregation at the first update
-(issue 14): found by running verl's own ``get_kl_controller``/``AdaptiveKLController.update`` and ``agg_loss``."""
+"""Values verl's config accepts that break verl's adaptive KL controller or loss aggregation at the first update,
+found by running verl's own ``get_kl_controller``/``AdaptiveKLController.update`` and ``agg_loss``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every verl key klsweep writes into a trial's command: the sweep's own value is merged, kept, or refused with the
-field that controls it, never replaced without a word (issue 14)."""
+field that controls it, never replaced without a word."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ name        what a trial runs                                           how
 embedded    the CPU trainer of klsweep (verl's ``core_algos`` math)     in the Tune trial's process
 verl        ``python -m verl.trainer.main_ppo`` (GPU nodes)              one supervised process per trial
 replay      a recorded verl log played back step by step               in the Tune trial's process
-tabular     the recorded embedded run nearest the trial (issue 16)      in the Tune trial's process
+tabular     the recorded embedded run nearest the trial                 in the Tune trial's process
 ==========  =========================================================  ==========================================
 
 An in-process trainer is a :class:`Trainer`; a process trainer is a module run with verl's command-line shape
@@ -79,7 +79,7 @@ class TrainerKind:
             without it; None when it reads none.
         scores_reference: the reference policy (the trial's starting weights) can be scored in klsweep's process,
             as the KL frontier's d = 0 point (:mod:`klsweep.analysis.baseline`).
-        no_restarts: why a trial cannot be restarted from its checkpoint with changed knobs (a remedy, issue 17):
+        no_restarts: why a trial cannot be restarted from its checkpoint with changed knobs (a remedy):
             the trainer serves recorded runs, none of them restarted with another coefficient; remedies are off
             under it (kill-only, as ``health: {remedies: false}``). None: it restarts.
     """

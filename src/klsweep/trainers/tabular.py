@@ -1,4 +1,4 @@
-"""The tabular trainer: serves a trial the recorded embedded-trainer curve of the nearest grid point (issue 16).
+"""The tabular trainer: serves a trial the recorded embedded-trainer curve of the nearest grid point.
 
 A table (``benchmarks/tabular/<sweep>.jsonl.gz``, written by ``benchmarks/tabular/generate.py``) holds, for every
 point of a grid over a sweep's space and each of several training seeds (``data.seed``), every metric the embedded

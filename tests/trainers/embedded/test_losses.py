@@ -1,7 +1,7 @@
 """Parity: the losses and rewards the embedded trainer uses equal verl's functions and closed forms.
 
 References that share no code with the trainer (verl's end-to-end ``ppo_loss``, hand-derived closed forms, GAE and
-GRPO re-derived from the papers on the trainer's own batch) are in ``test_reference_math.py`` (issue 19).
+GRPO re-derived from the papers on the trainer's own batch) are in ``test_reference_math.py``.
 """
 
 

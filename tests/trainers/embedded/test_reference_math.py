@@ -2,7 +2,7 @@
 
 ``test_losses.py`` rebuilds the expected losses from the same ``core_algos`` calls and the same global-batch settings
 as ``trainers/embedded/trainer.py``, so an error shared by both (batch info, masks, which function is called) passes
-there (issue 19). The references here are independent of that wiring:
+there. The references here are independent of that wiring:
 
 - verl's own end-to-end actor loss, ``ppo_loss`` in ``verl/workers/utils/losses.py``, fed the way verl's FSDP engine
   feeds it (``verl/workers/engine/fsdp/transformer_impl.py`` ``forward_backward_batch``: no-padding model output,
