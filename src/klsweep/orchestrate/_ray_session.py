@@ -2,20 +2,24 @@
 killed driver left of it.
 
 What survives a SIGKILL of a driver that started a local Ray (``ray.init(address="local")``), with Ray 2.60.0 on
-Linux: GCS, raylet, log monitor, autoscaler monitor and dashboard head die at once (Ray starts them with
-``prctl(PR_SET_PDEATHSIG, SIGKILL)``, ``ray._private.services.start_ray_process(fate_share=True)``); workers exit
-within ~3 s when their raylet connection drops; ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` notice the
-raylet's death at once (a pipe; raylet sets ``RAY_enable_pipe_based_agent_to_parent_health_check=1`` for them) but
-then publish the raylet's log tail to the dead GCS with a fixed 60 s timeout (``ray._private.process_watcher
-.report_raylet_error_logs`` → ``publish_error_to_driver(..., 60)``) and live ~60 s more; no Ray setting shortens that,
-so a resume within that minute meets them. Public reports of the same leaks: ray#2005 (processes of ``ray.init()``
-outlive a killed parent), ray#39092 (runtime env agent leaked when the raylet dies), ray#52385 (agent does not die
-after the raylet dies).
+Linux:
 
-So klsweep records its session (:func:`record_session`, right after ``ray.init``) in ``<out>/ray_session.json`` and
-the next ``sweep run --resume``, ``sweep resume`` or ``sweep run --overwrite`` in that directory ends every process
-of that session still alive before it starts a Ray of its own (:func:`end_orphaned_session`), unless the recording
-driver itself still runs. A process belongs to the recorded session when
+- GCS, raylet, log monitor, autoscaler monitor and dashboard head die at once. Ray starts them with
+  ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (``ray._private.services.start_ray_process(fate_share=True)``).
+- Workers exit within ~3 s when their raylet connection drops.
+- ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` notice the raylet's death at once, through a pipe (raylet
+  sets ``RAY_enable_pipe_based_agent_to_parent_health_check=1`` for them). They then publish the raylet's log tail
+  to the dead GCS with a fixed 60 s timeout (``ray._private.process_watcher.report_raylet_error_logs`` →
+  ``publish_error_to_driver(..., 60)``), and live ~60 s more. No Ray setting shortens that, so a resume within that
+  minute meets them.
+
+Public reports of the same leaks: ray#2005 (processes of ``ray.init()`` outlive a killed parent), ray#39092 (runtime
+env agent leaked when the raylet dies), ray#52385 (agent does not die after the raylet dies).
+
+So klsweep records its session in ``<out>/ray_session.json`` (:func:`record_session`, right after ``ray.init``).
+The next ``sweep run --resume``, ``sweep resume`` or ``sweep run --overwrite`` in that directory ends every process
+of that session still alive, before it starts a Ray of its own (:func:`end_orphaned_session`). It does not when the
+recording driver itself still runs. A process belongs to the recorded session when
 
 - its pid and start time are in the record (Ray's daemons: ``Node.live_processes()``), or
 - one of its command-line arguments names the session directory: Ray starts its daemons and agents with
@@ -24,11 +28,17 @@ driver itself still runs. A process belongs to the recorded session when
   arguments) and it holds a file under the session directory open (its ``<dir>/logs/*.out|err`` files).
 
 Another Ray session's processes (another sweep, the tests' own Ray, ``ray start``) name another directory and are
-never touched. Ray internals relied on, checked against **Ray 2.60.0** (``pyproject.toml`` pins it; re-check this
-module when it moves): ``ray._private.worker._global_node`` with ``get_session_dir_path()``, ``session_name`` and
-``live_processes()`` (``ray/_private/node.py``), the command-line shapes above (``ray/_private/services.py``) and the
-``ray::`` process titles (``ray_constants.AGENT_PROCESS_TYPE_*``, ``ray._raylet.setproctitle``). Linux only
-(``/proc``), like :mod:`klsweep.launchers.supervisor`; elsewhere nothing is recorded or ended.
+never touched.
+
+Ray internals relied on, checked against **Ray 2.60.0** (``pyproject.toml`` pins it; re-check this module when it
+moves):
+
+- ``ray._private.worker._global_node`` with ``get_session_dir_path()``, ``session_name`` and ``live_processes()``
+  (``ray/_private/node.py``);
+- the command-line shapes above (``ray/_private/services.py``);
+- the ``ray::`` process titles (``ray_constants.AGENT_PROCESS_TYPE_*``, ``ray._raylet.setproctitle``).
+
+Linux only (``/proc``), like :mod:`klsweep.launchers.supervisor`; elsewhere nothing is recorded or ended.
 """
 
 from __future__ import annotations
@@ -88,10 +98,10 @@ def record_session(out_dir: Path) -> dict | None:
 def end_orphaned_session(out_dir: Path, *, grace_s: float = GRACE_S) -> list[str]:
     """End every living process of the Ray session recorded in ``out_dir`` once its driver is gone.
 
-    SIGTERM, ``grace_s`` seconds, then SIGKILL; prints one line to stderr naming what was ended, and removes the
-    record. Nothing is done while the recording driver still runs (another ``sweep`` process works in ``out_dir``:
-    one line says so; ``sweep run`` and ``sweep resume`` refuse to start there before this, see
-    :mod:`klsweep.orchestrate.driver_lock`) or when there is no record.
+    SIGTERM, ``grace_s`` seconds, then SIGKILL. Prints one line to stderr naming what was ended, and removes the
+    record. Nothing is done when there is no record. Nothing is done while the recording driver still runs: another
+    ``sweep`` process works in ``out_dir``, and one line says so. ``sweep run`` and ``sweep resume`` refuse to start
+    there before this (:mod:`klsweep.orchestrate.driver_lock`).
 
     Returns:
         The names of the processes ended (``raylet``, ``ray::DashboardAgent``, ...), empty if none.

@@ -3,8 +3,8 @@
 The driver saves three things at different times: Tune's experiment state (every few seconds), Tune's search state
 (with the searcher) and the Optuna study (on every tell). After a SIGKILL they disagree, and ``Tuner.restore`` alone
 would re-run finished trials, hang on trials it will never start, or overrun the budget. The functions here make them
-agree before the restore. They rely on private internals, each named here, checked against **Ray 2.60.0** and
-**Optuna 5.0.0** (``pyproject.toml`` pins both; re-check this module when either moves):
+agree before the restore. They rely on the private internals named below. These were checked against **Ray 2.60.0**
+and **Optuna 5.0.0**; ``pyproject.toml`` pins both, and this module must be re-checked when either moves:
 
 - ``<tune>/experiment_state-*.json``: JSON with ``trial_data``, a list of ``[trial_json, metadata]`` pairs whose
   ``trial_json`` holds ``trial_id`` and ``status`` (``ray/tune/execution/tune_controller.py``, ``save_to_dir``).
@@ -52,9 +52,9 @@ def tune_finished(tune_path: str, num_samples: int) -> bool:
 def close_told_trials(tune_path: str, study) -> None:
     """Mark TERMINATED, in Tune's saved experiment state, the trials the study already holds as finished.
 
-    Tune saves its state every few seconds; after a SIGKILL of the driver that state can be older than the study, and
-    ``Tuner.restore`` would re-run from step 0 a trial that had finished and been told to Optuna after the last save
-    (its results on the finished Optuna trial then raise UpdateFinishedTrialError and abort the resume).
+    Tune saves its state every few seconds. After a SIGKILL of the driver, that state can be older than the study.
+    A trial may have finished and been told to Optuna after the last save. ``Tuner.restore`` would re-run it from
+    step 0, and its results on the finished Optuna trial would raise UpdateFinishedTrialError and abort the resume.
     """
     done = {t.user_attrs.get(ATTR_RAY_TRIAL_ID) for t in study.get_trials(deepcopy=False, states=(
         optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL))}
@@ -74,16 +74,22 @@ def close_told_trials(tune_path: str, study) -> None:
 def reconcile_search_state(tune_path: str, study) -> None:
     """Make the saved search state agree with Tune's saved experiment state and the study, after a SIGKILL.
 
-    The three are saved at different times. (1) Trials suggested after the last experiment save are in
-    ``ConcurrencyLimiter.live_trials`` and ``KlsweepSearch._ot_trials`` but Tune will never start or finish them: left
-    there, the limiter counts them as running forever and the resume hangs with idle workers; dropped, their Optuna
-    trials (still RUNNING) are adopted by the next trials (``KlsweepSearch.restore``). (2) A trial that started and
-    finished between two experiment saves is finished in the study but unknown to Tune: it counts against the
-    number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not overrun. (3) A trial
-    suggested after the last search save but started before the last experiment save is resumed by Tune, yet missing
-    from ``live_trials``: ``ConcurrencyLimiter.on_trial_complete`` ignores a trial it does not hold, so its end never
-    reached the study, and the trial ran to its last step only to be marked FAIL. ``live_trials`` becomes exactly the
-    trials Tune will resume.
+    The three are saved at different times.
+
+    (1) Trials suggested after the last experiment save are in ``ConcurrencyLimiter.live_trials`` and
+    ``KlsweepSearch._ot_trials``, but Tune will never start or finish them. Left there, the limiter would count them
+    as running forever, and the resume would hang with idle workers. Once dropped, their Optuna trials (still
+    RUNNING) are adopted by the next trials (``KlsweepSearch.restore``).
+
+    (2) A trial that started and finished between two experiment saves is finished in the study but unknown to Tune.
+    It counts against the number of trials Tune still creates (``SearchGenerator.counter``), so the budget is not
+    overrun.
+
+    (3) A trial suggested after the last search save, but started before the last experiment save, is resumed by
+    Tune yet missing from ``live_trials``. ``ConcurrencyLimiter.on_trial_complete`` ignores a trial it does not hold.
+    Its end would never reach the study: the trial would run to its last step only to be marked FAIL.
+
+    ``live_trials`` becomes exactly the trials Tune will resume.
     """
     trials = _saved_trials(tune_path)
     if trials is None:
@@ -108,8 +114,9 @@ def reconcile_search_state(tune_path: str, study) -> None:
 
 
 def fail_leftovers(study) -> None:
-    """Mark FAIL, with the reason, every trial still RUNNING in the study once the resumed Tuners have ended: its Tune
-    trial can no longer run (Optuna's public API cannot finish a trial of another process's ``ask``)."""
+    """Mark FAIL, with the reason, every trial still RUNNING in the study once the resumed Tuners have ended.
+
+    Its Tune trial can no longer run. Optuna's public API cannot finish a trial of another process's ``ask``."""
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(
             trial._trial_id, ATTR_STOP_REASON,

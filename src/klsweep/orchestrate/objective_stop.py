@@ -1,29 +1,29 @@
 """Stopping on the objective: stop a trial that cannot become competitive, not only a sick one.
 
-Health rules (:mod:`klsweep.health`) stop a trial whose run is broken; this stops a healthy-looking trial that its
+Health rules (:mod:`klsweep.health`) stop a trial whose run is broken. This stops a healthy-looking trial that its
 peers already beat by more than the noise, so its remaining steps go to other trials. It is built for RL sweeps of
 8-32 trials with noisy curves, where the usual early stoppers do not fit:
 
-* Ray Tune's ASHA and median stopping and Optuna's pruners rank one scalar and need many trials per rung
-  (ASHA keeps 1/η of each rung; Optuna's ``MedianPruner`` needs ``n_startup_trials``); none handles reward ↑ and
-  KL ↓ together (Optuna prunes single-objective studies only: optuna#5260).
-* So the rule here is Pareto dominance by a margin at the same step (single objective: "worse by a margin"): at
-  each step where a trial reports every objective (a *rung*: ``trainer.test_freq`` for verl's validation metrics), it
-  is stopped when at least ``dominated_by`` other trials that reached the same step were better on *every*
-  objective by at least that objective's margin there, once ``min_peers`` trials reached that step and the trial has
-  run ``grace`` of its budget, but never at its last step (a finished trial is a result). A trial on or within the
-  margin of the front of its step is never stopped (dominance by a margin implies it), and with ``dominated_by`` ≥ 2
-  neither is one that only one peer beats.
-* Noise: values are the mean of a trial's last ``window`` rung values, and each objective's margin is
-  ``margin`` × σ × √2 (the standard deviation of a difference of two such values), σ the step-to-step noise of
-  every curve seen so far: 1.4826 × the median absolute deviation of successive rung differences ÷ √2 (each
-  difference holds two noisy values; the median keeps collapses and trends out). No stop until at least
-  ``min_diffs`` differences are known: nothing needs calibrating on earlier sweeps.
+* Ray Tune's ASHA and median stopping and Optuna's pruners rank one scalar and need many trials per rung. ASHA keeps
+  1/η of each rung; Optuna's ``MedianPruner`` needs ``n_startup_trials``. None handles reward ↑ and KL ↓ together:
+  Optuna prunes single-objective studies only (optuna#5260).
+* So the rule here is Pareto dominance by a margin at the same step; with one objective, "worse by a margin".
+  A *rung* is a step where a trial reports every objective (``trainer.test_freq`` for verl's validation metrics).
+  At a rung, a trial is stopped when at least ``dominated_by`` other trials that reached the same step were better
+  on *every* objective by at least that objective's margin. It needs ``min_peers`` trials at that step and ``grace``
+  of the trial's budget run. A trial is never stopped at its last step: a finished trial is a result.
+  A trial on or within the margin of the front of its step is never stopped, since dominance by a margin implies it.
+  With ``dominated_by`` ≥ 2, neither is a trial that only one peer beats.
+* Noise: values are the mean of a trial's last ``window`` rung values. Each objective's margin is
+  ``margin`` × σ × √2, the standard deviation of a difference of two such values. σ is the step-to-step noise of
+  every curve seen so far: 1.4826 × the median absolute deviation of successive rung differences ÷ √2. Each
+  difference holds two noisy values; the median keeps collapses and trends out. No trial stops until at least
+  ``min_diffs`` differences are known, so nothing needs calibrating on earlier sweeps.
 
-:class:`ObjectiveRule` is the rule on plain numbers (used by the live sweep and by
-``benchmarks/early_stop_savings.py --table``); :class:`ObjectiveStopper` is the Ray Tune stopper that the sweep
-combines with :class:`~klsweep.health.HealthStopper` (``ray.tune.stopper.CombinedStopper``, health first). A stop
-writes ``stop_reason`` (the text) and ``stop_kind`` ``objective`` into the result, so the searcher records the trial
+:class:`ObjectiveRule` is the rule on plain numbers, used by the live sweep and by
+``benchmarks/early_stop_savings.py --table``. :class:`ObjectiveStopper` is the Ray Tune stopper. The sweep combines
+it with :class:`~klsweep.health.HealthStopper` (``ray.tune.stopper.CombinedStopper``, health first). A stop writes
+``stop_reason`` (the text) and ``stop_kind`` ``objective`` into the result. The searcher then records the trial
 PRUNED with its reason, as it does a scheduler's stop.
 """
 
@@ -155,9 +155,9 @@ class ObjectiveStopper(Stopper):
     def __call__(self, trial_id: str, result: dict) -> bool:
         """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial.
 
-        A result on which the health stopper planned a remedy (its ``remedy_note`` is set) is not
-        judged: the trial restarts from an earlier checkpoint with other settings, and its rungs after that
-        checkpoint are dropped when it reports from there.
+        A result on which the health stopper planned a remedy (its ``remedy_note`` is set) is not judged.
+        The trial restarts from an earlier checkpoint with other settings. Its rungs after that checkpoint are
+        dropped when it reports from there.
         """
         step = result.get(STEP, result.get("training_iteration"))
         if not isinstance(step, (int, float)) or result.get(REMEDY_NOTE):

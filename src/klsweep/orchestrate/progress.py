@@ -1,13 +1,17 @@
 """The live view of a running sweep: a table of trials and a progress bar over the trial budget (rich).
 
-Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step and every finished trial. On a
-terminal :class:`SweepProgress` redraws a table (trial, status, searched parameters, step, KL, entropy, score,
-objective, health) and, under it, the KL frontier forecast (:func:`forecast_line`: KL* and the peak score with their
-intervals, as ``sweep status`` prints them); elsewhere (CI, a file, a pipe) it prints one line per finished trial
-(``[9/12] trial 8 (4982d11d) TERMINATED ...``: the count in finish order, then the Optuna trial number and the Tune
-trial id, as the summary names trials) and, after a trial finished, the forecast when it changed, so logs stay
-readable. Both go to stdout, with the summary (``sweep run ... > log.txt`` keeps them); Ray's own messages and
-klsweep's warnings go to stderr.
+Ray Tune ``Callback`` s: Tune calls them on the driver for every reported step and every finished trial.
+
+On a terminal, :class:`SweepProgress` redraws a table: trial, status, searched parameters, step, KL, entropy, score,
+objective, health. Under it is the KL frontier forecast (:func:`forecast_line`): KL* and the peak score with their
+intervals, as ``sweep status`` prints them.
+
+Elsewhere (CI, a file, a pipe) it prints one line per finished trial, so logs stay readable. An example is
+``[9/12] trial 8 (4982d11d) TERMINATED ...``: the count in finish order, then the Optuna trial number and the Tune
+trial id, as the summary names trials. After a trial finished, it also prints the forecast when it changed.
+
+Both go to stdout, with the summary (``sweep run ... > log.txt`` keeps them). Ray's own messages and klsweep's
+warnings go to stderr.
 """
 
 from __future__ import annotations
@@ -55,17 +59,19 @@ class SweepProgress(Callback):
         console: where to draw (default: stdout's console, :func:`klsweep._format.console`); ``quiet=True`` prints
             only finished trials, as on a pipe.
 
-    The forecast is refitted when a trial starts or ends, and on a terminal every :data:`FORECAST_EVERY_S` seconds
-    while trials report, from the sweep directory the trial's Tune experiment is in (the finished trials and the
-    running ones' steps so far); a forecast that cannot be made is said on its line, never raised into the sweep.
-    Off a terminal the line is printed once per finished trial at most, and only when it differs from the last one
-    printed: at the next trial's start or the experiment's end (by then Tune has told the study of the finished
-    trial; at its ``on_trial_complete`` the trial may still count as running), never on a start alone (the running
-    trials' curves move the forecast without news).
+    The forecast is refitted when a trial starts or ends. On a terminal it is also refitted every
+    :data:`FORECAST_EVERY_S` seconds while trials report. It is fitted from the sweep directory holding the trial's
+    Tune experiment: the finished trials and the running ones' steps so far. A forecast that cannot be made is said
+    on its line, never raised into the sweep.
 
-    A trial's parameters are those the searcher proposed (Tune's ``Trial.evaluated_params``, which a remedy's
-    ``set_config`` leaves alone and a restored experiment keeps), as ``sweep status`` and the study show them; a
-    remedied trial's whole schedule (:func:`klsweep.results.schedule_line`) is beside them.
+    Off a terminal, the line is printed at most once per finished trial, and only when it differs from the last one
+    printed. It is printed at the next trial's start or the experiment's end. By then Tune has told the study of the
+    finished trial; at its ``on_trial_complete`` the trial may still count as running. It is never printed on a
+    start alone: the running trials' curves move the forecast without news.
+
+    A trial's parameters are those the searcher proposed, as ``sweep status`` and the study show them. They are
+    Tune's ``Trial.evaluated_params``, which a remedy's ``set_config`` leaves alone and a restored experiment keeps.
+    A remedied trial's whole schedule (:func:`klsweep.results.schedule_line`) is beside them.
     """
 
     def __init__(self, total_trials: int, objectives: list[str], *, params: list[str] | None = None,
@@ -234,8 +240,10 @@ class SweepProgress(Callback):
 
 
 def _name(trial) -> str:
-    """A finished trial as the summary and ``sweep status`` name it: ``trial <Optuna number> (<Tune trial id>)``; the
-    Tune id alone for a trial outside a sweep or whose study cannot be read now (a line must not stop the sweep)."""
+    """A finished trial as the summary and ``sweep status`` name it: ``trial <Optuna number> (<Tune trial id>)``.
+
+    The Tune id alone names a trial outside a sweep, or one whose study cannot be read now: a line must not stop
+    the sweep."""
     try:
         number = optuna_number(trial) if trial.storage is not None else None
     except Exception:
@@ -244,14 +252,16 @@ def _name(trial) -> str:
 
 
 def forecast_line(run_dir: Path, curves: Mapping[str, list[tuple[int, str, float]]] | None = None) -> str:
-    """The KL frontier forecast of the sweep in ``run_dir``: ``sweep status``'s frontier line
-    (:func:`klsweep.analysis.status.frontier_line`: KL* and the peak score with 80 % intervals, "interval too wide"
-    when it is), or, before :data:`klsweep.analysis.frontier_fit.MIN_POINTS` trials are feasible, how many are; a
-    forecast that fails says why (the sweep goes on).
+    """The KL frontier forecast of the sweep in ``run_dir``, as one line.
+
+    It is ``sweep status``'s frontier line (:func:`klsweep.analysis.status.frontier_line`): KL* and the peak score
+    with 80 % intervals, and "interval too wide" when it is. Before
+    :data:`klsweep.analysis.frontier_fit.MIN_POINTS` trials are feasible, it says how many are. A forecast that
+    fails says why; the sweep goes on.
 
     Args:
-        curves: trial id → ``(step, metric, value)`` rows the live view kept as Tune handed them over; they replace
-            those trials' result files (which may lag), other trials' are read from ``run_dir``.
+        curves: trial id → ``(step, metric, value)`` rows the live view kept as Tune handed them over. They replace
+            those trials' result files, which may lag. Other trials' rows are read from ``run_dir``.
     """
     try:
         df = load(run_dir)

@@ -1,7 +1,7 @@
 """Optuna samplers by the names a sweep file uses: tpe, gp, nsga2, random, grid, cmaes.
 
 Each is Optuna's own sampler, built for every trial with a seed derived from the sweep seed and the trial number
-(:class:`StudySeededSampler`), so that a resumed sweep continues the study's sequence instead of replaying it.
+(:class:`StudySeededSampler`). A resumed sweep thus continues the study's sequence instead of replaying it.
 The model-based ones (tpe, gp) start from a space-filling design instead of random draws (:class:`SpaceFillingStart`).
 Health stops reach the samplers as the trial constraint ``health`` (set by
 :class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
@@ -30,11 +30,11 @@ def build_sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
     (:class:`StudySeededSampler`).
 
     tpe and gp start with ``n_startup_trials`` trials (seed trials included) at the points of a scrambled Sobol
-    sequence (:class:`SpaceFillingStart`); the default, ``max(2, min(10, trials // 16))``, leaves a 12-32-trial sweep
-    one space-filling trial after its seed trial and the rest of its budget to the model (Optuna's default of
-    10 random trials suits budgets of 100+). TPE also scores ``n_ei_candidates`` 128 candidates per trial (Optuna:
-    24), so that with the few observations of a small sweep it proposes the best of its density ratio rather than
-    a near-random draw from its wide kernels. Both were chosen on the tabular benchmark
+    sequence (:class:`SpaceFillingStart`). The default is ``max(2, min(10, trials // 16))``. It leaves a
+    12-32-trial sweep one space-filling trial after its seed trial, and the rest of its budget to the model.
+    Optuna's default of 10 random trials suits budgets of 100+. TPE also scores ``n_ei_candidates`` 128 candidates
+    per trial (Optuna: 24). With the few observations of a small sweep, it then proposes the best of its density
+    ratio rather than a near-random draw from its wide kernels. Both settings were chosen on the tabular benchmark
     (``benchmarks/search_efficiency.py --table``, BENCHMARKS.md).
 
     Raises:
@@ -83,13 +83,13 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
     """The first ``startup`` trials of a study (by trial number) at the points of a scrambled Sobol sequence seeded
     with the sweep seed; every later trial from ``model``.
 
-    Trial ``n < startup`` takes row ``n`` of the sequence (Owen-scrambled Sobol, ``scipy.stats.qmc.Sobol``; Sobol
-    1967, Owen 1998): one column per sweep parameter in file order, mapped onto the parameter's own scale (log for
-    ``log_uniform_values``, equal shares of ``[0, 1)`` for categorical values). The first ``2**k`` rows of a Sobol
-    sequence put one point in each of ``2**k`` equal slices of every parameter's range, where random draws of a small
-    start-up often cluster. Rows depend on the sweep seed and the trial number only, never on the process, so a
-    resumed sweep continues the design instead of repeating it and the same seed gives the same design. A seed trial
-    (enqueued) keeps its own values and leaves its row unused.
+    Trial ``n < startup`` takes row ``n`` of the sequence: Owen-scrambled Sobol (``scipy.stats.qmc.Sobol``; Sobol
+    1967, Owen 1998). The row has one column per sweep parameter in file order. Each column is mapped onto the
+    parameter's own scale: log for ``log_uniform_values``, equal shares of ``[0, 1)`` for categorical values. The
+    first ``2**k`` rows of a Sobol sequence put one point in each of ``2**k`` equal slices of every parameter's
+    range; random draws of a small start-up often cluster. Rows depend on the sweep seed and the trial number only,
+    never on the process. A resumed sweep thus continues the design instead of repeating it, and the same seed gives
+    the same design. A seed trial (enqueued) keeps its own values and leaves its row unused.
 
     Args:
         model: the sampler of the trials after the start-up (TPE or GP, in a :class:`StudySeededSampler`).
@@ -163,12 +163,12 @@ def _at(u: float, distribution: BaseDistribution) -> Any:
 class StudySeededSampler(optuna.samplers.BaseSampler):
     """An Optuna sampler made anew for every trial, seeded from the sweep seed and the trial's number.
 
-    Optuna's samplers keep their random state in the process: a seeded sampler built again in a new process (a
+    Optuna's samplers keep their random state in the process. A seeded sampler built again in a new process (a
     resumed or extended sweep) proposes its first trials again (optuna/optuna#3255, for ``RandomSampler`` and the
     random start-up of ``TPESampler``). Seeding each trial from ``(seed, trial.number)`` makes the study, not the
-    process, own the sequence: trial numbers never repeat in a study, so a resume continues the sequence, and the
-    same study history gives the same proposals. Every Optuna sampler keeps the rest of its state in the study
-    (trials, system attributes), so nothing else is lost by building a new one per trial.
+    process, own the sequence. Trial numbers never repeat in a study, so a resume continues the sequence. The same
+    study history gives the same proposals. Every Optuna sampler keeps the rest of its state in the study (trials,
+    system attributes), so building a new one per trial loses nothing else.
 
     Args:
         make: builds the wrapped sampler from a seed (an ``int``); must be picklable (Ray Tune saves the searcher).

@@ -1,9 +1,9 @@
 """Ray Tune's OptunaSearch, recording each trial's outcome in the Optuna study the way it really ended.
 
-Stock ``OptunaSearch`` (Ray 2.60 + Optuna 5) records a trial stopped by a Stopper or ASHA as COMPLETE with its last
-value, leaves a trial whose last value is NaN RUNNING forever, and raises KeyError on a result that lacks the metric
-(validation metrics come only every ``trainer.test_freq`` steps; ``ray/tune/search/optuna/optuna_search.py``).
-:class:`KlsweepSearch` fixes all of that:
+Stock ``OptunaSearch`` (Ray 2.60 + Optuna 5, ``ray/tune/search/optuna/optuna_search.py``) has three faults. It
+records a trial stopped by a Stopper or ASHA as COMPLETE with its last value. It leaves a trial whose last value is
+NaN RUNNING forever. It raises KeyError on a result that lacks the metric, and validation metrics come only every
+``trainer.test_freq`` steps. :class:`KlsweepSearch` records each outcome as follows:
 
 ============================================  ===============================================================
 what happened in Tune                          Optuna trial state
@@ -20,12 +20,12 @@ raised, or last objective NaN/inf/missing      FAIL, with the reason
 ============================================  ===============================================================
 
 Every finished trial gets user attributes ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
-``steps`` and ``verl_overrides`` (JSON of the full trial config); in a multi-objective study also the Optuna
-constraint ``health`` (Optuna 5's ``Trial.set_constraint``: 1.0 infeasible when a health rule stopped it, -1.0
-feasible), which samplers learn from and which keeps infeasible trials out of ``study.best_trials``.
+``steps`` and ``verl_overrides`` (JSON of the full trial config). In a multi-objective study it also gets the Optuna
+constraint ``health`` (Optuna 5's ``Trial.set_constraint``): 1.0, infeasible, when a health rule stopped it, else
+-1.0, feasible. Samplers learn from it, and it keeps infeasible trials out of ``study.best_trials``.
 
-The study itself carries its objectives' metric names (``Study.set_metric_names``, which optuna-dashboard uses to
-label its axes) and a one-line description of the sweep (user attribute ``description``).
+The study itself carries its objectives' metric names (``Study.set_metric_names``; optuna-dashboard labels its axes
+with them). It also carries a one-line description of the sweep (user attribute ``description``).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ class KlsweepSearch(OptunaSearch):
     """OptunaSearch that records PRUNED/FAIL/infeasible trials correctly (see the module docstring).
 
     Args:
-        overrides_of: maps a trial's suggested params to its full verl override dict (stored as a user attribute
-            when the trial is proposed).
-        total_steps: the step budget of a trial; a trial that ended earlier without a health stop was stopped by
+        overrides_of: maps a trial's suggested params to its full verl override dict. The dict is stored as a user
+            attribute when the trial is proposed.
+        total_steps: the step budget of a trial. A trial that ended earlier without a health stop was stopped by
             the scheduler.
         description: the study's ``description`` user attribute (what the sweep searches, for the dashboard).
         **kwargs: passed to ``OptunaSearch`` (space, metric, mode, points_to_evaluate, sampler, study_name, storage).
@@ -218,8 +218,10 @@ def _as_float(value: Any) -> float | None:
 
 
 def optuna_number(trial) -> int | None:
-    """The Optuna trial number of a Tune trial (the searcher tags it with the Tune trial id when it suggests it), from
-    the study of the sweep directory the trial's Tune experiment is in; None when the study does not say."""
+    """The Optuna trial number of a Tune trial, or None when the study does not say.
+
+    The study is that of the sweep directory holding the trial's Tune experiment. The searcher tags each Optuna
+    trial with its Tune trial id when it suggests it."""
     sweep_dir = Path(trial.storage.experiment_fs_path).parent
     for told in study_of(sweep_dir).get_trials(deepcopy=False):
         if told.user_attrs.get(ATTR_RAY_TRIAL_ID) == trial.trial_id:

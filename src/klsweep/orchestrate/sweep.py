@@ -1,8 +1,14 @@
 """``sweep run`` and ``sweep resume``: a sweep file becomes Ray Tune trials proposed by Optuna, saved in runs/.
 
-The flow: load and validate the sweep file → preflight every seed trial's verl config → Ray (private local Ray, or
-``--address`` for a cluster) → the Tuner (:mod:`klsweep.orchestrate.tuner`) → ``trials.csv`` and the best trial with
-the verl command line that reproduces it. Ctrl-C and SIGTERM end it resumably (:mod:`klsweep.orchestrate.interrupt`).
+The flow:
+
+1. load and validate the sweep file;
+2. preflight every seed trial's verl config;
+3. start Ray: a private local Ray, or ``--address`` for a cluster;
+4. run the Tuner (:mod:`klsweep.orchestrate.tuner`);
+5. write ``trials.csv``, and print the best trial with the verl command line that reproduces it.
+
+Ctrl-C and SIGTERM end it resumably (:mod:`klsweep.orchestrate.interrupt`).
 
 Results directory (``runs/<name>/`` or ``--out``): ``sweep.json`` (the resolved sweep), ``study.db`` (Optuna),
 ``tune/`` (the Ray Tune experiment), ``trials.csv`` (one row per trial, :func:`klsweep.analysis.load`).
@@ -44,8 +50,10 @@ if TYPE_CHECKING:
 
 
 def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse (before the slow preflight) to write into a directory that holds results, unless told what to do, and
-    to write into or delete a directory that holds anything but a klsweep sweep (``--overwrite`` included)."""
+    """Refuse, before the slow preflight, to write into a directory that holds results unless told what to do.
+
+    Also refuse to write into or delete a directory that holds anything but a klsweep sweep, ``--overwrite``
+    included."""
     if out.exists() and not out.is_dir():
         raise ResultsError(f"{out} is a file, not a results directory: choose another --out DIR")
     if not out.exists() or not any(p.name != DRIVER_LOCK for p in out.iterdir()):
@@ -86,13 +94,13 @@ def run_sweep(
     0 when at least one trial completed, 1 when none did.
 
     With ``resume`` and a sweep already in the results directory, the given file is compared with the saved sweep
-    (:func:`klsweep.orchestrate.resume_changes.check_resume`): a larger budget is applied and said, a changed
+    (:func:`klsweep.orchestrate.resume_changes.check_resume`). A larger budget is applied and said. A changed
     search space or trial config is refused.
 
     Raises:
         SweepFileError / PreflightError: the sweep file or a trial config is invalid (nothing was started).
-        ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given,
-            ``resume`` was given a sweep whose trials differ from the saved one, or another driver still runs there
+        ResultsError: the results directory holds a sweep and neither ``resume`` nor ``overwrite`` was given;
+            ``resume`` was given a sweep whose trials differ from the saved one; or another driver still runs there
             (:func:`klsweep.orchestrate.driver_lock.driver_lock`).
         ClusterError: the Ray cluster cannot be joined, or no node of it can hold a trial.
     """
@@ -136,12 +144,12 @@ def run_sweep(
 def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = None, quiet: bool = False) -> int:
     """Continue the sweep stored in ``run_dir`` (after Ctrl-C or a killed driver) or extend it (``budget.trials=N``).
 
-    The sweep is its file (as saved in ``sweep.json``) with the saved and the new ``overrides``; if the file changed
-    since, the changes are checked as for ``sweep run FILE --resume``. Tune's saved experiment is restored (unfinished
-    trials continue from their last checkpoint; trials Optuna had proposed but Tune never started are adopted by the
-    next trials, see ``KlsweepSearch.restore``); then, if the budget asks for more trials than the study holds, a new
-    Tuner on the same study runs the rest. Finally any trial still RUNNING in the study (its Tune trial can no longer
-    run) is marked FAIL with the reason.
+    The sweep is its file (as saved in ``sweep.json``) with the saved and the new ``overrides``. If the file changed
+    since, the changes are checked as for ``sweep run FILE --resume``. Tune's saved experiment is restored:
+    unfinished trials continue from their last checkpoint. Trials Optuna had proposed but Tune never started are
+    adopted by the next trials (``KlsweepSearch.restore``). Then, if the budget asks for more trials than the study
+    holds, a new Tuner on the same study runs the rest. Finally, any trial still RUNNING in the study is marked FAIL
+    with the reason: its Tune trial can no longer run.
 
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory, its sweep file is gone, the file changed in a way a
@@ -270,8 +278,10 @@ def _fit(sweep: Sweep, record: SweepRecord, out_dir: Path, *, address: str | Non
 
 
 def _study_created(out_dir: Path, record: SweepRecord) -> bool:
-    """Whether the sweep's Optuna study exists: `sweep run` creates it with its first trial's Tuner, so a driver
-    killed before (SIGKILL while Ray started, an OOM kill) leaves ``sweep.json`` and nothing that ran."""
+    """Whether the sweep's Optuna study exists.
+
+    `sweep run` creates it with its first trial's Tuner. A driver killed before that (SIGKILL while Ray started, an
+    OOM kill) leaves ``sweep.json`` and nothing that ran."""
     try:
         study_of(out_dir, record)
     except ResultsError:

@@ -1,25 +1,25 @@
 """W&B: one run per trial (per restart segment of a remedied trial), grouped by sweep, with the trial's verl
 overrides as its config.
 
-Each run is named ``<sweep> #<Optuna trial number> <parameter>=<value> ...`` (its id stays the Ray Tune trial id),
-tagged with the sweep name, algorithm and trainer, and its config carries ``trial_number``, the searched parameters
-(``searched``) and, updated with every result, the health verdict (``health``), the stop reason (``stop_reason``)
-and kind (``stop_kind``) the health stopper writes: W&B keeps only numbers in a run's history, so these strings would
-otherwise never reach it.
+Each run is named ``<sweep> #<Optuna trial number> <parameter>=<value> ...``; its id stays the Ray Tune trial id.
+It is tagged with the sweep name, algorithm and trainer. Its config carries ``trial_number`` and the searched
+parameters (``searched``). With every result, the config also gets the health stopper's verdict (``health``), stop
+reason (``stop_reason``) and stop kind (``stop_kind``). W&B keeps only numbers in a run's history, so these strings
+would otherwise never reach it.
 
-Ray Tune's ``WandbLoggerCallback`` does the logging from its own actor, so W&B never blocks a trial; offline mode is
-the default when W&B is on (wandb#2812: several trials in one W&B run; Search-R1#141: offline W&B on many nodes).
+Ray Tune's ``WandbLoggerCallback`` logs from its own actor, so W&B never blocks a trial. Offline mode is the default
+when W&B is on (wandb#2812: several trials in one W&B run; Search-R1#141: offline W&B on many nodes).
 ``WANDB_API_KEY`` is read from the environment by wandb itself and never written to any klsweep file.
 
-This callback makes a trial's only W&B runs. verl's own W&B logger stays off in every trial (``trainer.logger`` is
-``[console, file]``, :func:`klsweep.spec.space.launcher_overrides`, which refuses ``wandb`` in a sweep's ``overrides``):
-with it, verl's ``Tracking`` calls ``wandb.init`` in the trial process (verl/utils/tracking.py) without this
-callback's mode and directory, so an offline or keyless trial fails at start and an online one makes a second run.
+This callback makes a trial's only W&B runs. verl's own W&B logger stays off in every trial: ``trainer.logger`` is
+``[console, file]``, and :func:`klsweep.spec.space.launcher_overrides` refuses ``wandb`` in a sweep's ``overrides``.
+With it on, verl's ``Tracking`` would call ``wandb.init`` in the trial process (verl/utils/tracking.py) without this
+callback's mode and directory. An offline or keyless trial would fail at start; an online one would make a second run.
 
 A remedied trial (:mod:`klsweep.orchestrate.remedy`) logs each restart segment to a W&B run of its own
-(:meth:`VerlWandbCallback.log_trial_start`): the restart continues from a checkpoint at an earlier step than the one
-the trial had logged, and W&B's step only grows, so in the trial's one run the restarted steps were dropped
-("Tried to log to step 33 that is less than the current step 46").
+(:meth:`VerlWandbCallback.log_trial_start`). The restart continues from a checkpoint before the last step the trial
+logged, and W&B's step only grows. In one run per trial, W&B would drop the restarted steps ("Tried to log to step 33
+that is less than the current step 46").
 """
 
 from __future__ import annotations
@@ -60,26 +60,32 @@ class _FlushingWandbLoggingActor(_WandbLoggingActor):
 
 
 class VerlWandbCallback(WandbLoggerCallback):
-    """``WandbLoggerCallback`` whose run config is the trial's full verl override dict (not Optuna's params), its
-    trial number and searched parameters, with a readable run name and the health verdict and stop reason; one W&B
-    run per restart segment of a remedied trial.
+    """``WandbLoggerCallback`` whose run config is the trial's full verl override dict, not Optuna's params.
+
+    The config also holds the trial number, the searched parameters, the health verdict and the stop reason. The run
+    name is readable. A remedied trial gets one W&B run per restart segment.
 
     Restart segments: a remedy restarts its trial from a checkpoint at step ``s`` (32, say) after the trial has
-    logged up to its finding (46). Ray's callback keeps the trial's logging actor and run across the restart
-    (``_start_logging_actor`` reuses it) and logs with ``step=training_iteration``; W&B's step only grows, so
-    steps 33-46 of the restarted run were dropped ("Tried to log to step 33 that is less than the current step
-    46 ... this data will be ignored") and the chart kept the diverged values. Here the segment's run ends there and
-    the restart logs to a new run of the same group: id ``<trial id>-r<restart>``, name ``<trial name>-r<restart>``
-    with the segment's parameter values, config the segment's verl overrides (the prescribed knobs changed) with
-    ``restart``, ``from_step``, ``parent_run`` (the previous segment's run id) and ``remedy_schedule``
-    (:func:`klsweep.results.schedule_line`), tagged ``remedied``; the previous run's config keeps its
-    ``remedy_note`` (the rule, step and prescription that ended it). Each run's step axis is the trial's training
-    step, so the segments of a trial overlay on one chart, the restarted one starting after its checkpoint's step.
-    Rejected: one run whose metrics use a custom x-axis (``define_metric("*", step_metric=...)``) would draw the
-    abandoned and the restarted steps 33-46 as one line running back and forth with nothing telling them apart;
-    W&B's rewind and fork (``wandb.init(resume_from=...)``, ``fork_from="<id>?_step=32"``, docs.wandb.ai/models/runs/
-    rewind and /forking) are server-side preview features that an offline run cannot use, and a rewind moves the
-    abandoned steps the remedy was decided on to an archived copy of the run.
+    logged up to its finding (46). Ray's callback would keep the trial's logging actor and run across the restart
+    (``_start_logging_actor`` reuses it) and log with ``step=training_iteration``. W&B's step only grows, so it
+    would drop steps 33-46 of the restarted run ("Tried to log to step 33 that is less than the current step
+    46 ... this data will be ignored"). Here the segment's run ends and the restart logs to a new run of the same
+    group:
+
+    - id ``<trial id>-r<restart>``, name ``<trial name>-r<restart>`` with the segment's parameter values;
+    - config: the segment's verl overrides (the prescribed knobs changed), with ``restart``, ``from_step``,
+      ``parent_run`` (the previous segment's run id) and ``remedy_schedule`` (:func:`klsweep.results.schedule_line`);
+    - tag ``remedied``.
+
+    The previous run's config keeps its ``remedy_note``: the rule, step and prescription that ended it. Each run's
+    step axis is the trial's training step. The segments of a trial thus overlay on one chart, the restarted one
+    starting after its checkpoint's step.
+
+    Rejected alternatives. One run with a custom x-axis (``define_metric("*", step_metric=...)``) would draw the
+    abandoned and the restarted steps 33-46 as one line, back and forth, with nothing telling them apart. W&B's
+    rewind and fork (``wandb.init(resume_from=...)``, ``fork_from="<id>?_step=32"``, docs.wandb.ai/models/runs/
+    rewind and /forking) are server-side preview features; an offline run cannot use them. A rewind also moves the
+    abandoned steps, which the remedy was decided on, to an archived copy of the run.
 
     Args:
         overrides_of: Tune config → verl overrides (:func:`klsweep.orchestrate.remedy.overrides_of` bound to the
@@ -147,12 +153,14 @@ class VerlWandbCallback(WandbLoggerCallback):
         super()._cleanup_logging_actors(timeout=timeout, kill_on_timeout=kill_on_timeout)
 
     def _start_logging_actor(self, trial, exclude_results: list[str], **wandb_init_kwargs) -> None:
-        """Ray's, with the logging actor class built without ``max_restarts=-1``: Ray logs an error for an actor
-        with restarts whose constructor arguments are in the object store (ray#53727: a restart would fail), as
-        Ray's actor is, since one argument is the trial's ``Queue`` actor handle ("core_worker.cc: Actor with class
-        name: '_FlushingWandbLoggingActor' ... has constructor arguments in the object store and max_restarts >
-        0"). A restarted logging actor would also call ``wandb.init`` again with the run's id, after the results it
-        had taken from the queue were lost: a logging actor that dies ends its run's logging (never the sweep)."""
+        """Ray's, with the logging actor class built without ``max_restarts=-1``.
+
+        One constructor argument is the trial's ``Queue`` actor handle, which lives in the object store. Ray logs an
+        error for an actor with restarts whose constructor arguments are in the object store, since a restart would
+        fail (ray#53727: "core_worker.cc: Actor with class name: '_FlushingWandbLoggingActor' ... has constructor
+        arguments in the object store and max_restarts > 0"). A restarted logging actor would also call
+        ``wandb.init`` again with the run's id, after losing the results it had taken from the queue. So a logging
+        actor that dies ends its run's logging, never the sweep."""
         if self._remote_logger_class is None:
             # as WandbLoggerCallback._start_logging_actor: the API key (when in the environment) for the actor
             env_vars = {WANDB_ENV_VAR: os.environ[WANDB_ENV_VAR]} if WANDB_ENV_VAR in os.environ else {}
@@ -163,12 +171,14 @@ class VerlWandbCallback(WandbLoggerCallback):
 
 
 def wandb_callback(sweep: Sweep, out_dir: Path) -> VerlWandbCallback | None:
-    """The W&B callback of ``sweep.wandb`` (project defaults to the sweep name, group = sweep name, tags = sweep name,
-    algorithm, trainer), or None with a warning when ``mode: online`` has no credentials (W&B never stops a sweep).
+    """The W&B callback of ``sweep.wandb``, or None with a warning when ``mode: online`` has no credentials.
 
-    W&B run files go to ``$WANDB_DIR`` as the driver sees it, else to the sweep directory ``out_dir``
-    (``out_dir/wandb/offline-run-*``): the logging actors are Ray workers, which do not inherit the driver's
-    environment once Ray runs, and would otherwise write into their own working directory.
+    The project defaults to the sweep name; the group is the sweep name; the tags are the sweep name, algorithm and
+    trainer. W&B never stops a sweep.
+
+    W&B run files go to ``$WANDB_DIR`` as the driver sees it, else to ``out_dir/wandb/offline-run-*``. The logging
+    actors are Ray workers: once Ray runs, they do not inherit the driver's environment. Without a directory they
+    would write into their own working directory.
     """
     if sweep.wandb.mode == "online" and not _has_credentials():
         print("warning: wandb.mode is online but no W&B credentials were found (WANDB_API_KEY or `wandb login`): "
