@@ -1,9 +1,9 @@
 """Wake a waiting reader as soon as a file in a directory is written: Linux ``inotify(7)`` through ctypes.
 
 Why the trial's metrics tail (:mod:`klsweep.launchers.process`) does not just poll: reading the metrics file every
-0.1 s reports a line up to 0.1 s after it was written, and the supervisor, polling every 0.2 s, can record the exit of
-a process that ended right after its last line before the tail has read that line. With a watch on the attempt
-directory the tail wakes when the metrics file grows or ``exit.json`` is moved in, within scheduler latency.
+0.1 s reports a line up to 0.1 s after it was written. The supervisor polls every 0.2 s. It can record the exit of a
+process that ended right after its last line before the tail has read that line. With a watch on the attempt
+directory, the tail wakes when the metrics file grows or ``exit.json`` is moved in, within scheduler latency.
 
 The watch is on the directory, not on the file: the metrics file does not exist until the trainer opens it, and
 ``exit.json`` is created by ``os.replace``. Events for other files of the directory (``stdout.log``, which verl writes

@@ -3,15 +3,19 @@
 A failed verl run prints much more than its failure: NCCL warnings at shutdown
 (``[rank0]:[W1023 ... ProcessGroupNCCL.cpp:1250] Warning: WARNING: process group has NOT been destroyed ...``), Ray
 worker logs that mention ``ActorDiedError`` while a task is retried, tracebacks Ray reports as ``Unhandled error``.
-So the patterns are matched only against **failure lines**, never against any line that merely mentions a word:
+So the patterns are matched only against **failure lines**, never against any line that merely mentions a word.
+A failure line is one of:
 
-- an exception line, ``Name: message`` at the start of a line (a traceback's last line: ``torch.OutOfMemoryError:
-  CUDA out of memory. ...``, ``ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run() ...``);
-- an error-severity log record: torch's C++ log (``[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607]
-  [Rank 0] Watchdog caught collective operation timeout: ...``), glog and Ray's C++ logs; a Python log record at
-  ERROR (vLLM's ``ERROR 10-23 10:11:12 [core.py:708] ValueError: ...``) counts when its message is an exception line;
+- an exception line: ``Name: message`` at the start of a line, as a traceback's last line
+  (``torch.OutOfMemoryError: CUDA out of memory. ...``,
+  ``ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run() ...``);
+- an error-severity record of torch's C++ log (``[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607]
+  [Rank 0] Watchdog caught collective operation timeout: ...``), glog or Ray's C++ logs;
+- a Python log record at ERROR whose message is an exception line
+  (vLLM's ``ERROR 10-23 10:11:12 [core.py:708] ValueError: ...``);
 - what C++ prints when an exception ends the process (``terminate called after throwing an instance of
-  'c10::DistBackendError'``, ``what():  ...``) and Hydra's own failure messages (``Could not override '...'``).
+  'c10::DistBackendError'``, ``what():  ...``);
+- Hydra's own failure messages (``Could not override '...'``).
 
 Warning, info and debug records are never failure lines, whatever they mention. Prefixes are read through: Ray's
 worker prefix ``(WorkerDict pid=1234, ip=10.0.0.1)`` (with its colour codes), vLLM's ``(EngineCore_DP0 pid=4321)``,
@@ -56,15 +60,18 @@ kind               failure lines matched
 ``error``          anything else
 =================  ==========================================================================================
 
-The order of :data:`PATTERNS` is the order of the checks, each over every failure line of the tail: a CUDA OOM or
-an NCCL failure in a Ray worker reaches verl's driver as an ``ActorDiedError``, a ``RayTaskError`` or vLLM's
-``RuntimeError: Engine core initialization failed. See root cause above``, and the worker's own lines say why, so
-the specific kinds come first, out-of-memory first of all (a rank that runs out of memory leaves its peers with NCCL
-errors). :data:`FINAL_PATTERNS` (``killed``, ``timeout``) are Ray's generic reports: they count only as **the final
-exception**, the last exception line of the trial process itself (lines without a worker prefix when there are
-any), leaving out the exceptions Python reports as ``Exception ignored in`` and Ray as ``Unhandled error``. Hydra
-prints ``Set the environment variable HYDRA_FULL_ERROR=1`` for *any* exception in ``main_ppo``, so that line says
-nothing by itself.
+The order of :data:`PATTERNS` is the order of the checks; each check runs over every failure line of the tail.
+A CUDA OOM or an NCCL failure in a Ray worker reaches verl's driver as an ``ActorDiedError``, a ``RayTaskError`` or
+vLLM's ``RuntimeError: Engine core initialization failed. See root cause above``. The worker's own lines say why.
+So the specific kinds come first, and out-of-memory first of all: a rank that runs out of memory leaves its peers
+with NCCL errors.
+
+:data:`FINAL_PATTERNS` (``killed``, ``timeout``) are Ray's generic reports. They count only as **the final
+exception**: the last exception line of the trial process itself (lines without a worker prefix, when there are
+any). That leaves out the exceptions Python reports as ``Exception ignored in`` and Ray as ``Unhandled error``.
+
+Hydra prints ``Set the environment variable HYDRA_FULL_ERROR=1`` for *any* exception in ``main_ppo``, so that line
+says nothing by itself.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """One trial = one training process, supervised and streamed step by step to Ray Tune.
 
 The process is ``python -m verl.trainer.main_ppo`` (GPU nodes) or ``python -m klsweep.trainers.embedded`` (CPU). It
-writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``
-(``verl.utils.tracking.FileLogger``: unbuffered, truncated on start, so every attempt gets a new path). The trial
-tails that file (:class:`klsweep.verl.stream.MetricsTail`) and wakes when it is written (inotify,
+writes verl's file-logger lines ``{"step": N, "data": {...}}`` to ``$VERL_FILE_LOGGER_PATH``. verl's
+``verl.utils.tracking.FileLogger`` is unbuffered and truncates the file on start, so every attempt gets a new path.
+The trial tails that file (:class:`klsweep.verl.stream.MetricsTail`) and wakes when it is written (inotify,
 :mod:`klsweep.launchers._watch`). Each training step becomes one ``ray.tune.report(data | {"step": N})``, in order,
 while the process still runs (:class:`klsweep.verl.stream.StepReports`). verl's step-0 line (validation before
 training) is merged into step 1's report. So Tune's ``training_iteration`` equals verl's step, and ASHA
 (``time_attr="training_iteration"``) stops at the steps it names. :mod:`klsweep.launchers.supervisor` ends the whole
-process tree when Tune stops the trial, when the process fails or runs past its time limit, and when the sweep driver
+process tree in three cases: Tune stops the trial; the process fails or runs past its time limit; or the sweep driver
 dies (ray#23971, ray#34125).
 
 Layout of a trial directory (in the sweep's results directory, :func:`klsweep.launchers.storage.trial_directory`)::
@@ -96,15 +96,19 @@ def trial_command(
         base_env: the environment to start from (default ``os.environ``).
 
     Returns:
-        ``(argv, env)``. For verl, argv has ``trainer.save_freq`` (the trial's own, else
-        :func:`klsweep.launchers.resume.save_freq`), ``trainer.max_actor_ckpt_to_keep`` and
-        ``trainer.max_critic_ckpt_to_keep`` (the trial's own, else 1: a resume needs only the latest). It ends with
-        the managed keys: ``trainer.experiment_name`` (the trial directory's name), ``trainer.default_local_dir``
-        (``trial_dir/checkpoints``), ``hydra.run.dir`` (``attempt-N/hydra``), ``trainer.logger`` (the sweep's list
-        plus ``file``, default ``[console,file]``), and ``+ray_kwargs.ray_init.address=local`` unless the sweep sets
-        that key. ``env`` has
-        ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl``, ``RAY_AUTH_MODE=disabled`` unless ``base_env``
-        sets it (:data:`RAY_AUTH_MODE_DEFAULT`), and none of :data:`DROPPED_ENV`.
+        ``(argv, env)``. For verl, argv has ``trainer.save_freq``: the trial's own, else
+        :func:`klsweep.launchers.resume.save_freq`. It has ``trainer.max_actor_ckpt_to_keep`` and
+        ``trainer.max_critic_ckpt_to_keep``: the trial's own, else 1, since a resume needs only the latest. It ends
+        with the managed keys:
+
+        - ``trainer.experiment_name``: the trial directory's name;
+        - ``trainer.default_local_dir``: ``trial_dir/checkpoints``;
+        - ``hydra.run.dir``: ``attempt-N/hydra``;
+        - ``trainer.logger``: the sweep's list plus ``file``, default ``[console,file]``;
+        - ``+ray_kwargs.ray_init.address=local``, unless the sweep sets that key.
+
+        ``env`` has ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl``. It has ``RAY_AUTH_MODE=disabled``
+        unless ``base_env`` sets it (:data:`RAY_AUTH_MODE_DEFAULT`). It has none of :data:`DROPPED_ENV`.
 
     Raises:
         ValueError: ``trainer`` is not a trainer of :data:`klsweep.trainers.TRAINERS` with a process mode.
@@ -177,16 +181,16 @@ def run_process_trial(
         trainer: ``verl`` or ``embedded``.
         trial_dir: where the trial's files go (default: the trial's directory in the sweep's results directory,
             :func:`klsweep.launchers.storage.trial_directory`, on any node).
-        report: called with ``data | {"step": N}`` once per training step N ≥ 1, in file order (default
-            ``ray.tune.report`` with a checkpoint of the step, :func:`_report_with_step_checkpoint`), so Tune's
-            ``training_iteration`` is verl's step, after a restart by Tune too. The step-0 line (validation before
-            training) is merged into step 1's call, step 1's own values winning; a run that ends cleanly without a
-            step 1 gets it as ``{"step": 0}`` at its end. Raising from it (Tune raises ``SystemExit`` when it stops
-            the trial) ends the process tree and propagates.
-        timeout_s: wall-clock limit of each attempt in seconds (None: none; the sweep's ``budget.trial_timeout_s``).
-            An attempt past it ends with its whole tree and fails with kind ``timeout``, "timed out after N s" (not
-            retried). A verl checkpoint step takes many times a normal step: size it for the whole run, not per
-            step.
+        report: called with ``data | {"step": N}`` once per training step N ≥ 1, in file order. The default is
+            ``ray.tune.report`` with a checkpoint of the step (:func:`_report_with_step_checkpoint`). Tune's
+            ``training_iteration`` is thus verl's step, after a restart by Tune too. The step-0 line (validation
+            before training) is merged into step 1's call; step 1's own values win. A run that ends cleanly without
+            a step 1 gets ``{"step": 0}`` at its end. Raising from it ends the process tree and propagates; Tune
+            raises ``SystemExit`` when it stops the trial.
+        timeout_s: wall-clock limit of each attempt in seconds; None: none. The sweep's is
+            ``budget.trial_timeout_s``. An attempt past it ends with its whole tree and fails with kind ``timeout``,
+            "timed out after N s"; it is not retried. A verl checkpoint step takes many times a normal step: size
+            the limit for the whole run, not per step.
         grace_s: seconds between SIGTERM and SIGKILL when the tree is stopped.
         retries: how many new attempts a retryable failure gets.
         rewind_to: the step a remedy restarts the trial from (None: none; ignored when verl no longer holds a
@@ -238,11 +242,11 @@ def run_process_trial(
 def _report_with_step_checkpoint(metrics: dict[str, Any]) -> None:
     """``ray.tune.report(metrics)`` with a Tune checkpoint that holds only the step (``step.json``, bytes).
 
-    verl's own checkpoint stays in the trial directory; this one is for Tune: a trial Tune starts again (a
-    ``FailureConfig`` retry, ``sweep resume``) is restored from its last checkpoint, and ``Trainable.restore`` sets
-    ``training_iteration`` from that checkpoint's result (ray/tune/trainable/trainable.py). Without it the restarted
-    trial's iterations begin again at 1 while its steps go on, and ASHA and the searcher, which count
-    ``training_iteration``, see the steps after the restart as steps 1, 2, ...
+    verl's own checkpoint stays in the trial directory; this one is for Tune. A trial Tune starts again (a
+    ``FailureConfig`` retry, ``sweep resume``) is restored from its last checkpoint. ``Trainable.restore`` sets
+    ``training_iteration`` from that checkpoint's result (ray/tune/trainable/trainable.py). Without it, the
+    restarted trial's iterations would begin again at 1 while its steps go on. ASHA and the searcher count
+    ``training_iteration``, so they would see the steps after the restart as steps 1, 2, ...
     """
     from ray import tune
 
@@ -259,9 +263,9 @@ _RUNNING_LOCK = threading.Lock()
 def stop_running_trials() -> None:
     """End the process tree of every trial attempt running in this process, and wait until each is gone.
 
-    For the trial actor's ``cleanup`` (:class:`klsweep.orchestrate.trainable.EndsWithItsProcess`): Tune frees a
-    stopped trial's resources (its GPUs) when the actor's ``stop`` returns, and Ray's function trainable does not wait
-    for the trial's function there (``FunctionTrainable.cleanup``: ``session.finish(timeout=0)``), so without this the
+    For the trial actor's ``cleanup`` (:class:`klsweep.orchestrate.trainable.EndsWithItsProcess`). Tune frees a
+    stopped trial's resources (its GPUs) when the actor's ``stop`` returns. Ray's function trainable does not wait
+    for the trial's function there (``FunctionTrainable.cleanup``: ``session.finish(timeout=0)``). Without this, the
     next trial could start on GPUs the stopped trial's verl still holds. Waits up to the longest ``grace_s`` + 7 s.
     """
     with _RUNNING_LOCK:

@@ -2,11 +2,13 @@
 checkpoint instead of step 1.
 
 verl saves a checkpoint every ``trainer.save_freq`` steps (verl's default −1: never) into
-``trainer.default_local_dir`` (``global_step_N/`` and ``latest_checkpointed_iteration.txt``,
-``verl/trainer/ppo/v1/trainer_base.py``, ``_save_checkpoint``) and, with ``trainer.resume_mode=auto`` (verl's
-default), a new start in the same directory resumes from there (``_load_checkpoint``). What the checkpoint lacks is
-the in-reward KL controller: ``RayPPOTrainer`` builds it from ``algorithm.kl_ctrl.kl_coef`` at every start, so an
-adaptive coefficient would snap back to its initial value; :func:`resume_overrides` passes the value it had instead.
+``trainer.default_local_dir``: ``global_step_N/`` and ``latest_checkpointed_iteration.txt``
+(``verl/trainer/ppo/v1/trainer_base.py``, ``_save_checkpoint``). With ``trainer.resume_mode=auto`` (verl's
+default), a new start in the same directory resumes from there (``_load_checkpoint``).
+
+What the checkpoint lacks is the in-reward KL controller. ``RayPPOTrainer`` builds it from
+``algorithm.kl_ctrl.kl_coef`` at every start, so an adaptive coefficient would snap back to its initial value.
+:func:`resume_overrides` passes the value it had instead.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ DEFAULT_CHECKPOINTS_PER_RUN = 5
 
 
 def save_freq(overrides: Mapping[str, Any]) -> int:
-    """``trainer.save_freq`` of a verl trial: the trial's own value when it sets one, else the validation cadence
-    ``trainer.test_freq`` when > 0, else a fifth of ``trainer.total_training_steps`` (at least 1); −1 (verl's
-    "never") when none of them is known."""
+    """``trainer.save_freq`` of a verl trial.
+
+    The trial's own value when it sets one; else the validation cadence ``trainer.test_freq`` when > 0; else a
+    fifth of ``trainer.total_training_steps``, at least 1. −1 (verl's "never") when none of them is known."""
     if SAVE_FREQ_KEY in overrides:
         return int(overrides[SAVE_FREQ_KEY])
     test_freq = int(overrides.get("trainer.test_freq") or -1)
@@ -73,11 +76,11 @@ def logged_steps(trial_dir: Path) -> dict[int, dict[str, Any]]:
 def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The overrides a new attempt of a verl trial adds so that it continues where its checkpoint left off.
 
-    With a checkpoint at step N in ``trial_dir/checkpoints`` and a logged :data:`KL_COEFF_METRIC`, sets
-    :data:`KL_COEF_KEY` to the coefficient the controller held at step N: the value logged at step N + 1 (used
-    before that step's update, so the controller's value after step N's), or, when step N + 1 never got logged, the
-    last value logged before it (one update earlier). Nothing when there is no checkpoint (the attempt starts at
-    step 1 with the trial's own coefficient) or no KL in the reward.
+    Needs a checkpoint at step N in ``trial_dir/checkpoints`` and a logged :data:`KL_COEFF_METRIC`. It then sets
+    :data:`KL_COEF_KEY` to the coefficient the controller held at step N. That is the value logged at step N + 1:
+    it is used before that step's update, so it is the controller's value after step N's. When step N + 1 never
+    got logged, it is the last value logged before it, one update earlier. Nothing is set when there is no
+    checkpoint (the attempt starts at step 1 with the trial's own coefficient) or no KL in the reward.
 
     Args:
         trial_dir: the trial's directory (``checkpoints/`` = ``trainer.default_local_dir``, ``attempt-*/``).
@@ -105,11 +108,12 @@ def has_checkpoint(checkpoint_dir: Path, step: int) -> bool:
 
 
 def rewind(checkpoint_dir: Path, step: int) -> dict[str, Any] | None:
-    """Make verl's checkpoint at ``step`` the one a trial continues from: a remedy restarts it there, before the
-    finding (:mod:`klsweep.orchestrate.remedy`), and what it ran after ``step`` is superseded.
+    """Make verl's checkpoint at ``step`` the one a trial continues from.
 
-    The checkpoints after ``step`` belong to the run the restart abandons: they are removed and the tracker is set back
-    to ``step``, so that a later retry of the restarted run (``resume_mode=auto``) never resumes from them.
+    A remedy restarts the trial there, before the finding (:mod:`klsweep.orchestrate.remedy`). What it ran after
+    ``step`` is superseded. The checkpoints after ``step`` belong to the run the restart abandons. They are removed
+    and the tracker is set back to ``step``, so a later retry of the restarted run (``resume_mode=auto``) never
+    resumes from them.
 
     Args:
         checkpoint_dir: the trial's ``trainer.default_local_dir``.

@@ -1,13 +1,14 @@
 """Trial files in the sweep's results directory, on whichever node a trial runs.
 
-Ray Tune's own trial directory (``tune.get_context().get_trial_dir()``) is a node-local staging directory
-(``/tmp/ray/session_*/artifacts/<timestamp>/<experiment>/working_dirs/<trial>``, ``StorageContext`` in
-ray/train/_internal/storage.py, Ray 2.60): a trial on another node keeps its logs, ``failure.json`` and checkpoints
-there, and a resumed sweep (a new timestamp) never finds its checkpoints again. A process trial writes into its
-directory under Tune's ``storage_path`` (the sweep's ``--out``) instead, which is how Ray means a local
-``storage_path`` to be used on a cluster: a filesystem every node mounts at the same path (NFS, a shared volume).
-Where it is not, Ray's own storage marker is missing on the trial's node, and the sweep is refused before it starts
-(:func:`require_shared_results`) or the trial fails with the fix (:func:`trial_directory`).
+Ray Tune's own trial directory (``tune.get_context().get_trial_dir()``) is a node-local staging directory:
+``/tmp/ray/session_*/artifacts/<timestamp>/<experiment>/working_dirs/<trial>`` (``StorageContext`` in
+ray/train/_internal/storage.py, Ray 2.60). A trial on another node would keep its logs, ``failure.json`` and
+checkpoints there. A resumed sweep (a new timestamp) would never find its checkpoints again.
+
+A process trial writes into its directory under Tune's ``storage_path`` (the sweep's ``--out``) instead. That is how
+Ray means a local ``storage_path`` to be used on a cluster: a filesystem every node mounts at the same path (NFS, a
+shared volume). Where it is not, Ray's own storage marker is missing on the trial's node. The sweep is then refused
+before it starts (:func:`require_shared_results`), or the trial fails with the fix (:func:`trial_directory`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def trial_directory() -> Path:
 
 
 def nodes_without(directory: Path) -> list[str]:
-    """The alive nodes of the connected Ray cluster (their IP addresses) that do not see ``directory``: a probe file
-    written here is read back by a zero-CPU task pinned to each node (``NodeAffinitySchedulingStrategy``).
+    """The IP addresses of the alive nodes of the connected Ray cluster that do not see ``directory``.
+
+    A probe file written here is read back by a zero-CPU task pinned to each node
+    (``NodeAffinitySchedulingStrategy``).
 
     Raises:
         ClusterError: Ray is not initialized.
@@ -78,8 +81,9 @@ def _reads(path: str, token: str) -> bool:
 
 
 def require_shared_results(out_dir: Path) -> None:
-    """Refuse a sweep whose results directory some node of the cluster cannot see (call it after ``ray.init``,
-    before the Tuner starts): trial files of those nodes would never reach ``out_dir``.
+    """Refuse a sweep whose results directory some node of the cluster cannot see.
+
+    Call it after ``ray.init``, before the Tuner starts. Trial files of those nodes would never reach ``out_dir``.
 
     Raises:
         ClusterError: naming the directory, the nodes and the fix.

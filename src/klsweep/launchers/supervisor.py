@@ -1,24 +1,28 @@
 """Run a trial's command so that its whole process tree dies with the trial.
 
-Ray kills only a trial worker's direct children, so verl's own Ray (raylet, GCS, workers) and vLLM servers started by
-``python -m verl.trainer.main_ppo`` would outlive a stopped trial, and every process survives when the sweep driver
-is SIGKILLed (ray#23971, ray#34125). The design (tests/launchers/test_process.py checks a stopped trial, a SIGKILLed
-driver and verl's own Ray):
+Ray kills only a trial worker's direct children. verl's own Ray (raylet, GCS, workers) and the vLLM servers started
+by ``python -m verl.trainer.main_ppo`` would outlive a stopped trial. Every process survives when the sweep driver
+is SIGKILLed (ray#23971, ray#34125). The design, which tests/launchers/test_process.py checks on a stopped trial, a
+SIGKILLed driver and verl's own Ray:
 
-1. :func:`start` launches ``python -m klsweep.launchers.supervisor SPEC`` in a new session; that process forks and
+1. :func:`start` launches ``python -m klsweep.launchers.supervisor SPEC`` in a new session. That process forks and
    exits, so the supervisor is neither a direct child of the Ray worker nor in its process group or session.
-2. The supervisor makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux ≥ 3.4): every descendant
-   whose parent exits is re-parented to it rather than to init, so no descendant escapes its view, not even one that
-   called ``setsid`` (Ray's own daemons do).
-3. It starts the command in a new session, polls the watched (trial worker) pid every :data:`POLL_S` seconds, and when
-   the worker is gone, when it receives SIGTERM, or when the command ends, it sends SIGTERM to every descendant (and
-   the command's process group), waits ``grace_s``, sends SIGKILL to what is left, reaps, and writes ``exit.json``.
+2. The supervisor makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux ≥ 3.4). Every descendant
+   whose parent exits is re-parented to it rather than to init. No descendant escapes its view, not even one that
+   called ``setsid``, as Ray's own daemons do.
+3. It starts the command in a new session and polls the watched (trial worker) pid every :data:`POLL_S` seconds.
+   It stops the tree when the worker is gone, when it receives SIGTERM, or when the command ends. It sends SIGTERM
+   to every descendant and the command's process group, waits ``grace_s``, and sends SIGKILL to what is left. It
+   then reaps and writes ``exit.json``.
 4. The trial side (:class:`Supervised`) also ``killpg``\\ s the command's group in its ``finally``.
 
-Files in the run directory: ``spec.json`` (what to run; the environment is inherited, never written to disk),
-``supervisor.json`` (pids, written once the command started), ``stdout.log`` / ``stderr.log`` (the command's),
-``supervisor.log``, ``exit.json``
-(``{"returncode": int | null, "reason": "exited" | "stopped" | "worker_gone", "cleanup_s": float}``).
+Files in the run directory:
+
+- ``spec.json``: what to run; the environment is inherited, never written to disk;
+- ``supervisor.json``: pids, written once the command started;
+- ``stdout.log`` / ``stderr.log``: the command's;
+- ``supervisor.log``;
+- ``exit.json``: ``{"returncode": int | null, "reason": "exited" | "stopped" | "worker_gone", "cleanup_s": float}``.
 
 Linux only (``/proc`` and ``prctl``), like the GPU nodes verl runs on.
 """
