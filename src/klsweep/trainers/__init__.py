@@ -128,10 +128,12 @@ def _embedded_defaults(user: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _embedded_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The embedded trainer's own command, then verl's with the KL and algorithm settings only (the embedded sizes
-    dropped: the user adds a model, data and batch sizes). The label names the trial's batch size and responses per
-    prompt where they are not the embedded defaults (a searched batch size): the KL settings were found at those
-    (verl's adaptive controller advances by train_batch_size × rollout.n responses per step against its horizon)."""
+    """The embedded trainer's own command, then verl's with the KL and algorithm settings only.
+
+    verl's command drops the embedded sizes: the user adds a model, data and batch sizes. The label names the
+    trial's batch size and responses per prompt where they are not the embedded defaults (a searched batch size).
+    The KL settings were found at those sizes: verl's adaptive controller advances by train_batch_size × rollout.n
+    responses per step against its horizon."""
     from klsweep.trainers.embedded.config import EMBEDDED_DEFAULTS, EMBEDDED_SIZES
 
     transferable = {k: v for k, v in overrides.items() if k not in EMBEDDED_SIZES}
@@ -172,9 +174,9 @@ def reproduce_commands(trainer: str, overrides: Mapping[str, Any], remedies: Any
     """``[(label, command)]`` that rerun a trial: ``TrainerKind.reproduce`` of its overrides, once per run segment.
 
     The one builder of what ``sweep run``, ``sweep status``, ``sweep plan``, the report and the notebook print.
-    A remedied trial reruns as its schedule: segment k resumes from the checkpoint of the step restart k−1 went back
-    to, with the knobs the remedies changed so far (``trainer.resume_mode=resume_path``, as
-    :func:`klsweep.launchers.resume.rewind` restarts it). The segment that last ran a restart point's step saves it:
+    A remedied trial reruns as its schedule. Segment k resumes from the checkpoint of the step restart k−1 went back
+    to, with the knobs the remedies changed so far. It uses ``trainer.resume_mode=resume_path``, as
+    :func:`klsweep.launchers.resume.rewind` restarts it. The segment that last ran a restart point's step saves it:
     ``trainer.save_freq`` = the greatest common divisor of its steps, unless its own cadence saves them all.
 
     Args:

@@ -1,8 +1,8 @@
 """The replay trainer: plays back a recorded training log step by step, with the embedded trainer's interface.
 
 A sweep with ``trainer: replay`` and ``replay: {trace: PATH, speed: S}`` runs every trial on the same recorded metric
-stream: each logged step becomes one Ray Tune report with verl's metric names, so the health rules, the stopper, the
-searcher and the results table see what they would see from a live run. Use it to try a rule set on real logs
+stream. Each logged step becomes one Ray Tune report with verl's metric names. The health rules, the stopper, the
+searcher and the results table thus see what they would see from a live run. Use it to try a rule set on real logs
 inside ``sweep run``, or to exercise the orchestrator at scale without training (``benchmarks/scale_sim.py``).
 
 The log is read by :func:`klsweep.health.readers.read_trace`, as ``sweep health check`` reads it: verl file-logger

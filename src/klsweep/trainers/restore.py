@@ -1,6 +1,6 @@
 """The knobs a remedy may change that an in-process trainer's checkpoint also holds, and putting them back.
 
-verl rebuilds its KL controller from the config at every start (``RayPPOTrainer.__init__``); the embedded trainer's
+verl rebuilds its KL controller from the config at every start (``RayPPOTrainer.__init__``). The embedded trainer's
 ``load`` restores the controller and the AdamW learning rate from its checkpoint instead. After a load,
 :func:`reapply_after_load` sets them to the trial's overrides again, so a remedied value is not undone.
 """

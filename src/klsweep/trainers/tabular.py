@@ -1,9 +1,9 @@
 """The tabular trainer: serves a trial the recorded embedded-trainer curve of the nearest grid point.
 
-A table (``benchmarks/tabular/<sweep>.jsonl.gz``, written by ``benchmarks/tabular/generate.py``) holds, for every
-point of a grid over a sweep's space and each of several training seeds (``data.seed``), every metric the embedded
-trainer logged at every step, as HPOBench, LCBench and Syne Tune's simulator tabulate their tasks. A sweep with
-``trainer: tabular`` and ``tabular: {table: PATH}`` runs each trial on the recorded run of
+A table is ``benchmarks/tabular/<sweep>.jsonl.gz``, written by ``benchmarks/tabular/generate.py``. It covers every
+point of a grid over a sweep's space and each of several training seeds (``data.seed``). For each, it holds every
+metric the embedded trainer logged at every step, as HPOBench, LCBench and Syne Tune's simulator tabulate their
+tasks. A sweep with ``trainer: tabular`` and ``tabular: {table: PATH}`` runs each trial on the recorded run of
 
 * the grid point nearest to the trial's parameters: the sum over the table's parameters of the distance in each
   parameter's own scale, as a fraction of its searched range (log10 for ``log_uniform_values``, linear for other
@@ -14,11 +14,12 @@ trainer logged at every step, as HPOBench, LCBench and Syne Tune's simulator tab
 Each recorded step becomes one Ray Tune report, so the health rules, stoppers, searcher and results table see what
 a live embedded trial would show, thousands of times faster.
 
-File format: a gzip file of JSON lines (one gzip member appended per line, so generation can stop and resume); the
-first line is ``{"header": {sweep, source, max_steps, objective, parameters: {verl key: {scale, grid, values | min,
-max}}, seeds, fixed}}``, each other line one run ``{params, seed, steps: [1..N], metrics: {name: [value per step]}}``
-with ``null`` where a metric was not logged at a step and the strings ``"nan"``, ``"inf"``, ``"-inf"`` for
-non-finite values.
+File format: a gzip file of JSON lines, one gzip member appended per line, so generation can stop and resume.
+
+- The first line is ``{"header": {sweep, source, max_steps, objective, parameters: {verl key: {scale, grid,
+  values | min, max}}, seeds, fixed}}``.
+- Each other line is one run: ``{params, seed, steps: [1..N], metrics: {name: [value per step]}}``.
+- A metric not logged at a step is ``null``. Non-finite values are the strings ``"nan"``, ``"inf"``, ``"-inf"``.
 """
 
 from __future__ import annotations
@@ -120,12 +121,12 @@ def header_mismatch(header: Mapping[str, Any], searched: Sequence[str], fixed: M
     """Why a table with ``header`` cannot serve a sweep that searches the verl keys ``searched`` with the fixed
     settings ``fixed`` (:func:`klsweep.spec.space.fixed_overrides`); None when it can.
 
-    A table serves a sweep when it was recorded over the same searched keys (the nearest grid point is looked up in
-    them; a searched key the table lacks would be ignored, a table key the sweep fixes would pick runs by the fixed
-    value) and with the same training settings: the knobs of :data:`klsweep.verl.presets.KNOBS` and
-    :data:`~klsweep.verl.presets.CRITIC_KNOBS` that both fix (a run recorded with another ``adv_estimator`` is another
-    algorithm's curve) unless the knob has no effect in the sweep. Bookkeeping keys (project name,
-    ``trainer.total_training_steps``, ``data.seed``) may differ.
+    A table serves a sweep when two things hold. First, it was recorded over the same searched keys, since the
+    nearest grid point is looked up in them. A searched key the table lacks would be ignored; a table key the sweep
+    fixes would pick runs by the fixed value. Second, it was recorded with the same training settings: the knobs of
+    :data:`klsweep.verl.presets.KNOBS` and :data:`~klsweep.verl.presets.CRITIC_KNOBS` that both fix, unless the knob
+    has no effect in the sweep. A run recorded with another ``adv_estimator`` is another algorithm's curve.
+    Bookkeeping keys (project name, ``trainer.total_training_steps``, ``data.seed``) may differ.
     """
     from klsweep.verl.liveness import inert_reason
     from klsweep.verl.presets import CRITIC_KNOBS, KNOBS
@@ -299,8 +300,9 @@ class TabularTrainer:
 
 def recorded_values(sweep: Sweep, header: Mapping[str, Any]) -> list[str]:
     """Sweep-file overrides (``parameters.NAME={values: [...]}``) that narrow each categorical parameter of ``sweep``
-    to the values its table recorded (the header's ``grid``), for sweeps run on a table that holds fewer categories
-    than the file searches (the trainer refuses the others)."""
+    to the values its table recorded (the header's ``grid``).
+
+    For sweeps run on a table that holds fewer categories than the file searches; the trainer refuses the others."""
     out = []
     for name, key in sweep.parameter_keys.items():
         axis = header["parameters"].get(key, {})

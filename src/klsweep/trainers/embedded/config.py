@@ -1,8 +1,8 @@
 """Turn a flat verl override dict into the embedded trainer's settings.
 
 The overrides are composed with verl 0.9.1's own ``ppo_trainer`` config (:func:`klsweep.verl.config.compose`) and
-checked with :func:`klsweep.verl.config.check_values`, so the trainer accepts exactly verl's keys and values, and
-every setting not overridden takes verl's default, except the few in :data:`EMBEDDED_DEFAULTS`, where verl's
+checked with :func:`klsweep.verl.config.check_values`. The trainer thus accepts exactly verl's keys and values.
+Every setting not overridden takes verl's default, except the few in :data:`EMBEDDED_DEFAULTS`, where verl's
 defaults assume a 7B model on GPUs. Those are applied *below* the user's overrides:
 
 ================================================  ===========  ==========  ==========================================
@@ -23,7 +23,7 @@ Seeding: ``data.seed`` seeds everything random in a run (prompt sampling, respon
 does not depend on it. Same overrides ⇒ same metrics on CPU.
 
 Keys that only concern GPUs, parallelism, paths, logging or features the embedded trainer does not model are
-accepted and listed in one log line (:func:`ignored_keys`); the keys the trainer reads are :data:`HONOURED_KEYS`.
+accepted and listed in one log line (:func:`ignored_keys`). The keys the trainer reads are :data:`HONOURED_KEYS`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The reference policy: the tiny transformer after a short supervised warm-up (SFT), cached on disk.
 
-verl's actor starts from an SFT checkpoint and its reference is that checkpoint's frozen copy; here the SFT is
-:data:`SFT_STEPS` steps of teacher forcing on right answers, stopped early on purpose so that the greedy gold accuracy
-is moderate (see :data:`SFT_STEPS`) and RL has room both to improve it and to over-optimise the proxy.
+verl's actor starts from an SFT checkpoint, and its reference is that checkpoint's frozen copy. Here the SFT is
+:data:`SFT_STEPS` steps of teacher forcing on right answers. It stops early on purpose, so the greedy gold accuracy
+is moderate (see :data:`SFT_STEPS`). RL then has room both to improve it and to over-optimise the proxy.
 
-The weights depend only on the task, the model size and :data:`REFERENCE_SEED` (not on a trial's ``data.seed``), so
-every trial of a sweep starts from the same reference, as every verl trial starts from the same ``model.path``.
+The weights depend only on the task, the model size and :data:`REFERENCE_SEED`, not on a trial's ``data.seed``.
+Every trial of a sweep thus starts from the same reference, as every verl trial starts from the same ``model.path``.
 They are built once per machine and cached at ``$XDG_CACHE_HOME/klsweep/reference/<key>.pt`` (default
-``~/.cache/klsweep/reference``); the file is written to a temporary name and renamed, so trials that start together
-never read half a file (both may build it; the rename is atomic and both results are identical).
+``~/.cache/klsweep/reference``). The file is written to a temporary name and renamed, so trials that start together
+never read half a file. Both may build it; the rename is atomic and both results are identical.
 """
 
 from __future__ import annotations

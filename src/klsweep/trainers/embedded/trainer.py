@@ -49,11 +49,11 @@ def actor_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The actor loss the trainer backpropagates, as ``ppo_loss`` in ``verl/workers/utils/losses.py``.
 
-    ``loss = pg_loss − entropy_coeff·entropy + kl_loss_coef·kl_loss`` (the KL term only with ``use_kl_loss``),
-    with ``pg_loss`` from ``core_algos.get_policy_loss_fn("vanilla")`` (PPO clip, dual clip ``clip_ratio_c``) and
-    every term aggregated by ``core_algos.agg_loss`` with ``config.loss_agg_mode``; ``kl_loss`` is
-    ``core_algos.kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)``. One process, no micro-batches: verl's
-    global batch info is this mini-batch (``dp_size`` 1, its token and sequence counts).
+    ``loss = pg_loss − entropy_coeff·entropy + kl_loss_coef·kl_loss``; the KL term only with ``use_kl_loss``.
+    ``pg_loss`` comes from ``core_algos.get_policy_loss_fn("vanilla")``: PPO clip, dual clip ``clip_ratio_c``.
+    ``kl_loss`` is ``core_algos.kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)``. Every term is aggregated
+    by ``core_algos.agg_loss`` with ``config.loss_agg_mode``. One process, no micro-batches: verl's global batch info
+    is this mini-batch (``dp_size`` 1, its token and sequence counts).
 
     Args:
         log_prob, entropy: ``(batch, response_len)`` from the current actor (``log_prob`` carries the gradient).
@@ -111,11 +111,11 @@ def apply_kl_penalty(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL in the reward, line by line ``apply_kl_penalty`` of ``verl/trainer/ppo/ray_trainer.py`` (0.9.1).
 
-    ``token_level_rewards = token_level_scores − β·kl`` with ``kl = core_algos.kl_penalty(old, ref, kl_penalty)``
-    per token (masked) and β the controller's value *before* this step's update; the controller is then updated
-    with the batch mean of each sequence's token-mean KL and ``n_steps`` = sequences in the batch (Ziegler et al.
-    2019 for the adaptive controller). verl's own function needs a DataProto and ray_trainer's heavy imports; a test
-    checks this one against it.
+    ``token_level_rewards = token_level_scores − β·kl``, with ``kl = core_algos.kl_penalty(old, ref, kl_penalty)``
+    per token (masked). β is the controller's value *before* this step's update. The controller is then updated
+    with the batch mean of each sequence's token-mean KL, and ``n_steps`` = sequences in the batch. The adaptive
+    controller is Ziegler et al. 2019's. verl's own function needs a DataProto and ray_trainer's heavy imports; a
+    test checks this one against it.
 
     Args:
         token_level_scores, old_log_prob, ref_log_prob, response_mask: ``(batch, response_len)``.
@@ -174,8 +174,8 @@ class EmbeddedTrainer:
     Raises:
         OverrideError: an unknown key or an invalid value, before anything is trained.
 
-    The constructor sets ``torch.set_num_threads(1)`` for the process: the matrices are tiny, one thread is faster
-    than two on them, concurrent trials each get a core, and results do not depend on the machine's core count.
+    The constructor sets ``torch.set_num_threads(1)`` for the process. The matrices are tiny, and one thread is
+    faster than two on them. Concurrent trials each get a core. Results do not depend on the machine's core count.
 
     Attributes:
         settings: the values read from verl's composed config.
