@@ -1,30 +1,31 @@
 """Built-in checks: findings that need no rule and no threshold tuning (settings in :class:`BuiltinConfig`).
 
 - ``builtin.nonfinite_loss``: a NaN/inf actor or critic loss → stop (nonfinite). The update is already broken.
-- ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn; stop only once it lasts a
-  number of steps (verl-omni#539, verl#870, #751 show single NaN grad norms in runs that recover; the optimizer
-  skips them).
+- ``builtin.nonfinite_grad_norm``: a NaN/inf ``grad_norm`` with finite losses → warn. Stop only once it lasts a
+  number of steps. verl-omni#539, verl#870 and #751 show single NaN grad norms in runs that recover; the optimizer
+  skips them.
 - ``builtin.nonfinite_metric``: any other metric a rule or check reads (score, entropy, response length, validation
-  score, ...) NaN/inf → warn, never stop (a ``null`` in verl's file-logger jsonl is one): the rules reading it skip
+  score, ...) NaN/inf → warn, never stop. A ``null`` in verl's file-logger jsonl is one. The rules reading it skip
   that report, so without this finding a run whose score went NaN would look healthy. The coverage lines of those
   rules count such reports as non-finite, not as missing.
-- ``builtin.no_signal``: every advantage 0 (``critic/advantages/max`` and ``/min`` are 0; verl whitens or
-  group-normalises advantages to mean 0, so max == 0 means all 0) or every score 0 → stop as no_signal
-  (rllm#54), not as divergence.
-- ``builtin.no_update``: ``actor/grad_norm`` exactly 0 (or ``actor/lr`` exactly 0) while the policy is flat (the
-  reference KL ~0, or, with no KL logged, the entropy unchanged) → misconfigured: the policy never moves
-  (ms-swift#5890). Checked before ``kl_dead``: a KL of 0 with a frozen policy is a symptom, not the cause.
-- ``builtin.kl_dead``: reference KL exactly 0 after warm-up while a KL mechanism is on with a non-zero coefficient
-  and the actor updating → misconfigured (verl#1573, #2060). Never read from ``actor/ppo_kl`` (KL to the rollout
-  policy, ~0 by design). Not judged on logs printed with 3 decimals, where 0.000 only means < 0.0005.
+- ``builtin.no_signal``: every advantage 0, or every score 0 → stop as no_signal (rllm#54), not as divergence.
+  Every advantage is 0 when ``critic/advantages/max`` and ``/min`` are 0: verl whitens or group-normalises
+  advantages to mean 0, so max == 0 means all 0.
+- ``builtin.no_update``: ``actor/grad_norm`` or ``actor/lr`` exactly 0 while the policy is flat → misconfigured:
+  the policy never moves (ms-swift#5890). Flat means the reference KL ~0, or, with no KL logged, the entropy
+  unchanged. Checked before ``kl_dead``: a KL of 0 with a frozen policy is a symptom, not the cause.
+- ``builtin.kl_dead``: reference KL exactly 0 after warm-up, while a KL mechanism is on with a non-zero coefficient
+  and the actor updates → misconfigured (verl#1573, #2060). Never read from ``actor/ppo_kl``, the KL to the
+  rollout policy, which is ~0 by design. Not judged on logs printed with 3 decimals, where 0.000 only means
+  < 0.0005.
 - ``builtin.kl_negative``: a negative batch mean from an estimator that is >= 0 per token (abs, k2/mse, k3/low_var_kl)
   → misconfigured (verl#2928). ``kl``/``k1`` means may be slightly negative: normal.
-- ``builtin.kl_explosion``: reference KL mean at or above ``kl_explosion`` (default 9: k3 clamps each token to
-  [-10, 10] in verl's ``core_algos.kl_penalty``, so a mean near 10 means most tokens are at the clamp) → diverged.
-  Judged per token (token-sum aggregations are divided by the tokens summed: :mod:`klsweep.health.signals`).
+- ``builtin.kl_explosion``: reference KL mean at or above ``kl_explosion`` → diverged. The default is 9: k3 clamps
+  each token to [-10, 10] in verl's ``core_algos.kl_penalty``, so a mean near 10 means most tokens are at the
+  clamp. Judged per token: token-sum aggregations are divided by the tokens summed (:mod:`klsweep.health.signals`).
 
-Only a finite value counts as a judgement: a check that saw its metrics only as NaN/inf is listed "not applicable"
-with that reason (the non-finite checks report them).
+Only a finite value counts as a judgement. A check that saw its metrics only as NaN/inf is listed "not applicable"
+with that reason; the non-finite checks report them.
 
 Every "for N" of these checks counts training steps, not reports (:class:`~klsweep.health.streak.Streak`): a log
 with one report every 25 steps is judged like the full log within 25 steps.

@@ -1,10 +1,15 @@
 """``sweep health check TRACE``: replay a training log through a rule set and show when each rule would have fired.
 
-Verdicts and exit codes (``docs/health-rules.md``): STOPPED 1; HEALTHY or WARNED 0; INCONCLUSIVE 3, when no rule or
-built-in check that can stop a run could judge the log (none of their metrics logged), since "healthy" would claim a
-check that never ran; a log that cannot be read, or a W&B export of several runs without ``--run``, exits 2 (the CLI).
-Every verdict says how many rules and checks judged the log, and whether the run's config turns a KL mechanism on
-that the log has no KL metric for.
+Verdicts and exit codes (``docs/health-rules.md``):
+
+- STOPPED: 1.
+- HEALTHY or WARNED: 0.
+- INCONCLUSIVE: 3. No rule or built-in check that can stop a run could judge the log: none of their metrics is
+  logged. "Healthy" would claim a check that never ran.
+- A log that cannot be read, or a W&B export of several runs without ``--run``: 2 (the CLI).
+
+Every verdict says how many rules and checks judged the log. It also says whether the run's config turns on a KL
+mechanism that the log has no KL metric for.
 """
 
 from __future__ import annotations

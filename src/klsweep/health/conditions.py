@@ -1,7 +1,7 @@
 """A health rule's conditions: a statistic of one metric (its value, or over a window of steps) against a bound.
 
-``window`` is in training steps, not reports: a window of W steps ending at step s reads every report from the last one
-at or before step s − W + 1 (:mod:`klsweep.health.series` computes the statistics). The condition's ``stat`` picks
+``window`` is in training steps, not reports. A window of W steps ending at step s reads every report from the last
+one at or before step s − W + 1. :mod:`klsweep.health.series` computes the statistics. The condition's ``stat`` picks
 its model: ``value``, a window statistic (``mean``/``std``/``var``/``min``/``max``/``slope``), ``drop_from_max`` or
 ``ratio_to_first``.
 """
@@ -55,8 +55,8 @@ class ValueCondition(_Condition):
 class WindowCondition(_Condition):
     """A statistic of the metric over its last ``window`` steps (``slope``: least squares, units per step).
 
-    The window reads every report from the last one at or before its first step, so it is judged only once the run
-    covers ``window`` steps, with at least two reports; each report weighs the same.
+    The window reads every report from the last one at or before its first step. It is judged only once the run
+    covers ``window`` steps, with at least two reports. Each report weighs the same.
     """
 
     stat: Literal["mean", "std", "var", "min", "max", "slope"]

@@ -55,8 +55,8 @@ class HealthEngine:
     Args:
         ruleset: from :func:`~klsweep.health.load_ruleset`.
         run_config: the trial's flat verl override dict (``{"actor_rollout_ref.actor.use_kl_loss": True, ...}``);
-            missing keys mean verl 0.9.1's defaults. None or {} for a log backtest: the KL mechanism is then inferred
-            from which metrics are logged, and rules that need the config are reported not applicable.
+            missing keys mean verl 0.9.1's defaults. None or {} for a log backtest. The KL mechanism is then inferred
+            from which metrics are logged. Rules that need the config are reported not applicable.
         rounded: the values were printed rounded (verl's console logger: 3 decimals); "exactly 0" checks are off.
     """
 

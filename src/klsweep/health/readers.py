@@ -125,9 +125,9 @@ def read_trace(path: str | Path, run: str | None = None, full_config: FullConfig
 def _run_config(path: Path, config: dict[str, Any] | None, full_config: FullConfig | None) -> dict[str, Any] | None:
     """The run's verl overrides in full, or None where the log does not hold them.
 
-    ``full_config(path, config)`` completes a config first, where it can. Otherwise a config that does not say
-    whether a KL mechanism is on is not used: verl's defaults for the missing keys would call the KL off and leave
-    the KL rules idle on a run that logs its KL.
+    ``full_config(path, config)`` completes a config first, where it can. Otherwise, a config that does not say
+    whether a KL mechanism is on is not used. verl's defaults for the missing keys would call the KL off. That would
+    leave the KL rules idle on a run that logs its KL.
     """
     if not config:
         return None
@@ -241,8 +241,10 @@ def _scalar(text: str) -> Any:
 
 
 def _looks_rounded(reports: list[tuple[int | None, dict[str, Any]]]) -> bool:
-    """True when the first 50 reports that hold a finite non-integer float hold none with more than 3 decimals (a log
-    converted from console lines); False when no report holds one (all NaN, integers: nothing says it was rounded)."""
+    """True when the first 50 reports that hold a finite non-integer float hold none with more than 3 decimals.
+
+    Such a log was converted from console lines. False when no report holds one (all NaN, integers): nothing says
+    it was rounded."""
     checked = 0
     for _, metrics in reports:
         fractional = False

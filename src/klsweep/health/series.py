@@ -50,9 +50,10 @@ class Series:
         self.fresh = True
 
     def window(self, steps: int) -> int | None:
-        """Index of the first pair of the window of ``steps`` steps ending at the last report: the last report at
-        or before step ``last − steps + 1`` (so the window covers the steps, with at least two reports), or None
-        while the run has not covered that many steps yet."""
+        """Index of the first pair of the window of ``steps`` steps ending at the last report.
+
+        That is the last report at or before step ``last − steps + 1``, so the window covers the steps with at least
+        two reports. None while the run has not covered that many steps yet."""
         target = self.steps[-1] - steps + 1
         for i in range(len(self.steps) - 1, -1, -1):
             if self.steps[i] <= target:
@@ -61,14 +62,17 @@ class Series:
 
 
 def statistic(stat: str, window: int | None, peak_above: float, series: Series) -> tuple[float, int] | None:
-    """A condition's statistic over ``series`` (which holds this report's value) and the first step it read, or None
-    if undefined yet (a window whose steps are not covered yet; ``drop_from_max`` while the maximum is at or below
-    ``peak_above``).
+    """A condition's statistic over ``series`` and the first step it read; ``series`` holds this report's value.
+
+    None while undefined: a window whose steps are not covered yet, or ``drop_from_max`` while the maximum is at or
+    below ``peak_above``.
 
     Windows are in training steps (:meth:`Series.window`): every report from the last one at or before the window's
-    first step. Window statistics weigh each report equally and use exactly rounded sums (``math.fsum``): variance =
-    E[x²] − E[x]², population (ddof 0); slope = least-squares slope of value against step (against position when
-    steps repeat), NaN (never above or below a bound) when the products overflow the float range.
+    first step. Window statistics weigh each report equally and use exactly rounded sums (``math.fsum``).
+
+    - variance = E[x²] − E[x]², population (ddof 0);
+    - slope = least-squares slope of value against step, or against position when steps repeat. It is NaN, never
+      above or below a bound, when the products overflow the float range.
     """
     value, step = series.values[-1], series.steps[-1]
     if stat == "value":

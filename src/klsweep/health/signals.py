@@ -14,11 +14,11 @@ Derived quantities (beyond :data:`klsweep.verl.metrics.ALIASES`):
 
 Per token: verl aggregates ``actor/kl_loss``, ``actor/entropy`` (and ``actor/pg_loss``) with the run's
 ``actor_rollout_ref.actor.loss_agg_mode`` (``core_algos.agg_loss``). Under ``token-sum``, ``seq-mean-token-sum`` and
-``seq-mean-token-sum-norm`` they are sums over tokens, not per-token means, so every threshold (k3's clamp at 10,
-``kl_blowup``'s 1.0, ``entropy_collapse``'s 0.02) would judge a number hundreds of times too large or too small.
-:class:`TokenScale` divides them by the tokens they sum over (the thresholds stay per token, as calibrated);
-the signal's key then reads ``"actor/kl_loss per token"``. It needs ``response_length/mean`` in the same report;
-without it the signal is not read (the rule is not applicable, with that reason). A log without its run config is
+``seq-mean-token-sum-norm`` they are sums over tokens, not per-token means. Every threshold (k3's clamp at 10,
+``kl_blowup``'s 1.0, ``entropy_collapse``'s 0.02) would then judge a number hundreds of times too large or too small.
+:class:`TokenScale` divides them by the tokens they sum over; the thresholds stay per token, as calibrated. The
+signal's key then reads ``"actor/kl_loss per token"``. It needs ``response_length/mean`` in the same report. Without
+it, the signal is not read, and the rule is not applicable, with that reason. A log without its run config is
 read as per-token (``token-mean``, verl's default).
 """
 
@@ -137,9 +137,10 @@ class TokenScale:
                 self._per_length[key] = 1.0
 
     def per_token(self, key: str, value: float, metrics: Mapping[str, Any]) -> float | None:
-        """``value`` of metric ``key`` per token; unchanged for metrics or modes that are already per token; None
-        when it is a sum and this report has no positive ``response_length/mean`` (or the config's sizes are not
-        positive numbers)."""
+        """``value`` of metric ``key`` per token.
+
+        Unchanged for metrics or modes that are already per token. None when it is a sum and this report has no
+        positive ``response_length/mean``, or when the config's sizes are not positive numbers."""
         if not self.summed or key not in SUMMED_METRICS:
             return value
         length = number(metrics.get(RESPONSE_LENGTH))

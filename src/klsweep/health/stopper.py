@@ -1,8 +1,8 @@
 """Health rules as a Ray Tune ``Stopper``: one :class:`HealthEngine` per trial, the verdict written into the result.
 
 A stop by a rule with a ``remedy`` is first offered to the sweep's remedy planner
-(:class:`klsweep.orchestrate.remedy_tune.RemedyScheduler`): when it plans a restart from a checkpoint, the trial is not
-stopped, and its engine restarts from the reports up to that checkpoint.
+(:class:`klsweep.orchestrate.remedy_tune.RemedyScheduler`). When it plans a restart from a checkpoint, the trial is
+not stopped. Its engine restarts from the reports up to that checkpoint.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ class RemedyPlanner(Protocol):
 class HealthStopper(Stopper):
     """Stops a trial when its health rules say so, and records why.
 
-    On every result it writes ``result["health"]`` (healthy | warned | stopped), ``result["stop_reason"]`` (the
-    stop reason's text, "" when none) and ``result["stop_kind"]`` (diverged, no_signal, nonfinite, ...; "" when
-    none) and ``result["remedy_note"]`` (:data:`REMEDY_NOTE`): Tune keeps them in ``result.json`` and the results
-    dataframe.
+    On every result it writes four keys, which Tune keeps in ``result.json`` and the results dataframe:
+
+    - ``result["health"]``: healthy | warned | stopped;
+    - ``result["stop_reason"]``: the stop reason's text, "" when none;
+    - ``result["stop_kind"]``: diverged, no_signal, nonfinite, ...; "" when none;
+    - ``result["remedy_note"]``: :data:`REMEDY_NOTE`.
 
     Args:
         ruleset: from :func:`~klsweep.health.load_ruleset`.

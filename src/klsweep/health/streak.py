@@ -1,10 +1,11 @@
 """How long a condition has held, in training steps: the ``for`` of rules and the streaks of built-in checks.
 
-A log may have one report per step or one every k steps (W&B history exports are sampled; many runs log every N
-steps). A streak is counted in steps, not reports: it starts right after the last report at which the condition did
-not hold (it may have begun anywhere after that report) and no earlier than ``after + 1``; the first report of a run
-starts it at its own step. So a log sampled every k steps fires within k steps of the full log whenever the condition,
-once true, stays true (a condition that flickers between two reports cannot be seen in the sampled log).
+A log may have one report per step or one every k steps: W&B history exports are sampled, and many runs log every N
+steps. A streak is counted in steps, not reports. It starts right after the last report at which the condition did
+not hold, since it may have begun anywhere after that report. It starts no earlier than ``after + 1``. The first
+report of a run starts it at its own step. So a log sampled every k steps fires within k steps of the full log
+whenever the condition, once true, stays true. A condition that flickers between two reports cannot be seen in the
+sampled log.
 """
 
 from __future__ import annotations
