@@ -1,9 +1,11 @@
 """verl 0.9.1's own configuration: compose it with a trial's overrides, and check values verl only rejects late.
 
-Every trial config klsweep produces, and every override the embedded trainer accepts, goes through :func:`compose`
-(verl's ``ppo_trainer`` Hydra config from the installed package, so unknown keys fail exactly as they would in
-``python -m verl.trainer.main_ppo``) and :func:`check_values` (the values verl's own ``core_algos`` functions accept,
-for values Hydra accepts but verl only rejects after the first rollout).
+Every trial config klsweep produces, and every override the embedded trainer accepts, goes through two checks:
+
+- :func:`compose`: verl's ``ppo_trainer`` Hydra config from the installed package. Unknown keys fail exactly as they
+  would in ``python -m verl.trainer.main_ppo``.
+- :func:`check_values`: the values verl's own ``core_algos`` functions accept. It catches values Hydra accepts but
+  verl only rejects after the first rollout.
 
 Overrides are a flat mapping of dotted verl keys to Python values, e.g.
 ``{"actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "algorithm.kl_ctrl.kl_coef": 0.002}``.
@@ -86,10 +88,12 @@ def format_value(value: Any) -> str:
 
 
 def _quote(value: str) -> str:
-    """``value`` as a single-quoted Hydra string. In a quoted value Hydra reads a backslash literally unless it
-    precedes a quote or the closing quote (there, ``\\`` is one backslash and ``\\'`` a quote): only those runs of
-    backslashes are doubled, so ``C:\\data`` keeps one backslash (Hydra's unescaping of quoted strings,
-    hydra/core/override_parser/overrides_visitor.py; docs "Override grammar: escaped characters in quoted values")."""
+    """``value`` as a single-quoted Hydra string.
+
+    In a quoted value, Hydra reads a backslash literally unless it precedes a quote or the closing quote. There,
+    ``\\`` is one backslash and ``\\'`` a quote. Only those runs of backslashes are doubled, so ``C:\\data`` keeps one
+    backslash. Source: Hydra's unescaping of quoted strings (hydra/core/override_parser/overrides_visitor.py; docs
+    "Override grammar: escaped characters in quoted values")."""
     escaped = _BACKSLASHES_BEFORE_QUOTE.sub(lambda m: m.group(0) * 2, value)
     return "'" + escaped.replace("'", "\\'") + "'"
 
@@ -153,8 +157,10 @@ def closest_key(key: str) -> str | None:
 
 
 def _compose_raw(override_strings: tuple[str, ...]):
-    """verl's config with the overrides: the cached default config plus Hydra's own override step (~10 ms) when
-    no override selects a config group, else (or when that step fails, to get Hydra's own error) a full compose."""
+    """verl's config with the overrides.
+
+    When no override selects a config group: the cached default config plus Hydra's own override step (~10 ms).
+    Otherwise, or when that step fails (to get Hydra's own error): a full compose."""
     if not override_strings:
         return copy.deepcopy(_default_config())
     fast = _apply_value_overrides(override_strings)
@@ -175,11 +181,13 @@ def _default_config():
 
 
 def _apply_value_overrides(override_strings: tuple[str, ...]):
-    """What ``hydra.compose`` returns for overrides that only set values: a copy of the default config with
-    Hydra's ``ConfigLoaderImpl._apply_overrides_to_config`` (the step compose ends with) applied. None when an
-    override names a config group (``actor_rollout_ref/actor=...``, a ``@package``, a group directory of verl's
-    config) or Hydra's own node (``++hydra.run.dir``: compose drops that node after applying it), or the step
-    raises: the caller then composes in full, which selects the group or raises Hydra's error."""
+    """What ``hydra.compose`` returns for overrides that only set values.
+
+    That is a copy of the default config with Hydra's ``ConfigLoaderImpl._apply_overrides_to_config`` applied, the
+    step compose ends with. None in three cases: an override names a config group (``actor_rollout_ref/actor=...``,
+    a ``@package``, a group directory of verl's config); an override names Hydra's own node (``++hydra.run.dir``:
+    compose drops that node after applying it); or the step raises. The caller then composes in full, which selects
+    the group or raises Hydra's error."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException

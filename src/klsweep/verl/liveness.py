@@ -1,7 +1,7 @@
 """Which verl knobs are live (change training) and which are inert for a given config (verl#644, #2653, #3741).
 
-verl accepts every key in its config whether or not the algorithm reads it: ``algorithm.kl_ctrl.kl_coef`` under
-``use_kl_in_reward=False`` or ``kl_loss_coef`` under ``use_kl_loss=False`` are silently unused. A sweep that searches
+verl accepts every key in its config whether or not the algorithm reads it. ``algorithm.kl_ctrl.kl_coef`` under
+``use_kl_in_reward=False``, or ``kl_loss_coef`` under ``use_kl_loss=False``, are silently unused. A sweep that searches
 such a knob spends its budget on noise, so klsweep refuses it before launch and names the live key.
 
 Rules (verl 0.9.1 source: ``trainer/ppo/ray_trainer.py`` apply_kl_penalty / AdaptiveKLController,

@@ -1,6 +1,7 @@
-"""Every verl key klsweep writes into a trial's command, and what becomes of a value the sweep sets for it: merged
-with klsweep's, kept, or refused before anything starts, naming the sweep field or option that controls it. None is
-replaced without a word.
+"""Every verl key klsweep writes into a trial's command, and what becomes of a value the sweep sets for it.
+
+The sweep's value is merged with klsweep's, kept, or refused before anything starts. A refusal names the sweep field
+or option that controls the key. None is replaced without a word.
 
 ===============================  ==========================================  =========================================
 key                              klsweep writes                              a value in the sweep's overrides

@@ -1,13 +1,15 @@
 """Values verl's config accepts that break its math at the first update: found by running verl's own code.
 
 verl 0.9.1 composes ``algorithm.kl_ctrl.target_kl: 0``, ``horizon: 200`` with 1,024 responses per step, or
-``loss_scale_factor: 0`` without a word; the trial then dies at its first update (ZeroDivisionError) or trains on a
-KL coefficient that is frozen at 0 or has turned negative (a KL *bonus*). :func:`numeric_problems` runs the controller,
-loss aggregation and policy loss a trial would use (``verl.trainer.ppo.core_algos``: ``get_kl_controller`` →
-``AdaptiveKLController.update``, ``agg_loss``, the dual-clip ``compute_policy_loss_vanilla``) on the trial's values,
-at the trial's real ``n_steps`` (verl's ``apply_kl_penalty`` in verl/trainer/ppo/ray_trainer.py passes the batch's
-responses, ``data.train_batch_size × actor_rollout_ref.rollout.n``), and at both ends of the controller's clipped
-error (±0.2). OpenRLHF#1289 is the same fault in another trainer. verl is imported only when a trial uses one of these
+``loss_scale_factor: 0`` without a word. The trial then dies at its first update (ZeroDivisionError), or trains on a
+KL coefficient that is frozen at 0 or has turned negative (a KL *bonus*).
+
+:func:`numeric_problems` runs the controller, loss aggregation and policy loss a trial would use, on the trial's
+values. From ``verl.trainer.ppo.core_algos`` it runs ``get_kl_controller`` → ``AdaptiveKLController.update``,
+``agg_loss`` and the dual-clip ``compute_policy_loss_vanilla``. It runs them at the trial's real ``n_steps``: verl's
+``apply_kl_penalty`` (verl/trainer/ppo/ray_trainer.py) passes the batch's responses,
+``data.train_batch_size × actor_rollout_ref.rollout.n``. It also runs both ends of the controller's clipped error
+(±0.2). OpenRLHF#1289 is the same fault in another trainer. verl is imported only when a trial uses one of these
 paths with a value other than verl's default (~8 s with torch).
 """
 
@@ -46,9 +48,12 @@ def numeric_problems(value: Callable[[str], Any]) -> list[tuple[str, str]]:
 def _adaptive_controller(value: Callable[[str], Any]) -> list[tuple[str, str]]:
     """Run ``get_kl_controller`` and one ``update`` below and one above the target, as ``apply_kl_penalty`` does.
 
-    ``update`` multiplies the coefficient by ``1 + clip(current_kl / target_kl - 1, -0.2, 0.2) × n_steps / horizon``:
-    ``target_kl = 0`` divides by zero, ``target_kl < 0`` clips every error to -0.2 (the coefficient only shrinks),
-    ``kl_coef = 0`` stays 0, and ``horizon <= 0.2 × n_steps`` makes the factor ``<= 0`` after one step under target.
+    ``update`` multiplies the coefficient by ``1 + clip(current_kl / target_kl - 1, -0.2, 0.2) × n_steps / horizon``.
+
+    - ``target_kl = 0`` divides by zero.
+    - ``target_kl < 0`` clips every error to -0.2, so the coefficient only shrinks.
+    - ``kl_coef = 0`` stays 0.
+    - ``horizon <= 0.2 × n_steps`` makes the factor ``<= 0`` after one step under target.
     """
     coef_key, target_key, horizon_key = (f"algorithm.kl_ctrl.{k}" for k in ("kl_coef", "target_kl", "horizon"))
     coef, target, horizon = value(coef_key), value(target_key), value(horizon_key)
@@ -127,8 +132,10 @@ VERL_CLIP_RATIO_C = 3.0
 
 def _dual_clip(value: Callable[[str], Any]) -> list[tuple[str, str]]:
     """One step of verl's PPO policy loss (``compute_policy_loss_vanilla``, dual-clip PPO) with the trial's clip
-    ratios: it asserts ``clip_ratio_c > 1`` (the lower bound of the ratio for negative advantages) at the first
-    update."""
+    ratios.
+
+    verl asserts ``clip_ratio_c > 1`` at the first update; it is the lower bound of the ratio for negative
+    advantages."""
     key = A + "actor.clip_ratio_c"
     clip = {k: value(f"{A}actor.{k}") for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool)

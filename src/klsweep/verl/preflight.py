@@ -1,13 +1,20 @@
 """Preflight: reject a trial config verl would reject (or silently misuse) before any trial starts.
 
-One call per distinct trial config: compose verl 0.9.1's own config with the overrides (unknown keys fail with the
-closest valid key), check the values verl only rejects after the first rollout
-(:func:`klsweep.verl.config.check_values`), the batch arithmetic (verl#2505), the values that break verl's KL
-controller or loss aggregation at the first update (:func:`klsweep.verl.numerics.numeric_problems`), the keys a real
-verl run needs (as ``verl.utils.config.validate_config`` and the actor/critic configs' ``__post_init__`` require
-them), that the models' attention implementation is installed, that the local data files and model folders it names
-exist (:func:`missing_files`), and the installed verl version. ~10 ms per config after the first (~1 s; ~8 s more
-when a trial uses the adaptive KL controller, which imports verl's core_algos).
+One call per distinct trial config. It composes verl 0.9.1's own config with the overrides; unknown keys fail with
+the closest valid key. It then checks:
+
+- the values verl only rejects after the first rollout (:func:`klsweep.verl.config.check_values`);
+- the batch arithmetic (verl#2505);
+- the values that break verl's KL controller or loss aggregation at the first update
+  (:func:`klsweep.verl.numerics.numeric_problems`);
+- the keys a real verl run needs, as ``verl.utils.config.validate_config`` and the actor/critic configs'
+  ``__post_init__`` require them;
+- that the models' attention implementation is installed;
+- that the local data files and model folders it names exist (:func:`missing_files`);
+- the installed verl version.
+
+Cost: ~10 ms per config after the first. The first takes ~1 s, and ~8 s more when a trial uses the adaptive KL
+controller, which imports verl's core_algos.
 """
 
 from __future__ import annotations
@@ -171,11 +178,13 @@ def _batch_problems(value, on_gpus: bool) -> list[tuple[str, str]]:
 
 
 def _required(overrides: Mapping[str, Any], value) -> list[tuple[str, str]]:
-    """Keys a real verl run needs that verl's defaults do not give (placeholders such as ~/models/...), and the
-    micro-batch sizes verl requires: exactly one of ``X_micro_batch_size`` (deprecated) and
-    ``X_micro_batch_size_per_gpu`` for the actor update, the rollout's and (KL on) the reference's log-prob passes,
-    unless ``actor.use_dynamic_bsz`` (``verl.utils.config.validate_config``, ``ActorConfig.__post_init__``), and for
-    the critic update unless ``critic.use_dynamic_bsz`` (``CriticConfig.__post_init__``, verl/workers/config)."""
+    """Keys a real verl run needs that verl's defaults do not give (placeholders such as ~/models/...).
+
+    Also the micro-batch sizes verl requires: exactly one of ``X_micro_batch_size`` (deprecated) and
+    ``X_micro_batch_size_per_gpu``. The actor update, the rollout's log-prob pass and, with KL on, the reference's
+    need one unless ``actor.use_dynamic_bsz`` (``verl.utils.config.validate_config``, ``ActorConfig.__post_init__``).
+    The critic update needs one unless ``critic.use_dynamic_bsz`` (``CriticConfig.__post_init__``,
+    verl/workers/config)."""
     need = {
         A + "rollout.name": "the inference engine: vllm, sglang or trtllm (verl has no CPU rollout)",
         A + "model.path": "the actor model (a Hugging Face id or local path); the reference model is the same",
@@ -218,10 +227,12 @@ _PATH_KEYS = {"data.train_files": "data file", "data.val_files": "data file", A 
 
 
 def missing_files(overrides: Mapping[str, Any], *, here: bool = False) -> list[tuple[str, str]]:
-    """``(key, message)`` for each absolute (or ``~``) local path among a verl trial's data files
-    (``data.train_files``/``val_files``, a path or a list) and model folders (``actor_rollout_ref.model.path``,
-    ``critic.model.path``) that does not exist on this machine. Hugging Face ids (``Qwen/Qwen2.5-0.5B-Instruct``),
-    remote URLs (``hdfs://``, ``s3://``) and other relative paths (resolved where the trial runs) are not checked.
+    """``(key, message)`` for each absolute (or ``~``) local path of a verl trial that does not exist on this machine.
+
+    The paths checked are the data files (``data.train_files``/``val_files``, a path or a list) and the model folders
+    (``actor_rollout_ref.model.path``, ``critic.model.path``). Hugging Face ids (``Qwen/Qwen2.5-0.5B-Instruct``),
+    remote URLs (``hdfs://``, ``s3://``) and other relative paths are not checked; relative paths resolve where the
+    trial runs.
 
     Args:
         overrides: the trial's flat verl overrides (keys with or without Hydra's ``+``).

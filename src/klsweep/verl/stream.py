@@ -1,19 +1,19 @@
 """verl's metric stream: its JSON lines decoded, the tail of a growing file-logger jsonl, one report per step.
 
 verl's file logger (``verl.utils.tracking.FileLogger``, ``$VERL_FILE_LOGGER_PATH``) writes one
-``{"step": N, "data": {...}}`` per line; a Ray Tune ``result.json`` holds one result dict per line with
-``training_iteration``. :func:`decode_json_line` reads both: ``sweep health check`` and the ``replay`` trainer
+``{"step": N, "data": {...}}`` per line. A Ray Tune ``result.json`` holds one result dict per line with
+``training_iteration``. :func:`decode_json_line` reads both. ``sweep health check``, the ``replay`` trainer
 (:mod:`klsweep.health.readers`) and live ``trainer: verl`` trials (:class:`MetricsTail`) decode every line with it.
 
 Non-finite values in these lines, as each writer spells them:
 
 - verl 0.9.1 ``FileLogger.log`` (``verl/utils/tracking.py``) writes with ``orjson``: NaN, inf and -inf become
-  ``null``; a ``null`` metric in a file-logger line is NaN (the sign is lost), not a metric left out.
+  ``null``. A ``null`` metric in a file-logger line is NaN (the sign is lost), not a metric left out.
 - Python's ``json`` (a file-logger jsonl written by other tools; Ray Tune's ``result.json`` for Python floats):
   ``NaN``, ``Infinity``, ``-Infinity``.
-- Ray Tune's ``SafeFallbackEncoder`` (``ray/air/_internal/json.py``) writes a numpy NaN as the *string* ``"null"``:
-  in a ``result.json`` metric that string, and ``"nan"``/``"inf"`` strings, are non-finite; a JSON ``null`` there is a
-  value reported as None, not logged.
+- Ray Tune's ``SafeFallbackEncoder`` (``ray/air/_internal/json.py``) writes a numpy NaN as the *string* ``"null"``.
+  In a ``result.json`` metric, that string and the ``"nan"``/``"inf"`` strings are non-finite. A JSON ``null`` there
+  is a value reported as None, not logged.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def skip_reason(line: str, error: ValueError, last: bool, unfinished: bool = Fal
         unfinished: the file does not end with a newline after it.
 
     A record is cut short when msgspec reports the input truncated, or when it is an unfinished last line that opens
-    like one (``{``). verl's ``FileLogger`` writes each record with its newline, so a cut last line is a write still
-    under way (the run is running) or one a kill interrupted.
+    like one (``{``). verl's ``FileLogger`` writes each record with its newline. A cut last line is thus a write
+    still under way (the run is running) or one a kill interrupted.
     """
     if isinstance(error, NotARecord):
         return "JSON but not a verl record"
@@ -150,8 +150,9 @@ def _nonfinite_text(text: str) -> float | None:
 class MetricsTail:
     """Reads the complete lines appended to verl's file-logger jsonl since the last call.
 
-    A last line without its newline is not written yet (a writer's line can reach the file in more than one write,
-    and a process killed mid-write leaves half a line): it is kept until its newline comes, and never parsed.
+    A last line without its newline is not written yet: a writer's line can reach the file in more than one write,
+    and a process killed mid-write leaves half a line. Such a line is kept until its newline comes, and never
+    parsed.
 
     Attributes:
         path: the file-logger jsonl.
