@@ -1,12 +1,12 @@
 """The reference policy's score: where every trial of a sweep starts, and what the KL term pulls it back towards.
 
-A validation objective above it means training helped; below it, the policy learned to please the training reward
-at the expense of the task (the embedded task's proxy-up, gold-down signature, klsweep.trainers.embedded.task).
+A validation objective above it means training helped. Below it, the policy learned to please the training reward
+at the expense of the task: the embedded task's proxy-up, gold-down signature (klsweep.trainers.embedded.task).
 
-For the embedded trainer the reference policy is the warmed-up model every trial starts from
-(klsweep.trainers.embedded.reference), so its validation score is that of any trial at step 0, as verl's
+For the embedded trainer, the reference policy is the warmed-up model every trial starts from
+(klsweep.trainers.embedded.reference). Its validation score is that of any trial at step 0, as verl's
 ``trainer.val_before_train`` logs it. A verl trial's step-0 validation reaches Tune merged into its step-1 result
-(klsweep.launchers.process), where it cannot be told from a step-1 validation, so verl sweeps get no baseline here.
+(klsweep.launchers.process). There it cannot be told from a step-1 validation, so verl sweeps get no baseline here.
 """
 
 from __future__ import annotations

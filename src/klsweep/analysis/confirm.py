@@ -18,8 +18,10 @@ from klsweep.spec.space import SEED_KEY
 
 
 def confirm_of(df: pd.DataFrame) -> pd.Series:
-    """The ``confirm_of`` column of a :func:`klsweep.analysis.sweep_dir.load` frame (or of ``trials.csv``) as
-    floats: the search trial a confirmation run re-runs, NaN on search trials (all NaN when the column is absent)."""
+    """The ``confirm_of`` column of a :func:`klsweep.analysis.sweep_dir.load` frame (or of ``trials.csv``) as floats.
+
+    The value is the search trial a confirmation run re-runs, NaN on search trials. All NaN when the column is
+    absent."""
     if "confirm_of" not in df:
         return pd.Series(math.nan, index=df.index, dtype=float)
     return pd.to_numeric(df["confirm_of"], errors="coerce").astype(float)

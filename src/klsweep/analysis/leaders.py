@@ -1,17 +1,21 @@
 """The confirmation phase in a trials table (``budget.confirm``): which leaders re-run, how far that got, what it says.
 
-After the search, the ``top`` leaders, and the seed preset (trial 0) when ``preset: true`` and it ended healthy, each
-run again with ``seeds`` new training seeds: ``data.seed`` = the sweep's ``seed`` + 1, + 2, ... (the same seeds for
-every leader). :mod:`klsweep.orchestrate.confirm_search` runs them; this module reads a
+After the search, the ``top`` leaders each run again with ``seeds`` new training seeds. So does the seed preset
+(trial 0), when ``preset: true`` and it ended healthy. The seeds are ``data.seed`` = the sweep's ``seed`` + 1, + 2,
+..., the same for every leader. :mod:`klsweep.orchestrate.confirm_search` runs them. This module reads a
 :func:`klsweep.analysis.load` frame only, without Ray.
 
-Leaders: single objective, the healthy COMPLETE search trials by their value (ties: the lower trial number); with
-several objectives the Pareto front's trials first (:func:`klsweep.analysis.pareto.pareto_front`), each group by the
-first objective. Ranking (:func:`ranking`): by the mean of the first objective over the search run and its re-runs
-(the search run counts as one seed), with the sample standard deviation and range; a leader with a re-run that a
-health rule stopped or that failed ranks after those without. Noise (:func:`verdicts`): two means are within noise
-when their gap is at most two standard errors of the gap, ``2·√(s₁²/n₁ + s₂²/n₂)`` (Welch's standard error; a mean of
-one run takes the pooled standard deviation of the others), about a 90 % two-sided test with 3 seeds each.
+Leaders: with one objective, the healthy COMPLETE search trials by their value; ties go to the lower trial number.
+With several objectives, the Pareto front's trials come first (:func:`klsweep.analysis.pareto.pareto_front`), each
+group ordered by the first objective.
+
+Ranking (:func:`ranking`): by the mean of the first objective over the search run and its re-runs; the search run
+counts as one seed. The sample standard deviation and range are given. A leader with a re-run that a health rule
+stopped or that failed ranks after those without.
+
+Noise (:func:`verdicts`): two means are within noise when their gap is at most two standard errors of the gap,
+``2·√(s₁²/n₁ + s₂²/n₂)`` (Welch's standard error). A mean of one run takes the pooled standard deviation of the
+others. With 3 seeds each, this is about a 90 % two-sided test.
 """
 
 from __future__ import annotations
@@ -70,8 +74,11 @@ def planned(sweep: Sweep, df: pd.DataFrame) -> list[tuple[int, int]]:
 
 def nothing_to_run(sweep: Sweep, df: pd.DataFrame) -> str | None:
     """``nothing to run: the top 3 are already confirmed with 2 seeds`` when every run :func:`planned` wants is in
-    ``df`` already (a confirmation row with that ``confirm_of`` and ``config/data.seed``), e.g. a ``sweep resume`` of
-    a confirmed sweep; None when ``budget.confirm`` is off, no run is planned, or one is still missing."""
+    ``df`` already.
+
+    A run is in ``df`` when a confirmation row has its ``confirm_of`` and ``config/data.seed``; this happens on a
+    ``sweep resume`` of a confirmed sweep. None when ``budget.confirm`` is off, no run is planned, or one is still
+    missing."""
     confirm = sweep.budget.confirm
     wanted = planned(sweep, df)
     if confirm is None or not wanted:
@@ -108,9 +115,10 @@ def within_noise(a: pd.Series, b: pd.Series, pooled_sd: float, metric: str) -> t
 
 
 def verdicts(sweep: Sweep, table: pd.DataFrame, df: pd.DataFrame | None = None) -> list[str]:
-    """Plain sentences on a :func:`ranking`: who leads by mean, and whether it is within noise of the runner-up and
-    of the seed preset; given the trials table ``df``, also why the seed preset was not re-run when it was not
-    (it did not end healthy)."""
+    """Plain sentences on a :func:`ranking`.
+
+    They say who leads by mean, and whether it is within noise of the runner-up and of the seed preset. Given the
+    trials table ``df``, they also say why the seed preset was not re-run, when it was not: it did not end healthy."""
     if table.empty or not table["ok"].iloc[0]:
         return []
     preset = df[(df["number"] == 0) & is_search(df)] if df is not None and sweep.seed_trials else pd.DataFrame()
@@ -170,9 +178,10 @@ def run_counts(sweep: Sweep, df: pd.DataFrame) -> tuple[int, int]:
 
 
 def progress(sweep: Sweep, df: pd.DataFrame) -> str | None:
-    """``confirmation: 4 of 8 runs finished, 2 running (or interrupted)`` (:func:`run_counts`; running: the study's
-    RUNNING confirmation runs, whose driver may be gone), or None when ``budget.confirm`` is off or no run is planned
-    yet."""
+    """``confirmation: 4 of 8 runs finished, 2 running (or interrupted)`` (:func:`run_counts`).
+
+    Running counts the study's RUNNING confirmation runs, whose driver may be gone. None when ``budget.confirm`` is
+    off or no run is planned yet."""
     done, total = run_counts(sweep, df)
     if not total:
         return None

@@ -147,8 +147,10 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
 
 
 def least_infeasible(df: pd.DataFrame) -> pd.DataFrame:
-    """Infeasible trials ranked from the closest to feasible: most training steps survived first, then COMPLETE
-    (stopped by a health rule after reporting every objective) before PRUNED before FAIL, then trial number.
+    """Infeasible trials ranked from the closest to feasible.
+
+    The order is: most training steps survived first; then COMPLETE before PRUNED before FAIL; then trial number.
+    An infeasible COMPLETE trial was stopped by a health rule after reporting every objective.
 
     Returns:
         The infeasible rows of ``df`` in that order, with a column ``infeasible_rank`` (1 = least infeasible).

@@ -1,8 +1,9 @@
 """Static PNGs of a sweep's figures, drawn with matplotlib's Agg renderer: no display and no browser needed.
 
-Each renderer draws one data object of :mod:`klsweep.analysis.figures`, the data the interactive plotly figures of
-:mod:`klsweep.analysis.plots` show, on its own ``matplotlib.figure.Figure`` (no pyplot state; Optuna's slice plot,
-which Optuna draws through pyplot, is closed once saved). :func:`write_pngs` writes them, each atomically.
+Each renderer draws one data object of :mod:`klsweep.analysis.figures` on its own ``matplotlib.figure.Figure``. The
+data objects are what the interactive plotly figures of :mod:`klsweep.analysis.plots` show. No pyplot state is used,
+except Optuna's slice plot, which Optuna draws through pyplot; it is closed once saved. :func:`write_pngs` writes
+them, each atomically.
 """
 
 from __future__ import annotations
@@ -297,8 +298,10 @@ def _table(data: TableData, width_in: float) -> Figure:
 
 
 def _column_widths(columns: list[list[str]], available: int) -> list[int]:
-    """Characters per line of each column: its longest cell, with the widest columns cut to a common limit (at
-    least 10) when they do not fit ``available`` characters together (3 of padding per column)."""
+    """Characters per line of each column: its longest cell.
+
+    When the columns do not fit ``available`` characters together (3 of padding per column), the widest are cut to
+    a common limit of at least 10."""
     natural = [max(len(c) for c in column) for column in columns]
     room = available - 3 * len(columns)
     if sum(natural) <= room:

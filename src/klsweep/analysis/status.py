@@ -118,9 +118,11 @@ _MARKS = "†‡§¶"
 
 
 def _scale_marks(scales: pd.Series, label: str) -> tuple[pd.Series, str]:
-    """Per row of ``scales`` (the scale each trial's ``label`` value is on), its mark: none for the most common
-    scale, one of :data:`_MARKS` for each other (a fifth and later share the last); and the caption naming them
-    (empty when every row is on one scale)."""
+    """Per row of ``scales``, its mark, and the caption naming the marks.
+
+    ``scales`` holds the scale each trial's ``label`` value is on. The most common scale gets no mark; each other
+    gets one of :data:`_MARKS`, and a fifth and later share the last. The caption is empty when every row is on one
+    scale."""
     counts = scales.value_counts()
     if len(counts) < 2:
         return pd.Series("", index=scales.index, dtype=str), ""
@@ -143,9 +145,10 @@ def _aggregation(df: pd.DataFrame) -> pd.Series:
 
 
 def _cell(value):
-    """A frame cell as the console shows it: empty for a missing value (None, NaN, ``pd.NA`` as in the ``confirms``
-    column of a search trial), Python numbers for numpy ones (a whole float, such as a trial number in a column with
-    empty cells, as an int)."""
+    """A frame cell as the console shows it.
+
+    A missing value (None, NaN, ``pd.NA`` as in the ``confirms`` column of a search trial) is empty. numpy numbers
+    become Python numbers. A whole float, such as a trial number in a column with empty cells, becomes an int."""
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return None
     value = value.item() if hasattr(value, "item") else value

@@ -54,10 +54,12 @@ def best_trials(sweep: Sweep, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def counts_line(sweep: Sweep, df: pd.DataFrame) -> str:
-    """``tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)``, from a
-    :func:`klsweep.analysis.load` frame (a RUNNING study trial may belong to a driver that is gone). The counts are
-    of search trials; with ``budget.confirm``, once runs are planned, they say so (``tiny: search 3 finished, ...``)
-    and the confirmation runs' follow: ``; confirmation: 2 of 6 runs finished, 1 running (or interrupted)``."""
+    """``tiny: 1 finished, 1 running (or interrupted), 1 not started (budget 3 trials × 4 steps)``.
+
+    Read from a :func:`klsweep.analysis.load` frame; a RUNNING study trial may belong to a driver that is gone. The
+    counts are of search trials. With ``budget.confirm``, once runs are planned, the line says so
+    (``tiny: search 3 finished, ...``). The confirmation runs' counts follow:
+    ``; confirmation: 2 of 6 runs finished, 1 running (or interrupted)``."""
     search = df[is_search(df)] if len(df) else df
     counts = search["state"].value_counts().to_dict() if len(search) else {}
     finished = sum(n for s, n in counts.items() if s in ("COMPLETE", "PRUNED", "FAIL"))
