@@ -1,13 +1,15 @@
 """Whether one trial's resource request (``budget.resources``) fits a node of the Ray cluster the sweep runs on,
 checked once Ray is up and before any trial starts.
 
-Ray Tune reserves a trial's resources as one bundle (``tune.with_resources`` with a dict: a single-bundle
-``PlacementGroupFactory``), which must fit on one node. A request no node can hold leaves the trial PENDING for
-ever, and with Tune's own output off (``verbose=0``) ``sweep run`` printed nothing: a ``trainer: verl`` sweep asking
-for 1 GPU on a machine without one waited silently. The largest node is the largest of the alive nodes
-(``ray.nodes()``) and, on an autoscaling cluster, of the node types the autoscaler may still start (their
-``max_count`` > 0 in the cluster config the autoscaler stores in the GCS, read as Ray Train's worker group does
-before it waits for resources: ``ray._private.state.state.get_cluster_config()``, Ray 2.60).
+Ray Tune reserves a trial's resources as one bundle, which must fit on one node (``tune.with_resources`` with a
+dict: a single-bundle ``PlacementGroupFactory``). A request no node can hold leaves the trial PENDING for ever. With
+Tune's own output off (``verbose=0``), ``sweep run`` would print nothing: a ``trainer: verl`` sweep asking for 1 GPU
+on a machine without one would wait silently.
+
+The largest node is the largest of the alive nodes (``ray.nodes()``). On an autoscaling cluster, it is also the
+largest of the node types the autoscaler may still start: those with ``max_count`` > 0 in the cluster config the
+autoscaler stores in the GCS. That config is read as Ray Train's worker group reads it before it waits for
+resources (``ray._private.state.state.get_cluster_config()``, Ray 2.60).
 """
 
 from __future__ import annotations

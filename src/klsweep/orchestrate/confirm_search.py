@@ -1,13 +1,13 @@
 """The confirmation phase's Tune trials (``budget.confirm``): the leaders' re-runs with new training seeds.
 
-The runs are trials of the same Ray Tune experiment and Optuna study: each is enqueued (``Study.enqueue_trial``) with
-its leader's params plus ``data.seed`` (an Optuna param, fixed by the queue) and the user attributes ``confirm_of``
-(the leader's trial number) and ``confirm_seed``, so optuna-dashboard, ``trials.csv`` and the samplers see them. Which
-runs, and what their means say: :mod:`klsweep.analysis.leaders`.
+The runs are trials of the same Ray Tune experiment and Optuna study. Each is enqueued (``Study.enqueue_trial``)
+with its leader's params plus ``data.seed``, an Optuna param fixed by the queue. It carries the user attributes
+``confirm_of`` (the leader's trial number) and ``confirm_seed``. optuna-dashboard, ``trials.csv`` and the samplers
+thus see them. Which runs, and what their means say: :mod:`klsweep.analysis.leaders`.
 
-Resume: a run is enqueued only when Tune asks for a trial (never left waiting where the search could take it), and
-:func:`confirmation_phase` plans only the runs the study does not hold yet, adopting confirmation trials left RUNNING
-by a killed driver, so a sweep stopped in this phase resumes without duplicates or lost runs.
+Resume: a run is enqueued only when Tune asks for a trial, so it never waits where the search could take it.
+:func:`confirmation_phase` plans only the runs the study does not hold yet. It adopts confirmation trials left
+RUNNING by a killed driver. A sweep stopped in this phase thus resumes without duplicates or lost runs.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ class Run:
 
 @dataclass
 class Phase:
-    """What the confirmation phase still has to run: ``runs`` to enqueue and ``adopt`` (study trial ids of
-    confirmation trials left RUNNING by a killed driver, re-run under new Tune trials). ``len`` is the number of Tune
-    trials it needs."""
+    """What the confirmation phase still has to run: ``runs`` to enqueue, and ``adopt``.
+
+    ``adopt`` holds the study trial ids of confirmation trials left RUNNING by a killed driver; they re-run under
+    new Tune trials. ``len`` is the number of Tune trials the phase needs."""
 
     runs: list[Run] = field(default_factory=list)
     adopt: list[int] = field(default_factory=list)
@@ -90,9 +91,10 @@ class ConfirmSpace:
 
 
 class ConfirmSearch(KlsweepSearch):
-    """:class:`KlsweepSearch` for the confirmation phase: each trial Tune asks for is the next run of ``phase``
-    (enqueued at that moment, then asked), or a RUNNING confirmation trial it adopts; when none is left it answers
-    ``Searcher.FINISHED``, so it never proposes a trial of its own.
+    """:class:`KlsweepSearch` for the confirmation phase; it never proposes a trial of its own.
+
+    Each trial Tune asks for is the next run of ``phase`` (enqueued at that moment, then asked), or a RUNNING
+    confirmation trial it adopts. When none is left, it answers ``Searcher.FINISHED``.
 
     Args:
         phase: from :func:`confirmation_phase`.

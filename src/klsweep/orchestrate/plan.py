@@ -1,8 +1,8 @@
 """``sweep plan`` and ``sweep validate``: what a sweep would run, and whether verl would accept it, without Ray.
 
 ``plan`` asks an in-memory Optuna study (the sweep's own sampler and seed) for the first N trials, seed trials first,
-exactly as the Tune searcher would, and prints each trial's parameters and verl command line. ``validate`` loads the
-file, builds the sampler and preflights every distinct config a trial can reach at the edges of the space
+exactly as the Tune searcher would. It prints each trial's parameters and verl command line. ``validate`` loads the
+file, builds the sampler, and preflights every distinct config a trial can reach at the edges of the space
 (:func:`preflight_configs`).
 """
 
@@ -47,12 +47,15 @@ def planned_params(sweep: Sweep, n: int) -> list[dict[str, Any]]:
 
 
 def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
-    """Distinct trial configs that cover every value the sweep can emit: each seed trial (or the fixed config),
-    then for each parameter each of its ``values`` and the ``min``/``max`` of its range, substituted into the first
-    seed trial together with the values its ``when`` needs; then, for each pair of numeric parameters, the four
-    combinations of their smallest and largest values (a horizon is only too short for the largest batch a trial can
-    have, verl's n_steps). A bad categorical value is caught before any trial runs, not when a sampler happens to
-    pick it."""
+    """Distinct trial configs that cover every value the sweep can emit.
+
+    1. Each seed trial, or the fixed config.
+    2. For each parameter, each of its ``values`` and the ``min``/``max`` of its range. Each is substituted into the
+       first seed trial, together with the values its ``when`` needs.
+    3. For each pair of numeric parameters, the four combinations of their smallest and largest values. A horizon is
+       only too short for the largest batch a trial can have (verl's n_steps).
+
+    A bad categorical value is thus caught before any trial runs, not when a sampler happens to pick it."""
     seeds = seed_params(sweep) or [{}]
     variants: list[dict[str, Any]] = list(seeds)
     ends: dict[str, tuple[dict[str, Any], list[Any]]] = {}  # numeric parameter -> (its `when` needs, [min, max])
@@ -80,8 +83,10 @@ def preflight_configs(sweep: Sweep) -> list[dict[str, Any]]:
 
 
 def _objective_problems(sweep: Sweep) -> list[str]:
-    """Objectives no trial would ever report: a health-rule alias (``ref_kl``; trials report verl's own names), or a
-    validation metric the trainer is known not to log (a typo would fail every trial after its whole budget)."""
+    """Objectives no trial would ever report.
+
+    One is a health-rule alias (``ref_kl``): trials report verl's own names. Another is a validation metric the
+    trainer is known not to log; a typo would fail every trial after its whole budget."""
     kind = trainer_kind(sweep.trainer)
     validation = kind.validation_metric or "val-core/<data_source>/<metric>/mean@<n>"
     logged_as = {
@@ -130,12 +135,17 @@ def preflight_sweep(sweep: Sweep, *, files_here: bool = False) -> list[str]:
 def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None) -> int:
     """Print the parameters and reproduce commands of the first ``n`` trials. Returns 0 (errors raise KlsweepError).
 
-    Each trial says where its values come from: a seed trial, a draw ``sweep run`` makes the same way (the sampler's
-    random start-up: each trial's draw is seeded by the sweep seed and its number, :mod:`~.samplers`), or a trial
-    the sampler proposes from the results of finished trials, which ``plan`` cannot know: those are shown as the
-    random start-up draw of that trial number, and labelled so. The commands are the ones ``sweep run`` and
-    ``sweep status`` print (:func:`klsweep.trainers.reproduce_lines` of the overrides as the trial's ``trials.csv``
-    row gives them back, :func:`klsweep.analysis.sweep_dir.overrides_of`).
+    Each trial says where its values come from:
+
+    - a seed trial;
+    - a draw ``sweep run`` makes the same way: the sampler's random start-up, where each trial's draw is seeded by
+      the sweep seed and its number (:mod:`~.samplers`);
+    - a trial the sampler proposes from the results of finished trials, which ``plan`` cannot know. Those are shown
+      as the random start-up draw of that trial number, and labelled so.
+
+    The commands are the ones ``sweep run`` and ``sweep status`` print. They are
+    :func:`klsweep.trainers.reproduce_lines` of the overrides as the trial's ``trials.csv`` row gives them back
+    (:func:`klsweep.analysis.sweep_dir.overrides_of`).
     """
     out = out or sys.stdout
     sweep = load_sweep(path, overrides)
@@ -173,9 +183,10 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
 
 
 def _random_start(sweep: Sweep) -> int | None:
-    """How many trials (seed trials counted) the sweep's sampler proposes before it uses results (the space-filling
-    start of TPE and GP, Optuna's ``n_startup_trials`` of CMA-ES, NSGA-II's first ``population_size``); None for
-    ``random``, which never uses results."""
+    """How many trials, seed trials counted, the sweep's sampler proposes before it uses results.
+
+    That is the space-filling start of TPE and GP, Optuna's ``n_startup_trials`` of CMA-ES, or NSGA-II's first
+    ``population_size``. None for ``random``, which never uses results."""
     sampler = build_sampler(sweep)
     if isinstance(sampler, SpaceFillingStart):  # tpe, gp: a Sobol design, then the model
         return sampler.startup

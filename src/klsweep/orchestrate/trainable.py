@@ -1,15 +1,16 @@
 """The Ray Tune function trainable: one trial = one training run of the sweep's trainer, reported step by step.
 
-Tune calls :func:`run_trial` with the params Optuna suggested; the sweep turns them into the trial's full verl
-override dict, the trainer runs, and every training step goes to ``tune.report`` with verl's metric names, where the
-health stopper (on the driver) and the searcher see it. An in-process trial saves a checkpoint every
-``trainer.save_freq`` steps, verl's cadence key, defaulting as for a verl trial
-(:func:`klsweep.launchers.resume.save_freq`: the validation cadence ``trainer.test_freq``, else a fifth of the run)
-or denser when the sweep remedies (:func:`klsweep.orchestrate.remedy.checkpoint_every`), so a resumed sweep
-continues an interrupted trial from there instead of from step 0, validation or not.
+Tune calls :func:`run_trial` with the params Optuna suggested. The sweep turns them into the trial's full verl
+override dict, and the trainer runs. Every training step goes to ``tune.report`` with verl's metric names, where the
+health stopper (on the driver) and the searcher see it.
+
+An in-process trial saves a checkpoint every ``trainer.save_freq`` steps, verl's cadence key. The default is as for
+a verl trial (:func:`klsweep.launchers.resume.save_freq`): the validation cadence ``trainer.test_freq``, else a fifth
+of the run. It is denser when the sweep remedies (:func:`klsweep.orchestrate.remedy.checkpoint_every`). A resumed
+sweep thus continues an interrupted trial from there instead of from step 0, validation or not.
 
 A process trainer's trial (``trainer: verl``) is one supervised process tree
-(:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``; when Tune stops such a
+(:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``. When Tune stops such a
 trial, its actor gives back the trial's resources only once that tree is gone (:class:`EndsWithItsProcess`).
 """
 
@@ -83,14 +84,15 @@ def _restored_step() -> int | None:
 
 
 class EndsWithItsProcess:
-    """Mixed into the Tune trainable that wraps :func:`run_trial` (``__mixins__``, which Ray's ``wrap_function`` in
-    ray/tune/trainable/function_trainable.py puts before ``FunctionTrainable``): the actor's ``cleanup``, which Tune
-    calls when it stops a trial and before it frees the trial's resources, returns only once the trial's process
-    tree is gone.
+    """Mixed into the Tune trainable that wraps :func:`run_trial`; the actor's ``cleanup`` waits for the process tree.
 
-    Ray's own ``FunctionTrainable.cleanup`` does not wait for the trial's function (``session.finish(timeout=0)``):
-    without this, a stopped verl trial's vLLM and workers can hold its GPUs for the supervisor's grace period while
-    Tune already starts the next trial on them.
+    It is a ``__mixins__`` entry, which Ray's ``wrap_function`` (ray/tune/trainable/function_trainable.py) puts before
+    ``FunctionTrainable``. Tune calls ``cleanup`` when it stops a trial, before it frees the trial's resources. Here
+    ``cleanup`` returns only once the trial's process tree is gone.
+
+    Ray's own ``FunctionTrainable.cleanup`` does not wait for the trial's function (``session.finish(timeout=0)``).
+    Without this, a stopped verl trial's vLLM and workers could hold its GPUs for the supervisor's grace period,
+    while Tune already starts the next trial on them.
     """
     def cleanup(self) -> None:
         try:
