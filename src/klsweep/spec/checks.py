@@ -32,15 +32,25 @@ _SWITCHES = ("algorithm.kl_ctrl.type", presets.ACTOR + "loss_agg_mode", presets.
 def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     """Every problem (errors, warnings) of a schema-valid sweep.
 
-    Errors: unknown keys (with the closest valid key), aliases without a live key under the kl_placement, keys owned
-    by other fields, a key both fixed and searched, `when` keys that are not fixed or earlier parameters or that can
-    never hold, seed trials outside the space, inert knobs (the coefficient of a KL mechanism that is off, verl#644;
-    target_kl without the adaptive in-reward controller; KL-loss knobs under DrGRPO), negative KL coefficients,
-    GRPO with rollout.n < 2; for ``trainer: verl``, ``budget.resources.gpu`` that differs from the GPUs a trial's verl
-    uses (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials. (Sampler options are checked
-    where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.)
-    Warnings: a knob inert in some trials only, use_kl_* with coefficient 0 (verl#6519), a KL objective compared
-    across searched estimators or loss aggregations (different scales).
+    Errors:
+
+    - unknown keys, with the closest valid key;
+    - aliases without a live key under the kl_placement;
+    - keys owned by other fields;
+    - a key both fixed and searched;
+    - `when` keys that are not fixed or earlier parameters, or that can never hold;
+    - seed trials outside the space;
+    - inert knobs: the coefficient of a KL mechanism that is off (verl#644), target_kl without the adaptive
+      in-reward controller, KL-loss knobs under DrGRPO;
+    - negative KL coefficients;
+    - GRPO with rollout.n < 2;
+    - for ``trainer: verl``: ``budget.resources.gpu`` that differs from the GPUs a trial's verl uses
+      (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials.
+
+    Sampler options are checked where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.
+
+    Warnings: a knob inert in some trials only; use_kl_* with coefficient 0 (verl#6519); a KL objective compared
+    across searched estimators or loss aggregations, which are on different scales.
     """
     warnings: list[Problem] = []
     errors, resolved = check_keys_resolved(sweep)

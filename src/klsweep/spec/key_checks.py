@@ -31,9 +31,13 @@ _OWNED = {
 def check_keys(sweep: Sweep) -> list[Problem]:
     """The problems of a schema-valid sweep's keys alone: the first stage of :func:`klsweep.spec.checks.check_sweep`.
 
-    The other checks need every key to be a verl key. Reported: unknown keys (with the closest or the full verl key),
-    aliases in overrides or without a live key under the kl_placement, keys owned by other fields, a key both fixed
-    and searched, `when` keys that are not fixed or earlier parameters or that can never hold.
+    The other checks need every key to be a verl key. Reported:
+
+    - unknown keys, with the closest or the full verl key;
+    - aliases in overrides, or without a live key under the kl_placement;
+    - keys owned by other fields;
+    - a key both fixed and searched;
+    - `when` keys that are not fixed or earlier parameters, or that can never hold.
     """
     return check_keys_resolved(sweep)[0]
 
@@ -69,8 +73,10 @@ def label(name: str, key: str) -> str:
 
 
 def _key_problems(key: str, placement: str | None = None) -> list[str]:
-    """Why ``key`` is not a verl key a sweep may set, with the fix: the closest verl key, the full key of a bare leaf
-    name (``kl_loss_coef``) or of an alias given in ``overrides`` (``placement`` set: aliases are for parameters)."""
+    """Why ``key`` is not a verl key a sweep may set, with the fix.
+
+    The fix names the closest verl key, or the full key of a bare leaf name (``kl_loss_coef``). With ``placement``
+    set, it names the full key of an alias given in ``overrides``: aliases are for parameters."""
     if key in _OWNED:
         return [f"{key} is set by the sweep file's `{_OWNED[key]}` field: set that field instead"]
     if key.startswith("+") or key in default_keys():

@@ -67,11 +67,11 @@ _REQUIRED = ("name", "algorithm", "objective")
 def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[Sweep | None, list[str]]:
     """Every problem of a sweep file that does not depend on another, for ``sweep validate``.
 
-    Each round validates the file, then removes the entries that have problems (a parameter, an override, or an
-    optional top-level field, which falls back to its default) and validates again, until the rest is
-    clean; a problem in a required field (``name``, ``algorithm``, ``objective``) or in the whole file ends it.
-    Removing a parameter also removes it from the seed trials and ``when`` conditions, and a later round never
-    reports a field an earlier round reported or removed, so a problem is listed once and none is an echo of another.
+    Each round validates the file, then removes the entries that have problems, and validates again until the rest
+    is clean. An entry is a parameter, an override, or an optional top-level field, which falls back to its default.
+    A problem in a required field (``name``, ``algorithm``, ``objective``) or in the whole file ends the rounds.
+    Removing a parameter also removes it from the seed trials and ``when`` conditions. A later round never reports a
+    field an earlier round reported or removed. So a problem is listed once, and none is an echo of another.
 
     Returns:
         ``(sweep, problems)``: the sweep without the entries that have problems (None when nothing valid is left to
@@ -141,8 +141,9 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
 
 
 def _missing_echo(problem: tuple[tuple[str, ...], str], reported: set[tuple[str, ...]]) -> bool:
-    """Whether ``problem`` is the schema's "trainer T needs SECTION" for a trainer section that an earlier round
-    reported and removed for its own errors (it is not missing: it failed to parse)."""
+    """Whether ``problem`` is the schema's "trainer T needs SECTION" for a section an earlier round removed.
+
+    That round reported the section for its own errors: it is not missing, it failed to parse."""
     path, message = problem
     return not path and any((section,) in reported and f"needs {hint}" in message
                             for section, hint in _SECTION_HINT.items())
@@ -153,8 +154,10 @@ def _under(path: tuple[str, ...], done: set[tuple[str, ...]]) -> bool:
 
 
 def _without(data: dict, paths: list[tuple[str, ...]], lines: Lines, name: str) -> Sweep | None:
-    """The sweep without the parameters at ``paths``, for the checks that follow (sampler, preflight); None when a
-    path is not a parameter: a fixed setting changed to its default would make those checks report echoes."""
+    """The sweep without the parameters at ``paths``, for the checks that follow (sampler, preflight).
+
+    None when a path is not a parameter: a fixed setting changed to its default would make those checks report
+    echoes."""
     if not all(p[:1] == ("parameters",) and len(p) > 1 for p in paths) or not _remove(data, paths):
         return None
     try:
@@ -297,10 +300,10 @@ def _is_file(path: Path) -> bool:
 def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str, where: str) -> list[str]:
     """Merge the ``parameters`` of the search space ``name`` (written at ``where``) under the sweep's own parameters.
 
-    ``name`` is found by :func:`find_file`, as ``name`` or ``name.yaml``: next to the sweep file, in the working
-    directory, then in the ``search_spaces/`` folder beside the sweep file's folder (sweeps/ beside search_spaces/),
-    in the working directory and in klsweep's own checkout (a shipped sweep file copied elsewhere still finds the
-    shipped spaces)."""
+    ``name`` is found by :func:`find_file`, as ``name`` or ``name.yaml``. The places are, in order: next to the sweep
+    file; the working directory; then a ``search_spaces/`` folder beside the sweep file's folder (sweeps/ beside
+    search_spaces/), in the working directory, and in klsweep's own checkout. A shipped sweep file copied elsewhere
+    thus still finds the shipped spaces."""
     shipped = Path(__file__).resolve().parents[3] / "search_spaces"
     folders = (sweep_path.parent.parent / "search_spaces", Path("search_spaces"), shipped)
     found, looked = find_file(name, sweep_path, then=folders, suffix=".yaml")

@@ -64,10 +64,11 @@ def remedies_off(sweep: Sweep) -> Iterator[Problem]:
 def _first_firing_step(rule: Rule) -> int:
     """The earliest training step at which ``rule`` can fire in a trial that reports every step from step 0.
 
-    Its streak starts no earlier than ``after + 1`` (the warm-up, :class:`klsweep.health.streak.Streak`) nor before
-    its conditions are judged: a window statistic of W steps once the run covers W steps (step W − 1 from a report
-    at step 0; every condition under ``all``, the first judged one under ``any``); ``drop_from_max``, ``value`` and
-    ``ratio_to_first`` at once. It fires once held for ``for`` steps: ``max(after + 1, judged) + for − 1``.
+    Its streak starts no earlier than ``after + 1``, the warm-up (:class:`klsweep.health.streak.Streak`). Nor does
+    it start before its conditions are judged. A window statistic of W steps is judged once the run covers W steps:
+    step W − 1, from a report at step 0. Under ``all`` every condition must be judged; under ``any``, the first.
+    ``drop_from_max``, ``value`` and ``ratio_to_first`` are judged at once. The rule fires once held for ``for``
+    steps: ``max(after + 1, judged) + for − 1``.
     """
     judged = [c.window - 1 if isinstance(c, WindowCondition) else 0 for c in rule.conditions]
     first = max(judged) if rule.match == "all" else min(judged)

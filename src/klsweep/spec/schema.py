@@ -102,9 +102,9 @@ DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "q_uniform")
 class Range(_Param):
     """``{distribution: D, min: a, max: b}``: a numeric range (W&B distributions, in real units).
 
-    ``log_uniform`` is refused: W&B reads its min/max as natural-log exponents (``e^min`` to ``e^max``), and users
-    of Optuna (``suggest_float(log=True)``) or Ray Tune (``tune.loguniform``) expect real units; the error gives both
-    fixes (``log_uniform_values`` with these bounds, or with ``exp`` of them). Without ``distribution``, W&B's rule
+    ``log_uniform`` is refused. W&B reads its min/max as natural-log exponents (``e^min`` to ``e^max``). Users of
+    Optuna (``suggest_float(log=True)``) or Ray Tune (``tune.loguniform``) expect real units. The error gives both
+    fixes: ``log_uniform_values`` with these bounds, or with ``exp`` of them. Without ``distribution``, W&B's rule
     applies: ``int_uniform`` when min and max are both integers, else ``uniform``.
     """
 

@@ -44,13 +44,13 @@ def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
     """Trial-independent keys every trial needs: ``trainer.logger``, ``trainer.total_training_steps`` from
     budget.max_steps, ``trainer.project_name`` and ``data.seed``.
 
-    ``trainer.logger`` is ``[console, file]`` (verl's console line and the file logger the launcher reads through
-    ``$VERL_FILE_LOGGER_PATH``), followed by any other backend the sweep's ``overrides`` name, but never ``wandb``,
-    whatever ``wandb.mode`` is: with ``wandb`` (or its deprecated name ``tracking``) verl's ``Tracking`` calls
-    ``wandb.init`` itself in the trial (verl/utils/tracking.py), without the sweep's ``WANDB_MODE`` and ``WANDB_DIR``
-    (an offline or keyless trial fails at start) and beside the sweep's own W&B run (two runs per trial). The one W&B
-    run of a trial is the sweep's Ray Tune callback (:mod:`klsweep.orchestrate.wandb_logging`), set by the sweep
-    field ``wandb:``.
+    ``trainer.logger`` is ``[console, file]``: verl's console line, and the file logger the launcher reads through
+    ``$VERL_FILE_LOGGER_PATH``. Any other backend the sweep's ``overrides`` name follows, but never ``wandb``,
+    whatever ``wandb.mode`` is. With ``wandb`` (or its deprecated name ``tracking``), verl's ``Tracking`` calls
+    ``wandb.init`` itself in the trial (verl/utils/tracking.py). It does so without the sweep's ``WANDB_MODE`` and
+    ``WANDB_DIR``, so an offline or keyless trial fails at start. It also runs beside the sweep's own W&B run: two
+    runs per trial. The one W&B run of a trial is the sweep's Ray Tune callback
+    (:mod:`klsweep.orchestrate.wandb_logging`), set by the sweep field ``wandb:``.
 
     Raises:
         SweepFileError: the sweep's ``overrides`` put ``wandb`` in ``trainer.logger``; the message names ``wandb:``.
@@ -89,9 +89,9 @@ def define_space(sweep: Sweep) -> SearchSpace:
 class SearchSpace:
     """``space(trial) -> dict`` of the constants (``value:`` parameters): a define-by-run function.
 
-    Parameters are suggested in file order; a parameter with ``when`` is suggested only when each condition key's
-    value (an earlier suggested parameter, else the fixed overrides) is one of the allowed values. Works with
-    ``optuna.Trial`` and with Ray Tune's ``OptunaSearch(space=...)``.
+    Parameters are suggested in file order. A parameter with ``when`` is suggested only when each condition key's
+    value is one of the allowed values; that value is an earlier suggested parameter's, else the fixed overrides'.
+    Works with ``optuna.Trial`` and with Ray Tune's ``OptunaSearch(space=...)``.
     """
 
     def __init__(self, params: Mapping[str, Parameter], fixed: Mapping[str, Any],
@@ -132,11 +132,11 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
         params: the trial's parameter values keyed by verl key or alias (Optuna's ``trial.params`` plus the
             constants :func:`define_space` returned, or a Ray Tune trial config).
 
-    Every knob of :data:`klsweep.verl.presets.KNOBS` is present: the trial's value, else the sweep's fixed
-    override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's; interpolated
-    verl defaults follow the trial's values (``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``).
-    A ``data.seed`` in ``params`` (a confirmation run's new training seed, :mod:`klsweep.orchestrate.confirm_search`) wins
-    over the sweep's ``seed``.
+    Every knob of :data:`klsweep.verl.presets.KNOBS` is present. Its value is the trial's, else the sweep's fixed
+    override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's. Interpolated
+    verl defaults follow the trial's values: ``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``.
+    A ``data.seed`` in ``params`` wins over the sweep's ``seed``; it is a confirmation run's new training seed
+    (:mod:`klsweep.orchestrate.confirm_search`).
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}

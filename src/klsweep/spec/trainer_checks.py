@@ -80,8 +80,9 @@ def table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dic
     """Check that a ``trainer: tabular`` sweep's table was recorded for this sweep and its searched values.
 
     Takes the searched parameters, each searched key's parameter name (``names``) and the fixed overrides.
-    A table recorded for another sweep (other searched keys or training settings, or none of a searched category's
-    values) is one error: it names the sweep the header was recorded for and the table of its folder that fits.
+    A table recorded for another sweep is one error. Such a table has other searched keys or training settings, or
+    none of a searched category's values. The error names the sweep the header was recorded for, and the table of
+    its folder that fits.
     Else each searched categorical value the table did not record (its header's ``grid``) is an error. The trainer
     would refuse such trials at run time (:meth:`klsweep.trainers.tabular.Table.nearest`) or serve another sweep's
     runs. Yields nothing for another trainer.
@@ -113,9 +114,10 @@ def table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dic
 
 
 def _other_sweeps_table(path: str, header: dict, why: str, params: dict, fixed: dict[str, Any]) -> Problem:
-    """The one problem of a table recorded for another sweep: what its header says it was recorded for, why it does
-    not fit (``why``), and the fix: the tables of its folder that fit (:func:`klsweep.trainers.tabular.
-    header_mismatch`), else generating one."""
+    """The one problem of a table recorded for another sweep.
+
+    It says what the header says the table was recorded for, and why it does not fit (``why``). The fix is a table
+    of its folder that fits (:func:`klsweep.trainers.tabular.header_mismatch`), else generating one."""
     def shown(p: Path) -> str:
         return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
 
