@@ -20,9 +20,11 @@ def short(value: Any) -> str:
 
 
 def console(*, stderr: bool = False) -> Console:
-    """A rich console on stdout (or stderr). On a terminal it wraps to the terminal's width; written to a file or a
-    pipe, rich would wrap at 80 columns and split the commands and table rows meant to be copied or grepped, so
-    there lines are never wrapped (one line per row, one line per command)."""
+    """A rich console on stdout (or stderr).
+
+    On a terminal it wraps to the terminal's width. Written to a file or a pipe, rich would wrap at 80 columns and
+    split the commands and table rows meant to be copied or grepped. There, lines are never wrapped: one line per
+    row, one line per command."""
     out = Console(stderr=stderr)
     if out.is_terminal:
         return out

@@ -1,7 +1,7 @@
 """YAML with line numbers, and pydantic validation errors explained one line each with that line.
 
-YAML is read with YAML 1.2 scalars: only ``true``/``false`` are booleans (``on``, ``off``, ``yes``, ``no`` stay
-strings, as verl expects strings there), ``1e-3`` is a float, dates stay strings; a key given twice is an error.
+YAML is read with YAML 1.2 scalars. Only ``true``/``false`` are booleans; ``on``, ``off``, ``yes``, ``no`` stay
+strings, as verl expects strings there. ``1e-3`` is a float, and dates stay strings. A key given twice is an error.
 Errors read ``FILE:LINE: field.path: what is wrong (value) — fix``.
 """
 

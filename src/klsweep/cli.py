@@ -1,8 +1,13 @@
 """The ``sweep`` command: run | resume | plan | validate | status | report | dashboard | health check.
 
-``main(argv) -> int`` returns 0 on success, 1 for a stop verdict or a failed sweep, 2 for bad input (a
-:class:`~klsweep.errors.KlsweepError`, printed as one message without a traceback; ``--debug`` shows it), 3 for an
-inconclusive ``health check`` (no rule that can stop a run could judge the log).
+``main(argv) -> int`` returns:
+
+- 0 on success;
+- 1 for a stop verdict or a failed sweep;
+- 2 for bad input: a :class:`~klsweep.errors.KlsweepError`, printed as one message without a traceback
+  (``--debug`` shows it);
+- 3 for an inconclusive ``health check``: no rule that can stop a run could judge the log.
+
 Heavy modules (Ray, Optuna, torch, verl) are imported inside each command, never at start-up.
 """
 
@@ -76,8 +81,10 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_health_check(args: argparse.Namespace) -> int:
-    """Replay a training log through a health rule set: 0 healthy or warned, 1 stop verdict, 2 unreadable input (or a
-    W&B export of several runs without --run), 3 inconclusive (no rule that can stop a run could judge the log)."""
+    """Replay a training log through a health rule set.
+
+    Exit codes: 0 healthy or warned; 1 stop verdict; 2 unreadable input, or a W&B export of several runs without --run;
+    3 inconclusive, when no rule that can stop a run could judge the log."""
     from klsweep.health.check import health_check
     from klsweep.spec.trial_log import trial_log_overrides
 

@@ -151,9 +151,11 @@ def error_line(out_dir: str | Path, trial_id: str) -> str:
 
 
 def failure_reason(out_dir: str | Path, state: Any, trial_id: Any, stop_reason: Any) -> Any:
-    """A trial's stop reason as ``trials.csv``, ``sweep status`` and the summary show it: for a FAIL trial that raised
-    (``stop_reason`` starting with :data:`RAISED`), the exception from its ``error.txt`` (:func:`error_line`);
-    any other ``stop_reason`` as it is, and the recorded one when there is no ``error.txt`` with an exception line."""
+    """A trial's stop reason as ``trials.csv``, ``sweep status`` and the summary show it.
+
+    For a FAIL trial that raised (``stop_reason`` starting with :data:`RAISED`): the exception from its
+    ``error.txt`` (:func:`error_line`). Any other ``stop_reason`` is returned as it is. So is the recorded one when
+    there is no ``error.txt`` with an exception line."""
     if state != "FAIL" or not isinstance(stop_reason, str) or not stop_reason.startswith(RAISED) or not trial_id:
         return stop_reason
     return error_line(out_dir, str(trial_id)) or stop_reason
