@@ -1,12 +1,15 @@
 """One sweep driver per results directory: ``sweep run`` (fresh, ``--resume``, ``--overwrite``) and ``sweep resume``
 hold an exclusive lock on ``<out>/driver.lock`` while they work there, and a second driver is refused.
 
-Two drivers on one directory both restore Tune's experiment and tell the same Optuna trials their results: the second
-fails with ``optuna.exceptions.UpdateFinishedTrialError`` and Tune rewrites trial files the first still writes. The
-lock is ``flock(LOCK_EX | LOCK_NB)`` (``fcntl.flock``, flock(2)): the kernel drops it when its holder exits, SIGKILL
-included, so a dead driver's lock never blocks a resume, and there is no stale-PID guess (the file keeps the PID only
-to name the holder). On NFS, Linux maps flock onto NFS byte-range locks (flock(2), NOTES), so drivers on two nodes
-sharing ``--out`` are kept apart as well. Linux and macOS only (``fcntl``), like :mod:`klsweep.launchers.supervisor`.
+Two drivers on one directory would both restore Tune's experiment and tell the same Optuna trials their results. The
+second would fail with ``optuna.exceptions.UpdateFinishedTrialError``, and Tune would rewrite trial files the first
+still writes.
+
+The lock is ``flock(LOCK_EX | LOCK_NB)`` (``fcntl.flock``, flock(2)). The kernel drops it when its holder exits,
+SIGKILL included, so a dead driver's lock never blocks a resume. There is no stale-PID guess: the file keeps the PID
+only to name the holder. On NFS, Linux maps flock onto NFS byte-range locks (flock(2), NOTES). Drivers on two nodes
+sharing ``--out`` are thus kept apart as well.
+Linux and macOS only (``fcntl``), like :mod:`klsweep.launchers.supervisor`.
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ from klsweep.analysis.trials_csv import write_trials_csv
 
 
 class TrialsCsv(Callback):
-    """Keeps the sweep directory's ``trials.csv`` current while the sweep runs: rewritten when a trial starts or
-    ends, and on reported steps at most every ``every_s`` seconds (each write reads the study and every trial's
-    result file).
+    """Keeps the sweep directory's ``trials.csv`` current while the sweep runs.
+
+    The file is rewritten when a trial starts or ends, and on reported steps at most every ``every_s`` seconds. Each
+    write reads the study and every trial's result file.
 
     The sweep directory is the parent of the trial's Tune experiment directory (``trial.storage``), not a path kept
-    in the callback: Tune pickles callbacks with the experiment, and a resumed sweep may have been moved since.
+    in the callback. Tune pickles callbacks with the experiment, and a resumed sweep may have been moved since.
     """
 
     def __init__(self, every_s: float = 10.0):

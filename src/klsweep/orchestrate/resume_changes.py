@@ -1,9 +1,9 @@
 """What a resume may change: the saved sweep (``sweep.json``) against the sweep a resume is given.
 
 A resumed sweep continues the same Optuna study and Tune experiment, so every trial must come from one search space,
-one trial config and one set of health rules. Only the fields of :data:`RESUMABLE` decide how many trials run and
-where, not what a trial is: a resume applies and states them; it refuses any other difference, naming each, with
-the fix (a new results directory). Optuna itself warns that a changed search space within one study misleads its
+one trial config and one set of health rules. The fields of :data:`RESUMABLE` decide only how many trials run and
+where, not what a trial is. A resume applies and states them. It refuses any other difference, naming each, with
+the fix: a new results directory. Optuna itself warns that a changed search space within one study misleads its
 samplers (optuna/optuna#2564, #2328).
 """
 
