@@ -1,13 +1,15 @@
 """verl's metric names, their aliases across verl versions, and the KL settings a metric stream is read with.
 
-Shared by the health rules and the analysis. Sources: the installed verl 0.9.1 (``verl/workers/utils/losses.py``
-logs ``actor/pg_loss``, ``actor/entropy_loss`` (the entropy itself, not a loss term), ``actor/kl_loss``,
-``actor/kl_coef``; ``verl/trainer/ppo/ray_trainer.py`` logs ``actor/reward_kl_penalty[_coeff]`` and
-``actor/entropy``), and public logs of older verl (Dec 2024: ``critic/kl``, ``critic/kl_coeff``,
-``val/test_score/<source>``; early 2025: ``test_score/<source>``).
+Shared by the health rules and the analysis. Sources:
 
-An alias is resolved per report: the first candidate present in that report wins, so one table reads every
-version's logs (e.g. ``actor/entropy_loss`` in Dec 2024 logs, ``actor/entropy`` today).
+- the installed verl 0.9.1. ``verl/workers/utils/losses.py`` logs ``actor/pg_loss``, ``actor/entropy_loss`` (the
+  entropy itself, not a loss term), ``actor/kl_loss`` and ``actor/kl_coef``. ``verl/trainer/ppo/ray_trainer.py``
+  logs ``actor/reward_kl_penalty[_coeff]`` and ``actor/entropy``;
+- public logs of older verl. Dec 2024: ``critic/kl``, ``critic/kl_coeff``, ``val/test_score/<source>``. Early 2025:
+  ``test_score/<source>``.
+
+An alias is resolved per report: the first candidate present in that report wins. One table thus reads every
+version's logs, e.g. ``actor/entropy_loss`` in Dec 2024 logs and ``actor/entropy`` today.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Algorithm presets (ppo, grpo, drgrpo) as verl 0.9.1's exact overrides, and the sweep-file aliases.
 
 A preset is the flat override dict every trial of that algorithm starts from. It names every algorithm-relevant
-knob (:data:`KNOBS`) explicitly, with verl's own default read from the installed ``ppo_trainer`` config where the
-preset does not set it, so two trials differ only where the sweep says they differ (verl#781, #5953: hidden defaults).
+knob (:data:`KNOBS`) explicitly. Where the preset does not set a knob, verl's own default is read from the installed
+``ppo_trainer`` config. Two trials thus differ only where the sweep says they differ (verl#781, #5953: hidden
+defaults).
 
 Source of the algorithm definitions: verl docs ``algo/grpo`` and ``algo/ppo``; DrGRPO = Liu et al. 2025,
 "Understanding R1-Zero-Like Training", as verl implements it (``norm_adv_by_std_in_grpo=False`` +

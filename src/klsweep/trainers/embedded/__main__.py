@@ -1,18 +1,24 @@
 """Process mode, with verl's command-line shape: ``python -m klsweep.trainers.embedded key=value ...``.
 
-Overrides are parsed by Hydra's own override parser (the one ``verl.trainer.main_ppo`` uses), so values have the
-types they would have for verl. Each step prints verl's console line (``step:N - key:value - ...``) and, when
-``$VERL_FILE_LOGGER_PATH`` is set, appends verl's file-logger line ``{"step": N, "data": {...}}`` to that file
-(truncated at start, unbuffered, NaN written as null: verl's ``FileLogger``). Exit codes: 0 done, 2 bad overrides
-(one line on stderr, no traceback).
+Overrides are parsed by Hydra's own override parser, the one ``verl.trainer.main_ppo`` uses, so values have the
+types they would have for verl. Each step prints verl's console line (``step:N - key:value - ...``). When
+``$VERL_FILE_LOGGER_PATH`` is set, it also appends verl's file-logger line ``{"step": N, "data": {...}}`` to that
+file. As verl's ``FileLogger`` does, the file is truncated at start, unbuffered, and NaN is written as null. Exit
+codes: 0 done; 2 bad overrides, with one line on stderr and no traceback.
 
 Checkpoints follow verl's trainer keys (``RayPPOTrainer._save_checkpoint`` / ``_load_checkpoint``,
-verl/trainer/ppo/ray_trainer.py): ``trainer.save_freq`` > 0 saves ``{trainer.default_local_dir}/global_step_N/`` every
-N steps and at the last one, and writes ``latest_checkpointed_iteration.txt``; ``trainer.resume_mode`` ``auto`` (the
-default) continues from the latest one there, ``resume_path`` from ``trainer.resume_from_path`` (interpolations such
-as ``${trainer.default_local_dir}/global_step_32`` resolved as verl's Hydra config does), ``disable`` starts afresh.
-A resumed run takes ``algorithm.kl_ctrl.kl_coef`` and the actor's learning rate from the overrides, as verl
-rebuilds its KL controller from the config at every start: a remedied trial's segment reruns with its prescription.
+verl/trainer/ppo/ray_trainer.py):
+
+- ``trainer.save_freq`` > 0 saves ``{trainer.default_local_dir}/global_step_N/`` every N steps and at the last one,
+  and writes ``latest_checkpointed_iteration.txt``.
+- ``trainer.resume_mode`` ``auto`` (the default) continues from the latest one there.
+- ``resume_path`` continues from ``trainer.resume_from_path``. Interpolations such as
+  ``${trainer.default_local_dir}/global_step_32`` are resolved as verl's Hydra config does.
+- ``disable`` starts afresh.
+
+A resumed run takes ``algorithm.kl_ctrl.kl_coef`` and the actor's learning rate from the overrides, since verl
+rebuilds its KL controller from the config at every start. A remedied trial's segment thus reruns with its
+prescription.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A tiny causal transformer (GPT-2 shape, pre-LayerNorm) with a language-model head and a value head.
 
-The actor and the reference use the language-model head; the critic (``algorithm.adv_estimator=gae``) is a
-separate copy of the same network that uses the value head, as verl's critic is a separate model initialised from
-the SFT weights. Sizes are tiny so that one RL step takes tens of milliseconds on one CPU core.
+The actor and the reference use the language-model head. The critic (``algorithm.adv_estimator=gae``) is a
+separate copy of the same network that uses the value head. verl's critic is likewise a separate model initialised
+from the SFT weights. Sizes are tiny so that one RL step takes tens of milliseconds on one CPU core.
 """
 
 from __future__ import annotations
