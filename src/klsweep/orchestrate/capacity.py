@@ -89,9 +89,10 @@ def _cluster_nodes() -> list[dict[str, float]]:
 
 
 def local_gpu_warning(sweep: Sweep) -> str | None:
-    """A warning for ``sweep validate`` when trials ask for GPUs and this machine shows none (no ``nvidia-smi`` or
-    ``rocm-smi`` on PATH, no ``/dev/nvidia0`` or ``/dev/kfd``), so that ``sweep run`` here would refuse; None
-    otherwise. Not an error: a sweep is often checked on a laptop and run on a cluster."""
+    """A warning for ``sweep validate`` when trials ask for GPUs and this machine shows none; None otherwise.
+
+    No GPU shows when there is no ``nvidia-smi`` or ``rocm-smi`` on PATH and no ``/dev/nvidia0`` or ``/dev/kfd``.
+    ``sweep run`` here would then refuse. Not an error: a sweep is often checked on a laptop and run on a cluster."""
     gpu = sweep.budget.resources.gpu
     if gpu <= 0 or any(shutil.which(tool) for tool in ("nvidia-smi", "rocm-smi")) or any(
             Path(device).exists() for device in ("/dev/nvidia0", "/dev/kfd")):

@@ -112,10 +112,16 @@ class RemedyScheduler(FIFOScheduler):
     def plan(self, trial_id: str, rule: Rule, reason: StopReason, result: Mapping[str, Any]) -> Remedy | str:
         """A restart of ``trial_id`` for ``rule``'s finding ``reason``, or a sentence saying why there is none.
 
-        None when: the trainer keeps no restartable checkpoint; the trial is unknown; ``on_same_finding: stop``
-        applies (:func:`~klsweep.orchestrate.remedy.same_finding`); the rule's ``max_remedies`` is used up; fewer
-        than the rule's ``for`` steps are left after the finding; the prescription changes no knob; or no
-        checkpoint of the trial's current line lies before :func:`~klsweep.orchestrate.remedy.trend_start`.
+        No restart when:
+
+        - the trainer keeps no restartable checkpoint;
+        - the trial is unknown;
+        - ``on_same_finding: stop`` applies (:func:`~klsweep.orchestrate.remedy.same_finding`);
+        - the rule's ``max_remedies`` is used up;
+        - fewer than the rule's ``for`` steps are left after the finding;
+        - the prescription changes no knob;
+        - no checkpoint of the trial's current line lies before :func:`~klsweep.orchestrate.remedy.trend_start`.
+
         ``escalate`` applies the prescription twice, ``repeat`` once more. ``result``: the finding step's metrics.
         """
         kind = trainer_kind(self._sweep.trainer)

@@ -112,10 +112,10 @@ class KlsweepSearch(OptunaSearch):
     def restore(self, checkpoint_path: str) -> None:
         """Restore the saved searcher, then adopt the study's orphans.
 
-        After a SIGKILL of the driver the saved searcher state can be older than the study: trials asked from Optuna
-        after the last save are RUNNING in the study but unknown to Tune. They are handed to the next trials Tune
-        starts (their params were sampled already: re-suggesting returns the same values), so no trial is lost and
-        the study holds exactly one trial per Tune trial.
+        After a SIGKILL of the driver, the saved searcher state can be older than the study. Trials asked from
+        Optuna after the last save are RUNNING in the study but unknown to Tune. They are handed to the next trials
+        Tune starts; their params were sampled already, and re-suggesting returns the same values. No trial is lost,
+        and the study holds exactly one trial per Tune trial.
         """
         super().restore(checkpoint_path)
         known = {t._trial_id for t in self._ot_trials.values()}
