@@ -6,9 +6,10 @@ SQLite (the default storage) lets the dashboard read while a sweep writes. Befor
 ``optuna_dashboard.save_plotly_graph_object`` (id :data:`FRONTIER_GRAPH_ID`, replaced at each start), so the
 dashboard shows it next to its own plots.
 
-The server is optuna-dashboard's WSGI app (``optuna_dashboard.wsgi``) on the standard library's ``wsgiref`` server,
-which ``optuna_dashboard.run_server`` also uses through bottle; here the port is bound before the URL is printed, so a
-busy port (another dashboard, another study) is said instead of printing a URL that serves something else.
+The server is optuna-dashboard's WSGI app (``optuna_dashboard.wsgi``) on the standard library's ``wsgiref`` server.
+``optuna_dashboard.run_server`` also uses that server, through bottle. Here the port is bound before the URL is
+printed. A busy port (another dashboard, another study) is thus said, instead of printing a URL that serves something
+else.
 """
 
 from __future__ import annotations
