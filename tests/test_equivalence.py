@@ -64,7 +64,7 @@ def capture(sweep_file: Path, out: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sweep_file", SWEEPS, ids=[p.stem for p in SWEEPS])
-def test_shipped_sweep_gives_the_recorded_trials(sweep_file, tmp_path, capsys):
+def test_shipped_sweep_gives_the_recorded_trials(ray_local, sweep_file, tmp_path, capsys):
     expected = json.loads((RECORDED / f"{sweep_file.stem}.json").read_text())
     got = capture(sweep_file, tmp_path / "run")
     assert got["exit"] == expected["exit"]

@@ -46,7 +46,7 @@ def _key(params: dict) -> tuple:
 
 
 @pytest.mark.slow
-def test_a_tabular_sweep_confirms_its_leaders_with_the_tables_runs(tmp_path, capsys):
+def test_a_tabular_sweep_confirms_its_leaders_with_the_tables_runs(ray_local, tmp_path, capsys):
     sweep = yaml.safe_load((REPO / "sweeps" / "drgrpo_vs_grpo.yaml").read_text())
     sweep.update(name="confirm_tab", trainer="tabular", tabular={"table": str(DRGRPO_TABLE)},
                  budget={"trials": 4, "max_concurrent": 2, "max_steps": 20, "confirm": {"top": 2, "seeds": 2}})

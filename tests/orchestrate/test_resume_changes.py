@@ -48,7 +48,7 @@ def test_fields_only_one_side_has_are_named():
 
 
 @pytest.mark.slow
-def test_sweep_run_resume_with_an_edited_file(tmp_path, capsys):
+def test_sweep_run_resume_with_an_edited_file(ray_local, tmp_path, capsys):
     out = tmp_path / "out"
     budget = {"trials": 2, "max_concurrent": 1, "max_steps": 2}
     first = sweep_file(tmp_path, "edit", budget=budget, parameters={"kl_coef": {"values": [0.001, 0.002]}})

@@ -57,7 +57,7 @@ def tiny_sweep(tmp_path, **extra) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(ray_local, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("sweep")
     out = tmp_path / "out"
     code = main(["run", tiny_sweep(tmp_path), "--out", str(out), "--quiet"])

@@ -124,7 +124,7 @@ def replay_sweep(tmp_path, name: str, trace, algorithm: str, objective: str, max
 
 
 @pytest.mark.slow
-def test_sweep_run_replay_of_a_no_signal_run_fails_the_trial(tmp_path):
+def test_sweep_run_replay_of_a_no_signal_run_fails_the_trial(ray_local, tmp_path):
     path = replay_sweep(tmp_path, "replay_no_signal", NO_SIGNAL_LOG, "grpo", "critic/score/mean", max_steps=10)
     assert main(["run", path, "--out", str(tmp_path / "out"), "--quiet"]) == 1  # no trial completed
     [trial] = pd.read_csv(tmp_path / "out" / "trials.csv").to_dict("records")
@@ -133,7 +133,7 @@ def test_sweep_run_replay_of_a_no_signal_run_fails_the_trial(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_run_replay_of_a_healthy_run_stays_healthy(tmp_path):
+def test_sweep_run_replay_of_a_healthy_run_stays_healthy(ray_local, tmp_path):
     val = "val-core/openai/gsm8k/reward/mean@1"
     path = replay_sweep(tmp_path, "replay_ppo", PPO_LOG, "ppo", val, max_steps=435)
     main(["run", path, "--out", str(tmp_path / "out"), "--quiet"])
@@ -145,7 +145,7 @@ def test_sweep_run_replay_of_a_healthy_run_stays_healthy(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_run_replay_of_a_run_whose_losses_went_nan_fails_the_trial_at_step_18(tmp_path):
+def test_sweep_run_replay_of_a_run_whose_losses_went_nan_fails_the_trial_at_step_18(ray_local, tmp_path):
     # Written by verl 0.9.1's FileLogger (orjson: NaN and inf as null from step 18; tests/data/README.md). The replay
     # must stop it as non-finite at step 18, never record it COMPLETE with its last finite score.
     log = trace(NONFINITE)

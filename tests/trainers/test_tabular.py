@@ -169,7 +169,7 @@ def test_sweep_file_declares_the_table_and_names_a_missing_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_run_with_the_tabular_trainer_records_the_served_runs(tmp_path):
+def test_sweep_run_with_the_tabular_trainer_records_the_served_runs(ray_local, tmp_path):
     sweep = yaml.safe_load(DRGRPO_SWEEP.read_text())
     sweep.update(name="tabular_drgrpo", trainer="tabular", tabular={"table": str(DRGRPO_TABLE)},
                  budget={"trials": 2, "max_concurrent": 1, "max_steps": 20})
@@ -221,7 +221,7 @@ def test_reference_best_is_the_healthy_point_with_the_best_seed_mean_and_stopped
 
 
 @pytest.mark.slow
-def test_a_tabular_sweep_stops_a_flagged_trial_instead_of_remedying_it(tmp_path, capsys):
+def test_a_tabular_sweep_stops_a_flagged_trial_instead_of_remedying_it(ray_local, tmp_path, capsys):
     """The aggressive preset's reward_hacking has a remedy (kl_coef *4); under the tabular trainer the trial is
     stopped where the rules flag its recorded run, with no remedy recorded and no step re-run."""
     table = REPO / "benchmarks" / "tabular" / "aggressive.jsonl.gz"
