@@ -7,17 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from klsweep.health import HealthConfig, HealthEngine, load_ruleset
-
-
-def _rules(*rules, **builtin):
-    return load_ruleset(HealthConfig(preset="none", rules=list(rules), builtin=builtin))
-
-
-def _run(ruleset, stream, run_config=None):
-    engine = HealthEngine(ruleset, run_config)
-    verdicts = [engine.update(step, metrics) for step, metrics in stream]
-    return engine, verdicts
+from tests.health.test_engine import _rules, _run
 
 
 def test_window_statistics_match_numpy():
