@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--health", help="a health preset instead of the file's (default, conservative, ...)")
-    parser.add_argument("--table", action="store_true", help="many sweeps on the tabular benchmark (issue 16)")
+    parser.add_argument("--table", action="store_true", help="many sweeps on benchmarks/tabular/")
     parser.add_argument("--sweeps", type=int, default=20, help="--table: sweeps (seeds) per table file")
     parser.add_argument("--first-seed", type=int, default=0, help="--table: the first sweep seed (tuned on 0-19)")
     parser.add_argument("--objective", choices=("file", "on", "off"), default="file",

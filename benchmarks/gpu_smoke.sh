@@ -1,5 +1,5 @@
 #!/bin/bash
-# One-shot offline acceptance check of klsweep's verl trials on ONE GPU box (issue 13), from the repository root:
+# One-shot offline acceptance check of klsweep's verl trials on ONE GPU box, from the repository root:
 #
 #   bash benchmarks/gpu_smoke.sh [--dry-run | --prepare-only]    # env: WORK, STEPS, MODEL_DIR
 #

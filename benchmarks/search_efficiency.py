@@ -449,7 +449,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--targets", type=float, nargs="+", default=[0.95],
                         help="fractions of the best accuracy within budget to reach; the first is the headline")
-    parser.add_argument("--table", action="store_true", help="sweeps on the tabular benchmark (issue 16)")
+    parser.add_argument("--table", action="store_true", help="sweeps on the tabular benchmark (benchmarks/tabular/)")
     parser.add_argument("--trials", type=int, default=16, help="--table: trials per sweep")
     parser.add_argument("--first-seed", type=int, default=0, help="--table: seed of the first sweep")
     parser.add_argument("--objective", choices=("file", "on", "off"), default="file",
