@@ -4,6 +4,7 @@ can import test modules as ``tests.<folder>.<module>``."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,12 @@ from hypothesis import settings
 # strategy or adding a case, never by luck on one CI run. The edge cases found so far are listed as explicit cases.
 settings.register_profile("klsweep", derandomize=True, deadline=None)
 settings.load_profile("klsweep")
+
+# A test run started in the background (`pytest &` in a script, some CI runners) inherits SIGINT ignored, and so does
+# every process a test starts; a Python process that starts with SIGINT ignored never turns Ctrl-C into
+# KeyboardInterrupt. The Ctrl-C tests need it delivered, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 #: Public logs of real verl runs, with their sources and the verdict each must get: tests/data/README.md.
