@@ -283,11 +283,16 @@ def logged_at(metrics: Mapping[str, Any], remedies: Any) -> dict[str, Any]:
     checkpoint logged the coefficient before that remedy.
     """
     out = dict(metrics)
-    done = len(restarts((out.get("config") or {}).get(REMEDIES, ())))
+    done = restarts_behind(out)
     later = [r for r in restarts(remedies) if r.number > done and KL_COEF_KEY in r.changes]
     if later:
         out[KL_COEFF_METRIC] = later[-1].changes[KL_COEF_KEY][1]
     return out
+
+
+def restarts_behind(metrics: Mapping[str, Any]) -> int:
+    """How many restarts the run that reported ``metrics`` had behind it, read from the ``config`` it trained with."""
+    return len(restarts((metrics.get("config") or {}).get(REMEDIES, ())))
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

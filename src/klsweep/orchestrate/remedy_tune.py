@@ -44,6 +44,7 @@ from klsweep.orchestrate.remedy import (
     remedies_on,
     remedy_rules,
     restart_reach,
+    restarts_behind,
     same_finding,
     split_config,
     steps_to_keep,
@@ -212,7 +213,7 @@ def restart_points(trial: Trial, sweep: Sweep) -> list[Any]:
         step = result.metrics.get(STEP)
         if not isinstance(step, int) or verl is not None and not has_checkpoint(verl, step):
             continue
-        done = len(restarts((result.metrics.get("config") or {}).get(REMEDIES, ())))
+        done = restarts_behind(result.metrics)
         if done == len(froms) or (done < len(froms) and step <= min(froms[done:])):
             points.append(result)
     return points
