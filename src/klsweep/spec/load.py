@@ -23,6 +23,8 @@ from klsweep.health.rules import Rule
 from klsweep.spec.checks import check_sweep
 from klsweep.spec.key_checks import check_keys
 from klsweep.spec.schema import _SECTION_HINT, Parameter, Sweep
+from klsweep.verl.config import KL_COEF_KEYS
+from klsweep.verl.managed import ONLY_VERL, REFUSED, REFUSED_VERL
 
 #: A health rule's conditions are written inline: ``all:``/``any:`` lists, or one condition's fields.
 _INLINE: Inline = {Rule: ("conditions", ("all", "any"))}
@@ -129,7 +131,10 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
             found = [(tuple(map(str, p)), _line(sweep, p, m)) for p, m in errors]
             if not check_keys(sweep):  # the last stage: every check ran, on keys that are all verl's
                 problems.extend(m for p, m in found if not _under(p, reported))
-                return _without(data, [p for p, _ in found], lines, str(path)), problems
+                rest = _without(data, [p for p, _ in found], lines, str(path))
+                if rest is not None:
+                    rest._warnings = tuple(_line(sweep, p, m) for p, m in warnings)
+                return rest, problems
         fresh = [(p, m) for p, m in found if not _under(p, reported)]
         problems.extend(m for _, m in fresh)
         reported.update(p for p, _ in fresh)
@@ -154,18 +159,34 @@ def _under(path: tuple[str, ...], done: set[tuple[str, ...]]) -> bool:
 
 
 def _without(data: dict, paths: list[tuple[str, ...]], lines: Lines, name: str) -> Sweep | None:
-    """The sweep without the parameters at ``paths``, for the checks that follow (sampler, preflight).
+    """The sweep for the checks that follow (sampler, preflight), without the entries those checks would echo.
 
-    None when a path is not a parameter: a fixed setting changed to its default would make those checks report
-    echoes."""
-    if not all(p[:1] == ("parameters",) and len(p) > 1 for p in paths) or not _remove(data, paths):
-        return None
+    Removed: the parameters and the seed trials at ``paths``, and the fixed overrides at ``paths`` that the preflight
+    checks again (a KL coefficient, a key klsweep sets: :data:`_ECHOED`); klsweep's or the preset's value then takes
+    their place, which raises nothing. Every other entry is kept with its value: the preflight does not check it
+    again (an inert knob, a budget field), and removing it would change what it does check (a batch size, a GPU
+    count, a required path). So every independent problem of a file is found in one run.
+
+    Returns:
+        the sweep, or None when what is left is not a valid sweep.
+    """
+    for path in paths:
+        if path[:1] == ("parameters",) and len(path) > 1:
+            _remove(data, [path[:2]])
+        elif path[:1] == ("seed_trials",):
+            data.pop("seed_trials", None)
+        elif path[:1] == ("overrides",) and len(path) > 1 and str(path[1]).lstrip("+") in _ECHOED:
+            _remove(data, [path[:2]])
     try:
         sweep = Sweep.model_validate(data)
     except ValidationError:
         return None
     sweep._source, sweep._where = name, lines
     return sweep
+
+
+#: Fixed overrides the preflight checks again (a negative KL coefficient; a key klsweep writes itself).
+_ECHOED = frozenset((*KL_COEF_KEYS, *REFUSED, *REFUSED_VERL, *ONLY_VERL))
 
 
 def _remove(data: dict, paths: list[tuple[str, ...]]) -> list[tuple[str, ...]] | None:

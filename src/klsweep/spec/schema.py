@@ -34,6 +34,9 @@ from klsweep.verl.presets import resolve_key
 
 
 def _scalar(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number: verl takes no NaN or infinite setting (Hydra cannot pass "
+                         "one); give a finite number")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise ValueError(f"must be a number, a string, true/false or null, not a {type(value).__name__}: give one value")
@@ -113,9 +116,9 @@ class Range(_Param):
         description="uniform | log_uniform_values (log scale, min/max in real units, as W&B's log_uniform_values "
         "and Optuna's log=True) | int_uniform | q_uniform (uniform on a grid of step q)",
     )
-    min: float = Field(description="lower bound, inclusive")
-    max: float = Field(description="upper bound, inclusive")
-    q: float | None = Field(None, gt=0, description="grid step of q_uniform (default 1)")
+    min: float = Field(allow_inf_nan=False, description="lower bound, inclusive (a finite number)")
+    max: float = Field(allow_inf_nan=False, description="upper bound, inclusive (a finite number)")
+    q: float | None = Field(None, gt=0, allow_inf_nan=False, description="grid step of q_uniform (default 1)")
 
     @model_validator(mode="before")
     @classmethod

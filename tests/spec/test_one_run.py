@@ -1,0 +1,85 @@
+"""`sweep validate` reports every independent problem of a file in one run: schema errors, verl keys, the checks of a
+schema-valid sweep and verl's preflight together; and a non-finite number names its field."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from klsweep.errors import SweepFileError
+from klsweep.orchestrate.plan import validate
+from klsweep.spec.load import load_partial, load_sweep
+
+
+def _validate(path) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = validate(str(path), [], out=out)
+    return code, out.getvalue().splitlines()
+
+
+#: one mistake per stage: the schema (a typo'd field, a NaN bound), a verl key, a knob with no effect (the checks of a
+#: schema-valid sweep), the batch arithmetic (verl's preflight)
+FOUR_STAGES = """\
+overrides:
+  actor_rollout_ref.actor.kl_los_type: low_var_kl
+  algorithm.kl_ctrl.target_kl: 0.1
+  data.train_batch_size: 10
+  actor_rollout_ref.actor.ppo_mini_batch_size: 4
+parameters:
+  kl_coef: {min: .nan, max: 0.1}
+budget: {trials: 4, max_concurent: 2}
+"""
+
+
+@pytest.mark.slow
+def test_schema_key_knob_and_preflight_errors_are_reported_in_one_run(sweep_file):
+    code, lines = _validate(sweep_file(FOUR_STAGES))
+    errors = [line for line in lines if line.startswith("  error: ")]
+    assert code == 2
+    expected = ["parameters.kl_coef.min", "budget.max_concurent", "overrides.actor_rollout_ref.actor.kl_los_type",
+                "overrides.algorithm.kl_ctrl.target_kl", "data.train_batch_size (10) is not a multiple of "
+                "actor_rollout_ref.actor.ppo_mini_batch_size (4)"]
+    for field in expected:
+        assert sum(field in line for line in errors) == 1, (field, errors)
+    assert len(errors) == len(expected), errors
+
+
+@pytest.mark.slow
+def test_a_problem_the_preflight_also_checks_is_reported_once(sweep_file):
+    # a negative KL coefficient is refused by the sweep's checks and by the preflight's check_values: one line, and
+    # the batch problem of the same file is still found in that run
+    path = sweep_file("""\
+        overrides:
+          actor_rollout_ref.actor.kl_loss_coef: -0.1
+          algorithm.kl_ctrl.target_kl: 0.1
+          data.train_batch_size: 10
+          actor_rollout_ref.actor.ppo_mini_batch_size: 4
+        """)
+    code, lines = _validate(path)
+    errors = [line for line in lines if line.startswith("  error: ")]
+    assert code == 2
+    assert sum("kl_loss_coef" in line for line in errors) == 1, errors
+    assert sum("is not a multiple of" in line for line in errors) == 1, errors
+    assert sum("target_kl" in line for line in errors) == 1, errors
+
+
+@pytest.mark.parametrize(("text", "field", "shown"), [
+    ("parameters:\n  kl_coef: {min: .nan, max: 0.1}\n", "parameters.kl_coef.min", "nan"),
+    ("parameters:\n  kl_coef: {min: 0.001, max: .inf}\n", "parameters.kl_coef.max", "inf"),
+    ("parameters:\n  kl_coef: {values: [0.001, .nan]}\n", "parameters.kl_coef.values.1", "nan"),
+    ("parameters:\n  kl_coef: {value: -.inf}\n", "parameters.kl_coef.value", "-inf"),
+    ("overrides:\n  actor_rollout_ref.actor.clip_ratio: .nan\n", "overrides.actor_rollout_ref.actor.clip_ratio", "nan"),
+])
+def test_a_non_finite_number_names_its_field_and_value(sweep_file, text, field, shown):
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(sweep_file(text))
+    [problem] = e.value.problems
+    assert problem.split(": ")[1] == field, problem
+    assert f"(got {shown})" in problem and "finite number" in problem, problem
+
+
+def test_a_nan_bound_leaves_the_rest_of_the_file_checked(sweep_file):
+    _, problems = load_partial(sweep_file("parameters:\n  kl_coef: {min: .nan, max: 0.1}\n"
+                                          "  kl_loss_typ: {values: [kl, k4]}\n"))
+    assert [p.split(": ")[1] for p in problems] == ["parameters.kl_coef.min", "parameters.kl_loss_typ"], problems
