@@ -1,4 +1,4 @@
-"""The ``sweep`` command: run | resume | plan | validate | status | report | dashboard | health check.
+"""The ``sweep`` command: run | resume | rebuild-study | plan | validate | status | report | dashboard | health check.
 
 ``main(argv) -> int`` returns:
 
@@ -43,6 +43,13 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from klsweep.orchestrate.sweep import resume_sweep
 
     return resume_sweep(args.run_dir, args.overrides, address=args.address, quiet=args.quiet)
+
+
+def _cmd_rebuild_study(args: argparse.Namespace) -> int:
+    """Rebuild a sweep's missing, empty or corrupt study.db from its Ray Tune results (tune/)."""
+    from klsweep.orchestrate.rebuild_study import rebuild_study
+
+    return rebuild_study(args.run_dir)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -121,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     rs.add_argument("--address", help="Ray cluster address (default: the launch profile's, else a private local "
                                       "Ray; an --address given to `sweep run` is not saved: give it again)")
     rs.add_argument("--quiet", action="store_true", help="no live table")
+
+    rb = add("rebuild-study", _cmd_rebuild_study)
+    rb.add_argument("run_dir")
 
     pl = add("plan", _cmd_plan)
     pl.add_argument("sweep_file")

@@ -22,8 +22,9 @@ from optuna_dashboard import save_plotly_graph_object, wsgi
 
 from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.plots import frontier_figure
+from klsweep.analysis.study_file import StudyNotCreated
 from klsweep.analysis.sweep_dir import storage_from_url, study_of
-from klsweep.errors import KlsweepError, ResultsError
+from klsweep.errors import KlsweepError
 from klsweep.results import SweepRecord
 
 #: The port tried when none is given (optuna-dashboard's own default).
@@ -94,7 +95,7 @@ def save_frontier(run_dir: str, record: SweepRecord) -> str | None:
     """
     try:
         study = study_of(run_dir, record)
-    except ResultsError:
+    except StudyNotCreated:
         return None
     result = sweep_frontier(run_dir)
     save_plotly_graph_object(study, frontier_figure(result), graph_object_id=FRONTIER_GRAPH_ID)

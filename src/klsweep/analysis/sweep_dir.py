@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from klsweep.errors import ResultsError
+from klsweep.analysis.study_file import StudyNotCreated, check_study
 from klsweep.results import (
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,
@@ -73,19 +73,24 @@ def sweep_info(path: str | Path) -> SweepRecord:
 def study_of(path: str | Path, record: SweepRecord | None = None):
     """The Optuna study of the sweep directory ``path`` (its ``study_name`` and ``storage`` in ``sweep.json``).
 
+    Never creates a study or its file (:func:`klsweep.analysis.study_file.check_study`).
+
     Raises:
-        ResultsError: ``path`` is not a sweep directory, or its study is not created yet (a sweep creates it when
-            its first trial starts).
+        StudyNotCreated: its study is not created yet and no trial ran (a sweep creates it when its first trial
+            starts).
+        ResultsError: ``path`` is not a sweep directory, or its study file is missing, empty or corrupt while
+            ``tune/`` holds trial results (the message names the rebuild command).
     """
     import optuna
 
     record = record or SweepRecord.read(path)
+    check_study(record, path)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.load_study(study_name=record.study_name, storage=storage_from_url(record.storage_url(path)))
     except KeyError:  # optuna's "Record does not exist."
-        raise ResultsError(f"{path}: the study {record.study_name!r} is not in its storage yet (the sweep creates it "
-                           "when its first trial starts)") from None
+        raise StudyNotCreated(f"{path}: the study {record.study_name!r} is not in its storage yet (the sweep creates "
+                              "it when its first trial starts)") from None
 
 
 def storage_from_url(url: str):
@@ -165,7 +170,7 @@ def load(path: str | Path) -> pd.DataFrame:
     rows = []
     try:
         trials = study_of(path, record).get_trials(deepcopy=False)
-    except ResultsError:
+    except StudyNotCreated:
         trials = []  # started, but its first trial not yet: no row
     for trial in trials:
         attrs = trial.user_attrs

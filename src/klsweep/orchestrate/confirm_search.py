@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from klsweep.spec.space import SearchSpace
 
 #: The largest training seed a confirmation run's Optuna param may hold (its IntDistribution's high end).
-_SEED_MAX = 2**31 - 1
+SEED_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ConfirmSpace:
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
         constants = self.space(trial)
-        trial.suggest_int(SEED_KEY, 0, _SEED_MAX)
+        trial.suggest_int(SEED_KEY, 0, SEED_MAX)
         return constants
 
 

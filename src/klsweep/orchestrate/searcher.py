@@ -191,24 +191,34 @@ class KlsweepSearch(OptunaSearch):
         self, error: bool, health: str, stop_kind: str, stop_reason: str, early: bool, steps: int,
         values: list[float | None],
     ) -> tuple[optuna.trial.TrialState, str]:
-        State = optuna.trial.TrialState
-        finite = all(v is not None and math.isfinite(v) for v in values)
-        if error:
-            return State.FAIL, stop_reason or "trial raised an error (see its error.txt in the Tune directory)"
-        if health == "stopped":
-            if stop_kind in FAILED_KINDS:
-                return State.FAIL, stop_reason
-            if len(values) > 1 and finite:
-                return State.COMPLETE, stop_reason  # infeasible through the constraint
-            return (State.PRUNED if len(values) == 1 else State.FAIL), stop_reason
-        if not finite:
-            missing = [m for m, v in zip(self._metrics, values) if v is None or not math.isfinite(v)]
-            return State.FAIL, f"objective {', '.join(missing)} was never reported or is not finite"
-        if early:
-            if len(values) == 1 or stop_kind == STOP_KIND_OBJECTIVE:  # beaten by its peers: not a result
-                return State.PRUNED, stop_reason or f"stopped by the scheduler at step {steps}"
-            return State.COMPLETE, stop_reason or f"stopped at step {steps}"
-        return State.COMPLETE, stop_reason
+        return outcome(self._metrics, error, health, stop_kind, stop_reason, early, steps, values)
+
+
+def outcome(metrics: list[str], error: bool, health: str, stop_kind: str, stop_reason: str, early: bool, steps: int,
+            values: list[float | None]) -> tuple[optuna.trial.TrialState, str]:
+    """The Optuna state and stop reason of a trial that ended (the table of the module docstring).
+
+    Takes the objectives' ``metrics``, whether the trial raised (``error``), its last result's ``health``,
+    ``stop_kind`` and ``stop_reason``, whether it ended before its step budget (``early``), its ``steps``, and the
+    last value of each objective (None when never reported)."""
+    State = optuna.trial.TrialState
+    finite = all(v is not None and math.isfinite(v) for v in values)
+    if error:
+        return State.FAIL, stop_reason or "trial raised an error (see its error.txt in the Tune directory)"
+    if health == "stopped":
+        if stop_kind in FAILED_KINDS:
+            return State.FAIL, stop_reason
+        if len(values) > 1 and finite:
+            return State.COMPLETE, stop_reason  # infeasible through the constraint
+        return (State.PRUNED if len(values) == 1 else State.FAIL), stop_reason
+    if not finite:
+        missing = [m for m, v in zip(metrics, values) if v is None or not math.isfinite(v)]
+        return State.FAIL, f"objective {', '.join(missing)} was never reported or is not finite"
+    if early:
+        if len(values) == 1 or stop_kind == STOP_KIND_OBJECTIVE:  # beaten by its peers: not a result
+            return State.PRUNED, stop_reason or f"stopped by the scheduler at step {steps}"
+        return State.COMPLETE, stop_reason or f"stopped at step {steps}"
+    return State.COMPLETE, stop_reason
 
 
 def _as_float(value: Any) -> float | None:

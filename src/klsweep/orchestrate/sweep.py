@@ -27,6 +27,7 @@ import ray
 from ray import tune
 
 from klsweep.analysis.leaders import nothing_to_run
+from klsweep.analysis.study_file import StudyNotCreated, check_study
 from klsweep.analysis.summary import print_summary
 from klsweep.analysis.sweep_dir import load, study_of
 from klsweep.analysis.trials_csv import write_trials_csv
@@ -172,7 +173,14 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
 def _resume(out_dir: Path, sweep: Sweep, record: SweepRecord, saved: SweepRecord, *, source: str, address: str | None,
             quiet: bool) -> int:
     """Check ``record`` (the sweep a resume was given) against ``saved`` (its ``sweep.json``), say what changes, save
-    it, resume."""
+    it, resume.
+
+    A study that is missing, empty or corrupt while ``tune/`` holds trial results is refused before Ray starts
+    (:func:`klsweep.analysis.study_file.check_study`): resuming would run the finished trials again."""
+    try:
+        check_study(saved, out_dir)
+    except StudyNotCreated:
+        pass  # the driver ended before the first trial: _fit starts the sweep from its first trial
     for change in check_resume(saved.sweep, record.sweep, run_dir=str(out_dir), source=source):
         print(f"resume: {change}", file=sys.stderr)
     _init_ray(sweep, address, out_dir)  # a cluster that cannot hold a trial is refused before sweep.json changes
@@ -284,7 +292,7 @@ def _study_created(out_dir: Path, record: SweepRecord) -> bool:
     OOM kill) leaves ``sweep.json`` and nothing that ran."""
     try:
         study_of(out_dir, record)
-    except ResultsError:
+    except StudyNotCreated:  # a lost study (trials ran) raises on: resume refuses it
         return False
     return True
 

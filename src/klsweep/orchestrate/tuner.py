@@ -134,11 +134,11 @@ def _searcher(sweep: Sweep, record: SweepRecord, out_dir: Path, *, seed_trials: 
         storage=storage_from_url(record.storage_url(out_dir)),
         overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=sweep.budget.max_steps,
-        description=_description(sweep, record),
+        description=study_description(sweep, record),
     )
 
 
-def _description(sweep: Sweep, record: SweepRecord) -> str:
+def study_description(sweep: Sweep, record: SweepRecord) -> str:
     """One line on what the sweep searches: ``tiny: ppo on the embedded trainer, KL in reward; searches
     algorithm.kl_ctrl.kl_coef; max val-core/arith/acc/mean@1; 3 trials × 4 steps; from /path/tiny.yaml``."""
     objectives = ", ".join(f"{o.mode} {o.metric}" for o in sweep.objectives)
