@@ -29,9 +29,25 @@ It takes verl's Hydra overrides and does what verl 0.9.1's v1 trainer (``verl/tr
   a GCS, a raylet and workers under it, as verl's main_ppo does) and shuts it down at the end; the GCS address goes
   to ``$PWD/ray.json``. (The session-detached child is ``grandchildren=1``'s.)
 
-Test knobs (plain ``key=value``), for misbehaviour:
+Test knobs (plain ``key=value``), for misbehaviour and for what two trials on one host do to each other:
 
-- always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` it got.
+- always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` and ``OMP_NUM_THREADS`` it got.
+- ``rendezvous=DIR``: after starting its Ray, writes ``DIR/<pid>`` and waits until two such files exist (at most
+  ``rendezvous_s``, default 10 s), so that two trials started together run their steps at the same time.
+- ``own_ray=0``: starts no Ray even where verl would (a test of what happens before Ray matters).
+- ``engine_start=S`` (with ``$FAKE_GPU_DIR``): vLLM's start-up on each GPU of ``CUDA_VISIBLE_DEVICES``, S seconds long,
+  before the first step. vLLM measures the device's free memory before and after its profiling and asserts it did
+  not grow (``determine_available_memory`` in vllm/v1/worker/gpu_worker.py). The stand-in holds
+  ``$FAKE_GPU_DIR/gpu-<id>/starting-<pid>`` for the window and fails with vLLM's ``AssertionError: Error in memory
+  profiling ...`` when another engine's window on the GPU overlapped it; each window goes to
+  ``$FAKE_GPU_DIR/windows.jsonl`` (``gpu``, ``pid``, ``start``, ``end``: ``time.time()``).
+- ``weight_sync=S`` (with its own Ray): each step syncs the weights as verl 0.9.1's colocated vLLM rollout does:
+  the socket ``/tmp/rl-colocate-zmq-{job id}-replica-0-rank-0.sock``, the job id from
+  ``ray.get_runtime_context().get_job_id()`` (``vllm_rollout/vllm_rollout.py``), is removed if present and bound
+  again, held S seconds, then closed and removed (``BucketedWeightSender._init_socket``/``cleanup`` in
+  ``vllm_rollout/bucketed_weight_transfer.py``). Where verl would cross-connect two trials or hang, the stand-in
+  fails: ``RuntimeError: weight-sync socket ... collision`` when the path answered another live process before the
+  removal, or stopped being its own socket before the close. The path goes to ``$PWD/socket.json``.
 - ``interval=S``: seconds between steps.
 - ``half_line=1``: after the steps, the first half of one more line, without its newline (a writer killed mid-line).
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
@@ -106,7 +122,8 @@ def verl_kl_controller(kl_ctrl):
 
 args = parse(sys.argv[1:])
 with open("env.json", "w") as f:  # what the launcher gave it
-    json.dump({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd()}, f)
+    json.dump({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cwd": os.getcwd(),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}, f)
 if args.get("ignore_term") == 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if args.get("grandchildren") == 1:
@@ -118,13 +135,81 @@ if args.get("grandchildren") == 1:
     with open("tree.json.tmp", "w") as f:  # written whole, then renamed: a reader never sees half of it
         json.dump({"trainer": os.getpid(), "plain": plain.pid, "session": session.pid, "orphan": orphan}, f)
     os.replace("tree.json.tmp", "tree.json")
-if "ray_kwargs.ray_init.address" in args:  # verl's main_ppo: ray.init(**ray_kwargs.ray_init) unless initialized
+own_ray = "ray_kwargs.ray_init.address" in args and args.get("own_ray") != 0
+if own_ray:  # verl's main_ppo: ray.init(**ray_kwargs.ray_init) unless initialized
     import ray
 
     ray.init(address=args["ray_kwargs.ray_init.address"], num_cpus=1, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     with open("ray.json", "w") as f:
         json.dump({"gcs_address": ray.get_runtime_context().gcs_address}, f)
+    job_id = ray.get_runtime_context().get_job_id()
+if "rendezvous" in args:
+    open(os.path.join(args["rendezvous"], str(os.getpid())), "w").close()
+    met = time.monotonic() + float(args.get("rendezvous_s", 10))
+    while len(os.listdir(args["rendezvous"])) < 2 and time.monotonic() < met:
+        time.sleep(0.02)
+
+
+def fail(message):
+    sys.stderr.write(message + "\n")
+    sys.exit(1)
+
+
+def engine_start(seconds):
+    """vLLM's start-up profiling on each visible GPU (module docstring)."""
+    root = os.environ["FAKE_GPU_DIR"]
+    gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    mine = []
+    for gpu in gpus:
+        os.makedirs(os.path.join(root, f"gpu-{gpu}"), exist_ok=True)
+        mine.append(os.path.join(root, f"gpu-{gpu}", f"starting-{os.getpid()}"))
+        open(mine[-1], "w").close()
+    start = time.time()
+    others = {g: set(os.listdir(os.path.dirname(m))) - {os.path.basename(m)} for g, m in zip(gpus, mine)}
+    time.sleep(seconds)
+    end = time.time()
+    for g, m in zip(gpus, mine):
+        others[g] |= set(os.listdir(os.path.dirname(m))) - {os.path.basename(m)}
+        os.remove(m)
+        with open(os.path.join(root, "windows.jsonl"), "a") as f:
+            f.write(json.dumps({"gpu": g, "pid": os.getpid(), "start": start, "end": end}) + "\n")
+    if any(others.values()):
+        fail("AssertionError: Error in memory profiling. Initial free memory 60.00 GiB, current free memory 116.00 "
+             "GiB. This happens when other processes sharing the same container release GPU memory while vLLM is "
+             f"profiling during initialization. (engines starting on the same GPU: {others})")
+
+
+def weight_sync(seconds):
+    """One weight sync through verl's socket path (module docstring)."""
+    import socket
+
+    path = f"/tmp/rl-colocate-zmq-{job_id}-replica-0-rank-0.sock"
+    with open("socket.json", "w") as f:
+        json.dump({"path": path}, f)
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+            fail(f"RuntimeError: weight-sync socket {path} collision: another process is bound to it")
+        except OSError:
+            pass  # a stale file, as verl removes it
+        finally:
+            probe.close()
+        os.remove(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(1)
+    inode = os.stat(path).st_ino
+    time.sleep(seconds)
+    try:
+        still_mine = os.stat(path).st_ino == inode
+    except FileNotFoundError:
+        still_mine = False
+    sock.close()
+    if not still_mine:
+        fail(f"RuntimeError: weight-sync socket {path} collision: another process removed or re-bound it")
+    os.remove(path)
 
 loggers = args.get("trainer.logger", ["console", "file"])
 loggers = [loggers] if isinstance(loggers, str) else loggers
@@ -168,11 +253,15 @@ def misbehave():
         sys.exit(int(args.get("exit", 1)))
 
 
+if "engine_start" in args:  # verl starts its vLLM servers in init_workers, before validation and step 1
+    engine_start(float(args["engine_start"]))
 if args.get("trainer.val_before_train", args.get("val_before_train")) in (True, 1):
     log({"val-core/fake/acc/mean@1": 0.25}, global_steps)
 saved = []  # this process's checkpoints, oldest first
 for step in range(global_steps + 1, total + 1):
     time.sleep(float(args.get("interval", 0.02)))
+    if "weight_sync" in args:
+        weight_sync(float(args["weight_sync"]))
     data = {"actor/kl_loss": step / 100, "actor/entropy": 1 / step}
     if kl_ctrl is not None:
         current_kl = float(args.get("kl", 0.2))
@@ -203,5 +292,5 @@ if args.get("hang") == 1:
     while True:
         time.sleep(1)
 misbehave()
-if "ray_kwargs.ray_init.address" in args:
+if own_ray:
     ray.shutdown()

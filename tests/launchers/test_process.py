@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
 
 from klsweep.launchers.failures import TrialFailed
-from klsweep.launchers.process import attempt_dir, run_process_trial, trial_command
+from klsweep.launchers.process import attempt_dir, run_process_trial, stop_running_trials, trial_command
 
 from .conftest import seconds_until_gone, tree_of, wait_for
 
@@ -339,6 +340,44 @@ def test_no_gpu_means_none_visible(tmp_path):
     _, env = trial_command({}, trainer="embedded", trial_dir=tmp_path, gpu_ids=[],
                            base_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(6, "6"), (2.5, "2"), (0.5, "1")])
+def test_omp_threads_follow_the_trials_cpus(tmp_path, cpus, threads):
+    """As Ray sets it for a worker (floor of its CPUs, at least 1), not what the sweep driver's shell had."""
+    _, env = trial_command({}, trainer="embedded", trial_dir=tmp_path, cpus=cpus, base_env={"OMP_NUM_THREADS": "64"})
+    assert env["OMP_NUM_THREADS"] == threads
+    _, env = trial_command({}, trainer="embedded", trial_dir=tmp_path, base_env={"OMP_NUM_THREADS": "64"})
+    assert env["OMP_NUM_THREADS"] == "64"  # no CPU count known: left as it was
+
+
+def test_the_process_gets_the_omp_threads_of_its_cpus(fake_trainer, tmp_path):
+    run_process_trial({"steps": 1}, trainer=fake_trainer, trial_dir=tmp_path, report=lambda m: None, cpus=3)
+    assert json.loads((attempt_dir(tmp_path, 1) / "env.json").read_text())["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_tree_klsweep_stopped_is_not_retried(fake_trainer, tmp_path):
+    """The trial actor's cleanup stops the tree while the tail loop runs (stop_running_trials): exit.json says
+    "stopped", so the attempt fails with kind stopped and no second attempt starts in the dying actor."""
+    failed = []
+
+    def trial():
+        try:
+            run_process_trial({"steps": 100, "interval": 0.1}, trainer=fake_trainer, trial_dir=tmp_path,
+                              report=lambda m: None, retries=2)
+        except TrialFailed as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=trial)
+    thread.start()
+    wait_for(attempt_dir(tmp_path, 1) / "metrics.jsonl")
+    stop_running_trials()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert [e.kind for e in failed] == ["stopped"]
+    assert json.loads((attempt_dir(tmp_path, 1) / "exit.json").read_text())["reason"] == "stopped"
+    assert json.loads((tmp_path / "failure.json").read_text())["retryable"] is False
+    assert not attempt_dir(tmp_path, 2).exists()
 
 
 def teardown_module():

@@ -55,6 +55,7 @@ kind               failure lines matched
                    ``ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory``;
                    or no pattern matched and the process ended by a signal (exit code ``-N``, or ``128+N`` from a
                    shell for SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGABRT, SIGSEGV, SIGBUS)
+``stopped``        klsweep stopped the tree itself (``exit.json`` reason ``stopped``, :mod:`.process`): never retried
 ``timeout``        the trial ran past the launcher's own ``timeout_s`` (no pattern); the final exception is a
                    ``ray.get`` timeout: ``ray.exceptions.GetTimeoutError``
 ``error``          anything else
@@ -82,7 +83,7 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-KINDS = ("timeout", "killed", "cuda_oom", "nccl", "missing_module", "nan", "config", "error")
+KINDS = ("timeout", "stopped", "killed", "cuda_oom", "nccl", "missing_module", "nan", "config", "error")
 
 #: Failure kinds worth a retry (Tune ``FailureConfig``): transient communication errors and processes killed from
 #: outside (node memory pressure, preemption). A config error, a missing module, a CUDA OOM or a NaN repeats on retry.

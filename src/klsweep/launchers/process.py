@@ -25,19 +25,18 @@ Layout of a trial directory (in the sweep's results directory, :func:`klsweep.la
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep.launchers import supervisor
-from klsweep.launchers._watch import DirectoryWatch
-from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
+from klsweep.launchers.attempt import run_attempt
+from klsweep.launchers.attempt import stop_running_trials as stop_running_trials  # the trial actor's cleanup
+from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.resume import (
     CHECKPOINTS_KEPT,
     SAVE_FREQ_KEY,
@@ -49,7 +48,7 @@ from klsweep.launchers.resume import (
 from klsweep.launchers.storage import trial_directory
 from klsweep.trainers import TRAINERS, runs_verl, trainer_kind
 from klsweep.verl.config import format_overrides
-from klsweep.verl.stream import MetricsTail, StepReports
+from klsweep.verl.stream import StepReports
 
 if TYPE_CHECKING:
     from klsweep.spec.schema import Sweep
@@ -69,9 +68,6 @@ DROPPED_ENV = ("RAY_ADDRESS", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE
 #: would write ``~/.ray/auth_token`` (concurrent first starts race on it), and a token file left on a node turns auth on
 #: for the next ``ray start`` there (``maybe_enable_token_auth_if_token_available``).
 RAY_AUTH_MODE_DEFAULT = ("RAY_AUTH_MODE", "disabled")
-#: Longest wait between two reads of the metrics file; a write to it, or the exit record, wakes the tail at once
-#: (where inotify is missing, this is the polling period).
-TAIL_POLL_S = 0.1
 
 
 def trial_command(
@@ -81,6 +77,7 @@ def trial_command(
     trial_dir: Path,
     attempt: int = 1,
     gpu_ids: Sequence[str | int] | None = None,
+    cpus: float | None = None,
     base_env: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of one attempt of a trial.
@@ -93,6 +90,9 @@ def trial_command(
         attempt: 1 for the first start of the trial, 2 for its first retry, ...
         gpu_ids: the trial's GPUs (``ray.get_gpu_ids()``); ``CUDA_VISIBLE_DEVICES`` is set to exactly these
             (empty: no GPU visible). None leaves ``CUDA_VISIBLE_DEVICES`` as in ``base_env``.
+        cpus: the trial's CPUs (Ray's assigned ``CPU``); ``OMP_NUM_THREADS`` is set to its floor, at least 1, as Ray
+            sets it for its own workers (``set_omp_num_threads_if_unset`` in ray/_private/utils.py). None leaves
+            ``OMP_NUM_THREADS`` as in ``base_env``.
         base_env: the environment to start from (default ``os.environ``).
 
     Returns:
@@ -140,7 +140,15 @@ def trial_command(
     env.setdefault(*RAY_AUTH_MODE_DEFAULT)
     if gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+    if cpus is not None:
+        env["OMP_NUM_THREADS"] = str(max(1, math.floor(cpus)))
     return argv, env
+
+
+def own_ray(argv: Sequence[str]) -> bool:
+    """Whether the command starts its own Ray (``+ray_kwargs.ray_init.address=local``), whose first job id is
+    ``01000000`` on every host (:mod:`klsweep.launchers.isolation`)."""
+    return f"{RAY_INIT_ADDRESS_KEY.lstrip('+')}=local" in {a.lstrip("+") for a in argv}
 
 
 def attempt_dir(trial_dir: Path, attempt: int) -> Path:
@@ -163,6 +171,8 @@ def run_process_trial(
     grace_s: float = 5.0,
     retries: int = 1,
     rewind_to: int | None = None,
+    gpu_ids: Sequence[str] | None = None,
+    cpus: float | None = None,
 ) -> None:
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
@@ -195,6 +205,13 @@ def run_process_trial(
         retries: how many new attempts a retryable failure gets.
         rewind_to: the step a remedy restarts the trial from (None: none; ignored when verl no longer holds a
             checkpoint of it: the trial then continues as any restarted trial).
+        gpu_ids, cpus: the trial's GPUs and CPUs; default: what Ray assigned to the calling worker
+            (:func:`trial_command`).
+
+    A verl trial that starts its own Ray runs with a private ``/tmp``, or alone on its host; its process starts
+    only while no other trial's engine starts on its GPUs (:mod:`klsweep.launchers.isolation`). An attempt whose
+    tree klsweep stopped (``exit.json`` reason ``stopped``: the trial actor's cleanup, Ctrl-C) fails with kind
+    ``stopped`` and is never retried.
 
     Raises:
         TrialFailed: the process failed; ``.kind`` is a :data:`klsweep.launchers.failures.KINDS` entry, recorded
@@ -215,7 +232,10 @@ def run_process_trial(
         report = report or _report_with_step_checkpoint
     import ray
 
-    gpu_ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
+    if gpu_ids is None and ray.is_initialized():
+        gpu_ids = [str(i) for i in ray.get_gpu_ids()]
+    if cpus is None and ray.is_initialized():
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     rewound = rewind(trial_dir / "checkpoints", rewind_to) if rewind_to and runs_verl(trainer) else None
@@ -229,8 +249,11 @@ def run_process_trial(
             resumed = {**overrides, **resume_overrides(trial_dir, overrides)}
         else:
             resumed = dict(overrides)
-        argv, env = trial_command(resumed, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids)
-        failure = _run_attempt(argv, env, attempt_dir(trial_dir, attempt), steps, timeout_s=timeout_s, grace_s=grace_s)
+        argv, env = trial_command(resumed, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids,
+                                  cpus=cpus)
+        verl = runs_verl(trainer)
+        failure = run_attempt(argv, env, attempt_dir(trial_dir, attempt), steps, timeout_s=timeout_s, grace_s=grace_s,
+                              isolate=verl and own_ray(argv), startup_gpus=(gpu_ids or []) if verl else [])
         if failure is None:
             steps.finish()
             return
@@ -253,77 +276,3 @@ def _report_with_step_checkpoint(metrics: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "step.json").write_text(json.dumps({"step": metrics["step"]}))
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
-
-
-#: The trial attempts running in this process (a Tune trial actor runs one at a time): (handle, grace_s).
-_RUNNING: dict[int, tuple[supervisor.Supervised, float]] = {}
-_RUNNING_LOCK = threading.Lock()
-
-
-def stop_running_trials() -> None:
-    """End the process tree of every trial attempt running in this process, and wait until each is gone.
-
-    For the trial actor's ``cleanup`` (:class:`klsweep.orchestrate.trainable.EndsWithItsProcess`). Tune frees a
-    stopped trial's resources (its GPUs) when the actor's ``stop`` returns. Ray's function trainable does not wait
-    for the trial's function there (``FunctionTrainable.cleanup``: ``session.finish(timeout=0)``). Without this, the
-    next trial could start on GPUs the stopped trial's verl still holds. Waits up to the longest ``grace_s`` + 7 s.
-    """
-    with _RUNNING_LOCK:
-        running = list(_RUNNING.values())
-    for handle, _ in running:
-        handle.stop()
-    deadline = time.monotonic() + max((grace_s for _, grace_s in running), default=0.0) + 7.0
-    while any(handle.exit_record() is None for handle, _ in running) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _run_attempt(
-    argv: list[str],
-    env: dict[str, str],
-    run_dir: Path,
-    steps: StepReports,
-    *,
-    timeout_s: float | None,
-    grace_s: float,
-) -> Failure | None:
-    """One start of the trial's process: tail its metrics until it ends; its failure, or None."""
-    run_dir.mkdir(parents=True)
-    handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
-    with _RUNNING_LOCK:
-        _RUNNING[id(handle)] = (handle, grace_s)
-    metrics = MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))
-    watch = DirectoryWatch(run_dir, (metrics.path.name, "exit.json"))  # what was written before: the first read
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    timed_out = False
-    try:
-        while True:
-            record = handle.exit_record()
-            for step, data in metrics.read_new():
-                steps.line(step, data)
-            if record is not None:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                record = handle.stop(wait_s=grace_s + 5.0)
-                break
-            watch.wait(TAIL_POLL_S)
-    finally:
-        watch.close()
-        try:
-            if handle.exit_record() is None:
-                handle.stop(wait_s=grace_s + 2.0)
-        finally:
-            with _RUNNING_LOCK:
-                _RUNNING.pop(id(handle), None)
-    returncode = record["returncode"] if record else None
-    stderr_path = run_dir / "stderr.log"
-    stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-    if timed_out:
-        return Failure("timeout", returncode, f"timed out after {timeout_s:g} s: the process ran past its time limit "
-                       "(budget.trial_timeout_s) and its whole tree was stopped", stderr[-TAIL_CHARS:])
-    if returncode == 0:
-        if metrics.lines == 0:
-            return Failure("error", 0, f"the process exited 0 but wrote no metrics to {metrics.path}")
-        return None
-    return classify(returncode, stderr)
-
