@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from ray import tune
 from ray.tune import Callback
-from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.schedulers import TrialScheduler
 from ray.tune.stopper import CombinedStopper, Stopper
 
 from klsweep.analysis.sweep_dir import storage_from_url
 from klsweep.health import HealthStopper, load_ruleset
+from klsweep.orchestrate.asha import HealthAwareASHA
 from klsweep.orchestrate.confirm_search import ConfirmSearch
 from klsweep.orchestrate.live_trials_csv import TrialsCsv
 from klsweep.orchestrate.objective_stop import ObjectiveStopper
@@ -47,7 +48,7 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
     objective = sweep.objectives[0]
     scheduler: TrialScheduler | None = None
     if sweep.scheduler.type == "asha" and confirm is None:  # a confirmation run is measured to the end, not raced
-        scheduler = ASHAScheduler(
+        scheduler = HealthAwareASHA(
             time_attr="training_iteration", metric=objective.metric, mode=objective.mode,
             max_t=sweep.budget.max_steps, grace_period=sweep.scheduler.grace_period,
             reduction_factor=sweep.scheduler.reduction_factor,
