@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from klsweep.health import HealthEngine, load_ruleset
+from klsweep.health.readers import read_trace
+
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 KL_LOSS = {"actor_rollout_ref.actor.use_kl_loss": True}
 
@@ -140,11 +143,25 @@ def test_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
 
 
 def test_score_max_zero_is_no_signal_and_a_recovery_resets_the_streak():
-    zero = {"critic/score/max": 0.0, "critic/score/min": 0.0, "critic/advantages/max": 0.5}
-    stream = [(1, _healthy(1, **zero)), (2, _healthy(2)), (3, _healthy(3, **zero)), (4, _healthy(4, **zero))]
+    zero = {"critic/score/max": 0.0, "critic/score/min": 0.0}
+    no_advantages = {k: v for k, v in _healthy(0).items() if not k.startswith("critic/advantages")}
+    stream = [(s, {**no_advantages, **(zero if s != 2 else {})}) for s in range(1, 5)]
     _, v = _feed(stream, KL_LOSS)
     assert [x.stop for x in v] == [False, False, False, True]
     assert v[-1].reason.kind == "no_signal" and "every score is 0" in v[-1].reason.message
+
+
+def test_batches_scoring_zero_with_nonzero_advantages_still_train():
+    """verl's 0.5B PPO baseline (tests/data/traces/ppo_qwen05b_gsm8k_resp256.log.gz) scores 0 on every response at
+    steps 11 and 12 while its critic's advantages span -4.1..28.3: the policy gradient is not 0."""
+    trace = read_trace(TRACES / "ppo_qwen05b_gsm8k_resp256.log.gz")
+    rows = dict(trace.reports)
+    assert rows[11]["critic/score/max"] == rows[12]["critic/score/max"] == 0.0
+    assert rows[12]["critic/advantages/max"] == 28.293
+    engine = HealthEngine(load_ruleset("default"), rounded=True)
+    for step, metrics in trace.reports:
+        engine.update(step, metrics)
+    assert "builtin.no_signal" not in engine.summary()["fired"]
 
 
 # ---- the model never updates (ms-swift#5890) -----------------------------------------------------------------------

@@ -127,8 +127,9 @@ def test_an_all_null_log_says_its_metrics_were_logged_non_finite_not_never_logge
     assert why["entropy_collapse"] == f"entropy: actor/entropy {every}: no value to judge"
     assert why["builtin.kl_explosion"] == f"actor/kl_loss {every}: no value to judge"
     assert why["builtin.no_signal"].startswith("logged, but never finite (looked for critic/advantages/max")
-    # only the metrics the log lacks (validation, critic/rewards/mean) are "never logged"
-    assert {name for name, text in why.items() if "never logged" in text} == {"reward_hacking", "reward_variance"}
+    # only the metrics the log lacks (validation, critic/rewards/mean, response_length/clip_ratio) are "never logged"
+    assert {name for name, text in why.items() if "never logged" in text} == {
+        "reward_hacking", "reward_variance", "truncation_high"}
     _, out = _check(capsys, log)
     assert "rounded" not in out.splitlines()[0]
 

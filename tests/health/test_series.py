@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from klsweep.health import HealthConfig
 from tests.health.test_engine import _rules, _run
 
 
@@ -60,3 +62,38 @@ def test_a_slope_over_steps_beyond_the_float_range_is_not_a_number():
     reports = [(None, {"m": 0.0}), (None, {"m": 0.0}), (1.3407807929942597e154, {"m": 0.0})]
     engine, verdicts = _run(_rules(rule), reports)
     assert not verdicts[-1].events and engine.summary()["verdict"] == "healthy"
+
+
+def test_ratios_to_the_runs_own_history_match_numpy():
+    rng = np.random.default_rng(1)
+    xs = rng.uniform(0.5, 1.5, size=40)
+    steps = np.arange(1, 41) * 2  # a report every 2 steps
+    rules = [
+        {"name": "early", "metric": "m", "stat": "ratio_to_early", "early": 10, "above": -1e9, "action": "advise"},
+        {"name": "early_mean", "metric": "m", "stat": "ratio_to_early", "early": 10, "window": 6, "above": -1e9,
+         "action": "advise"},
+        {"name": "median", "metric": "m", "stat": "ratio_to_median", "window": 20, "above": -1e9, "action": "advise"},
+    ]
+    _, verdicts = _run(_rules(*rules), [(int(s), {"m": float(x)}) for s, x in zip(steps, xs, strict=True)])
+    i = 30  # step 62
+    got = {e.rule: next(iter(e.values.values())) for e in verdicts[i].events}
+    early = np.median(xs[:5])  # the first 10 steps from step 2: steps 2-10
+    assert got["early"] == pytest.approx(xs[i] / early, rel=1e-12)
+    # 6 steps ending at step 62 start at step 57, covered from the report at step 56: 4 reports
+    assert got["early_mean"] == pytest.approx(xs[i - 3 : i + 1].mean() / early, rel=1e-12)
+    # 20 steps ending at 62 start at 43, covered from the report at 42: 11 reports
+    assert got["median"] == pytest.approx(xs[i] / np.median(xs[i - 10 : i + 1]), rel=1e-12)
+    # ratio_to_early is judged once the run has passed its first 10 steps (steps 2-11): from the report at step 12
+    assert "early" not in {e.rule for e in verdicts[4].events} and "early" in {e.rule for e in verdicts[5].events}
+
+
+def test_a_ratio_to_a_median_of_zero_is_not_judged():
+    rule = {"name": "r", "metric": "m", "stat": "ratio_to_early", "early": 3, "above": 2.0, "action": "stop"}
+    _, verdicts = _run(_rules(rule), [(s, {"m": 0.0 if s <= 3 else 5.0}) for s in range(1, 10)])
+    assert not any(v.stop for v in verdicts)
+
+
+def test_ratio_to_median_without_a_window_is_refused_with_the_fix():
+    with pytest.raises(ValidationError, match="ratio_to_median needs 'window'.*window: 50"):
+        HealthConfig(preset="none", rules=[{"name": "r", "metric": "m", "stat": "ratio_to_median", "above": 2,
+                                            "action": "stop"}])

@@ -8,7 +8,8 @@
   score, ...) NaN/inf → warn, never stop. A ``null`` in verl's file-logger jsonl is one. The rules reading it skip
   that report, so without this finding a run whose score went NaN would look healthy. The coverage lines of those
   rules count such reports as non-finite, not as missing.
-- ``builtin.no_signal``: every advantage 0, or every score 0 → stop as no_signal (rllm#54), not as divergence.
+- ``builtin.no_signal``: every advantage 0 (or, when no advantage is logged, every score 0) → stop as no_signal
+  (rllm#54), not as divergence. A batch scoring 0 with non-zero advantages (a critic's baseline) still trains.
   Every advantage is 0 when ``critic/advantages/max`` and ``/min`` are 0: verl whitens or group-normalises
   advantages to mean 0, so max == 0 means all 0.
 - ``builtin.no_update``: ``actor/grad_norm`` or ``actor/lr`` exactly 0 while the policy is flat → misconfigured:
@@ -210,7 +211,9 @@ class NoSignal(BuiltinCheck):
             return None
         self.judged = True
         adv_zero = bool(adv) and all(abs(v) < ZERO for v in adv.values())
-        score_zero = "critic/score/max" in score and all(abs(v) < ZERO for v in score.values())
+        # scores of 0 with non-zero advantages still move the policy (PPO's critic baseline, KL in the reward: verl's
+        # 0.5B PPO baseline has batches scoring 0 at steps 7, 11 and 12): the scores judge only without advantages
+        score_zero = not adv and "critic/score/max" in score and all(abs(v) < ZERO for v in score.values())
         held = self.streak.update(step, adv_zero or score_zero)
         if held < self.steps:
             return None

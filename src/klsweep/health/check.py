@@ -199,6 +199,11 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
         f"judged by {s['judged']} of {s['total']} rules and built-in checks "
         f"({s['stop_judged']} of the {s['stop_total']} that can stop a run)"
     )
+    sets = s.get("validation") or {}
+    if sets:
+        judged = "; ".join(f"{key} (first {v['first']:.4g}, best {v['best']:.4g}, last {v['last']:.4g})"
+                           for key, v in sets.items())
+        lines.append(f"validation judged: {judged}")
     warned = [name for name, fired in s["fired"].items() if fired["action"] == "warn"]
     if s["verdict"] == "stopped":
         lines.append(f"verdict: STOPPED: {s['stop_reason']}")

@@ -2,8 +2,8 @@
 
 ``window`` is in training steps, not reports. A window of W steps ending at step s reads every report from the last
 one at or before step s − W + 1. :mod:`klsweep.health.series` computes the statistics. The condition's ``stat`` picks
-its model: ``value``, a window statistic (``mean``/``std``/``var``/``min``/``max``/``slope``), ``drop_from_max`` or
-``ratio_to_first``.
+its model: ``value``, a window statistic (``mean``/``std``/``var``/``min``/``max``/``slope``), ``drop_from_max``,
+``ratio_to_first``, or a scale-free ratio to the run's own history (``ratio_to_early``, ``ratio_to_median``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 WINDOW_STATS = ("mean", "std", "var", "min", "max", "slope")
-STATS = ("value", *WINDOW_STATS, "drop_from_max", "ratio_to_first")
+RELATIVE_STATS = ("ratio_to_early", "ratio_to_median")
+STATS = ("value", *WINDOW_STATS, "drop_from_max", "ratio_to_first", *RELATIVE_STATS)
 
 _MODEL = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,6 +95,40 @@ class RatioCondition(_Condition):
         return f"ratio_to_first({self.metric})"
 
 
+class RelativeCondition(_Condition):
+    """The metric against the run's own history: a bound that means the same on a 0.5B and a 70B model.
+
+    - ``ratio_to_early``: the value (or its mean over the last ``window`` steps, when given) divided by the median of
+      the reports in the run's first ``early`` steps. Judged once the run has passed those steps.
+    - ``ratio_to_median``: the value divided by the median of the reports of the last ``window`` steps (this one
+      included). A jump shows while the window still holds more reports from before it than after.
+
+    Undefined (never above or below a bound) while the reference median is not positive.
+    """
+
+    stat: Literal["ratio_to_early", "ratio_to_median"]
+    early: int = Field(20, ge=1, description="ratio_to_early: the run's first steps whose median is the reference")
+    window: int | None = Field(
+        None, ge=2, description="ratio_to_median: the steps of the median (required); ratio_to_early: the steps the "
+        "value is averaged over (default: the report's own value)",
+    )
+
+    @model_validator(mode="after")
+    def _median_window(self):
+        if self.stat == "ratio_to_median" and self.window is None:
+            raise ValueError(
+                f"condition on {self.metric!r}: ratio_to_median needs 'window' (the steps whose median the value is "
+                "compared with), e.g. window: 50"
+            )
+        return self
+
+    def label(self) -> str:
+        if self.stat == "ratio_to_median":
+            return f"ratio_to_median{self.window}({self.metric})"
+        mean = f"mean{self.window} " if self.window else ""
+        return f"ratio_to_early{self.early}({mean}{self.metric})"
+
+
 def _condition_tag(data: Any) -> str | None:
     stat = data.get("stat", "value") if isinstance(data, Mapping) else getattr(data, "stat", None)
     if stat == "value":
@@ -102,6 +137,8 @@ def _condition_tag(data: Any) -> str | None:
         return "window"
     if stat in ("drop_from_max", "ratio_to_first"):
         return stat
+    if stat in RELATIVE_STATS:
+        return "relative"
     return None
 
 
@@ -109,7 +146,8 @@ Condition = Annotated[
     Annotated[ValueCondition, Tag("value")]
     | Annotated[WindowCondition, Tag("window")]
     | Annotated[DropCondition, Tag("drop_from_max")]
-    | Annotated[RatioCondition, Tag("ratio_to_first")],
+    | Annotated[RatioCondition, Tag("ratio_to_first")]
+    | Annotated[RelativeCondition, Tag("relative")],
     Discriminator(
         _condition_tag,
         custom_error_type="invalid_stat",
@@ -118,4 +156,4 @@ Condition = Annotated[
 ]
 
 #: The keys of a condition written inline in a rule (``metric: ...``).
-CONDITION_KEYS = ("metric", "stat", "window", "peak_above", "above", "below")
+CONDITION_KEYS = ("metric", "stat", "window", "peak_above", "early", "above", "below")

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from klsweep.health.builtin import builtin_checks
+from klsweep.health.coef import KlCoefJump
 from klsweep.health.rules import Rule, RuleSet
 from klsweep.health.series import Series, statistic
 from klsweep.health.signals import Signals, TokenScale
 from klsweep.health.streak import Streak, steps_text
+from klsweep.health.validation import combine, validation_sets
 from klsweep.health.verdict import Event, StopReason, Verdict
 from klsweep.verl.metrics import VAL_SCORE, KlSetup
 
@@ -37,14 +39,15 @@ class _RuleState:
 
     rule: Rule
     describe: str
-    conditions: tuple[tuple[Any, tuple[str, str, int | None, float]], ...]  # (condition, statistic cache key)
+    conditions: tuple[tuple[Any, tuple[str, str, int | None, float, int]], ...]  # (condition, statistic cache key)
     streak: Streak
     judged: bool = False
 
     @classmethod
     def of(cls, rule: Rule) -> _RuleState:
         conditions = tuple(
-            (c, (c.metric, c.stat, getattr(c, "window", None), getattr(c, "peak_above", 0.0))) for c in rule.conditions
+            (c, (c.metric, c.stat, getattr(c, "window", None), getattr(c, "peak_above", 0.0), getattr(c, "early", 0)))
+            for c in rule.conditions
         )
         return cls(rule, rule.describe(), conditions, Streak(rule.after))
 
@@ -68,9 +71,14 @@ class HealthEngine:
         self._signals = Signals(self.setup, [*names, "ref_kl", "kl_coef", "entropy", *_BEST_SIGNALS], self.scale)
         self._series: dict[str, Series] = {}
         for name in self._signals.names:
-            self._series[name] = Series(_window_need(ruleset.rules, name))
+            self._series[name] = Series(_window_need(ruleset.rules, name), _early_need(ruleset.rules, name))
         self._builtins = builtin_checks(ruleset.builtin, self._signals, rounded)
+        self._coef_jump = KlCoefJump(run_config, rounded)
         self._states = [_RuleState.of(rule) for rule in ruleset.rules]
+        self._validation = ruleset.validation
+        self._val_need = (_window_need(ruleset.rules, VAL_SCORE), _early_need(ruleset.rules, VAL_SCORE))
+        self._val_keys: dict[str, None] = {}  # every validation key seen, in order
+        self._set_states: dict[str, dict[str, _RuleState]] = {}  # rule name -> validation key -> its state
         self._fired: dict[str, dict[str, Any]] = {}  # rule or check -> action, kind, count, first/last step
         self._reason: StopReason | None = None
         self._warned = False
@@ -98,8 +106,13 @@ class HealthEngine:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             metrics = {}
         values = self._signals.read(metrics, step)
+        for key, value in validation_sets(metrics, self._validation).items():
+            if key not in self._val_keys:
+                self._val_keys[key] = None
+                self._series[key] = Series(*self._val_need)
+            values[key] = (key, value)
         for name, series in self._series.items():
-            hit = values[name]
+            hit = values.get(name)
             series.fresh = False
             if hit is not None and math.isfinite(hit[1]):
                 series.push(step, hit[1])
@@ -109,10 +122,16 @@ class HealthEngine:
             event = check.check(step, metrics, values)
             if event is not None:
                 events.append(event)
-        stats: dict[tuple[str, str, int | None, float], tuple[float, int] | None] = {}
+        jump = self._coef_jump.check(step, metrics, values)
+        if jump is not None:
+            events.append(jump)
+        stats: dict[tuple[str, str, int | None, float, int], tuple[float, int] | None] = {}
         for state in self._states:
             if step > state.rule.after:
-                event = self._judge(state, step, values, stats)
+                if (self._val_keys or self._validation) and VAL_SCORE in state.rule.metrics:
+                    event = self._judge_sets(state, step, values, stats)
+                else:
+                    event = self._judge(state, step, values, stats)
                 if event is not None:
                     events.append(event)
             else:
@@ -134,14 +153,16 @@ class HealthEngine:
         need_all = rule.match == "all"
         judged = true = uncovered = 0
         for condition, cache_key in state.conditions:
-            series = self._series[condition.metric]
+            series = self._series.get(condition.metric)
+            if series is None:
+                return None
             if not series.fresh:  # absent from this report: neither counts towards `for` nor resets it
                 if need_all:
                     return None
                 continue
             stat = stats.get(cache_key, _UNSET)
             if stat is _UNSET:
-                stat = stats[cache_key] = statistic(*cache_key[1:], series)
+                stat = stats[cache_key] = statistic(*cache_key[1:4], series, early=cache_key[4])
             if stat is None:  # a window whose steps are not covered yet
                 uncovered += 1
                 if need_all:
@@ -174,6 +195,25 @@ class HealthEngine:
             message=f"{bounds} over {steps_text(first, step)} ({state.describe})",
             action=rule.action,
         )
+
+    def _judge_sets(self, state: _RuleState, step: int, values, stats) -> Event | None:
+        """A rule on ``val_score``, judged on each validation set (:mod:`klsweep.health.validation`)."""
+        states = self._set_states.setdefault(state.rule.name, {})
+        fired: dict[str, Event] = {}
+        for key in self._val_keys:
+            sub = states.get(key)
+            if sub is None:
+                conditions = tuple(c.model_copy(update={"metric": key}) if c.metric == VAL_SCORE else c
+                                   for c in state.rule.conditions)
+                sub = states[key] = _RuleState.of(state.rule.model_copy(update={"conditions": conditions}))
+                sub.describe = state.describe  # the rule as written (val_score); the values name the key
+            event = self._judge(sub, step, values, stats)
+            state.judged = state.judged or sub.judged
+            if event is not None:
+                fired[key] = event
+        reporting = [k for k in self._val_keys if self._series[k].fresh]
+        others = {k: (self._series[k].values[-1], self._series[k].run_max) for k in reporting if k not in fired}
+        return combine(state.rule.action, fired, reporting, others)
 
     def _record(self, event: Event) -> None:
         fired = self._fired.get(event.rule)
@@ -222,6 +262,9 @@ class HealthEngine:
         return out
 
     def _why_not_judged(self, rule: Rule) -> str:
+        if self._validation and VAL_SCORE in rule.metrics and not self._val_keys:
+            return (f"health.validation is {self._validation!r}, and the log never reported that key: name one of "
+                    "the run's val-core/<data_source>/.../mean@N keys")
         for condition in rule.conditions:
             series = self._series[condition.metric]
             if series.count == 0:
@@ -286,7 +329,18 @@ class HealthEngine:
             "not_applicable": self.not_applicable(),
             "judges": {**{c.name: c.action for c in self._builtins}, **{r.name: r.action for r in self.ruleset.rules}},
             "scale": {k: self.scale.describe(k) for k in SCALED} if self.scale.summed else {},
+            "validation": self.validation(),
         }
+
+    def validation(self) -> dict[str, dict[str, float]]:
+        """The validation sets the rules on ``val_score`` judged: ``{key: {"first", "best", "last"}}`` (values over
+        the reports read), in the order they first appeared."""
+        out = {}
+        for key in self._val_keys:
+            series = self._series[key]
+            if series.count and series.first is not None:
+                out[key] = {"first": series.first, "best": series.run_max, "last": series.values[-1]}
+        return out
 
 
 def _window_need(rules, name: str) -> int:
@@ -297,6 +351,13 @@ def _window_need(rules, name: str) -> int:
             if c.metric == name and getattr(c, "window", None):
                 need = max(need, c.window)
     return need
+
+
+def _early_need(rules, name: str) -> int:
+    """The longest ``early`` (steps) of any ``ratio_to_early`` condition on signal ``name``: the run's first steps
+    its series keeps."""
+    return max((c.early for r in rules for c in r.conditions if c.metric == name and c.stat == "ratio_to_early"),
+               default=0)
 
 
 def _as_step(step: Any, position: int) -> int:

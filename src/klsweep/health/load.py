@@ -60,7 +60,8 @@ def _from_config(config: HealthConfig, name: str | None = None) -> RuleSet:
     if config.builtin:
         builtin = BuiltinConfig.model_validate({**builtin.model_dump(), **config.builtin})
     label = name or (config.preset + ("+custom" if config.rules or config.builtin else ""))
-    return RuleSet(name=label, rules=tuple(rules), builtin=builtin, description=description)
+    return RuleSet(name=label, rules=tuple(rules), builtin=builtin, description=description,
+                   validation=config.validation)
 
 
 def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | None = None) -> RuleSet:
@@ -95,7 +96,8 @@ def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | No
             data = yaml.load(path.read_text(), Loader=_LOADER)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise SweepFileError([f"{path}: cannot read YAML rules: {e}"]) from None
-        if isinstance(data, Mapping) and "health" in data and not {"preset", "rules", "builtin"} & set(data):
+        own = {"preset", "rules", "builtin", "validation"}
+        if isinstance(data, Mapping) and "health" in data and not own & set(data):
             data = data["health"]  # a sweep file, or a file holding only its health: field
         try:
             return _from_config(HealthConfig.model_validate(data), name=path.name)

@@ -21,6 +21,7 @@ also wrapped (``np.float32(nan)``, ``tensor(nan)``). An empty CSV cell is "not l
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -88,7 +89,7 @@ def read_trace(path: str | Path, run: str | None = None, full_config: FullConfig
     """Read a training log.
 
     Args:
-        path: the log (formats in the module docstring).
+        path: the log (formats in the module docstring); ``.gz``: gzip-compressed, read as the file inside.
         run: the run to read from a W&B export holding several (``"<run> - <metric>"`` headers); None reads a log of
             one run.
         full_config: completes the log's own config (a Tune log's holds only the searched parameters): called with
@@ -101,11 +102,15 @@ def read_trace(path: str | Path, run: str | None = None, full_config: FullConfig
     """
     path = Path(path)
     try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        raise TraceReadError(f"cannot read trace {path}: {e.strerror or e}") from None
+        if path.suffix.lower() == ".gz":
+            with gzip.open(path, "rt", errors="replace") as f:
+                text = f.read()
+        else:
+            text = path.read_text(errors="replace")
+    except (OSError, EOFError) as e:
+        raise TraceReadError(f"cannot read trace {path}: {getattr(e, 'strerror', None) or e}") from None
     first = text.lstrip()[:1]
-    if path.suffix.lower() == ".csv":
+    if path.name.lower().removesuffix(".gz").endswith(".csv"):
         trace = _read_csv(path, text, run)
     else:
         if run is not None:

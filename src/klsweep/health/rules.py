@@ -254,6 +254,12 @@ class HealthConfig(BaseModel):
     rules: tuple[Rule, ...] = Field((), description="rules added to the preset (same name: replaces it)")
     builtin: dict[str, Any] = Field(default_factory=dict, description="overrides of BuiltinConfig fields")
     remedies: bool = Field(True, description="false: rules with a remedy stop their trial (kill-only)")
+    validation: str | None = Field(
+        None,
+        min_length=1,
+        description="the validation key the rules on val_score judge (e.g. val-core/openai/gsm8k/reward/mean@1); "
+        "default: every validation set, one key per data source, a dip on some sets only is a warning",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -313,9 +319,11 @@ class RuleSet:
         rules: the rules in evaluation order.
         builtin: settings of the built-in checks.
         description: one paragraph on what the rule set is for.
+        validation: the one validation key the rules on ``val_score`` judge, or None for every set.
     """
 
     name: str
     rules: tuple[Rule, ...]
     builtin: BuiltinConfig
     description: str = ""
+    validation: str | None = None

@@ -7,6 +7,7 @@ steps as a log of every step. Memory and work stay O(window) per report.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from itertools import islice
 from operator import mul
@@ -14,16 +15,18 @@ from operator import mul
 
 class Series:
     """The finite values of one signal: enough recent (step, value) pairs to cover ``span`` steps, the first value
-    and step, and the run max.
+    and step, the run max, and the values of the run's first ``early`` steps.
 
-    Memory and work stay O(window): :meth:`push` drops the oldest pair once the next one also covers the span.
+    Memory and work stay O(window + early): :meth:`push` drops the oldest pair once the next one also covers the span.
     A step lower than the last one (a log that restarts its count) starts the window afresh.
     """
 
-    __slots__ = ("span", "steps", "values", "first", "first_step", "run_max", "count", "fresh")
+    __slots__ = ("span", "steps", "values", "first", "first_step", "run_max", "count", "fresh", "early", "early_values")
 
-    def __init__(self, span: int):
+    def __init__(self, span: int, early: int = 0):
         self.span = span
+        self.early = early
+        self.early_values: list[float] = []  # the values of steps first_step .. first_step + early - 1
         self.steps: deque[int] = deque()
         self.values: deque[float] = deque()
         self.first: float | None = None
@@ -44,6 +47,8 @@ class Series:
             self.values.popleft()
         if self.first is None:
             self.first, self.first_step = value, step
+        if step < self.first_step + self.early:
+            self.early_values.append(value)
         if value > self.run_max:
             self.run_max = value
         self.count += 1
@@ -61,11 +66,14 @@ class Series:
         return None
 
 
-def statistic(stat: str, window: int | None, peak_above: float, series: Series) -> tuple[float, int] | None:
+def statistic(
+    stat: str, window: int | None, peak_above: float, series: Series, early: int = 0
+) -> tuple[float, int] | None:
     """A condition's statistic over ``series`` and the first step it read; ``series`` holds this report's value.
 
-    None while undefined: a window whose steps are not covered yet, or ``drop_from_max`` while the maximum is at or
-    below ``peak_above``.
+    None while undefined: a window whose steps are not covered yet, ``drop_from_max`` while the maximum is at or
+    below ``peak_above``, ``ratio_to_early`` before the run has passed its first ``early`` steps, or a ratio whose
+    reference median is not positive.
 
     Windows are in training steps (:meth:`Series.window`): every report from the last one at or before the window's
     first step. Window statistics weigh each report equally and use exactly rounded sums (``math.fsum``).
@@ -79,7 +87,22 @@ def statistic(stat: str, window: int | None, peak_above: float, series: Series) 
         return value, step
     if stat == "ratio_to_first":
         return (value / series.first, series.first_step) if series.first else None
+    if stat == "ratio_to_early":
+        if step < series.first_step + early or not series.early_values:
+            return None
+        reference = statistics.median(series.early_values)
+        if window is not None:
+            start = series.window(window)
+            if start is None:
+                return None
+            value = math.fsum(islice(series.values, start, None)) / (len(series.values) - start)
+        return (value / reference, series.first_step) if reference > 0 else None
     start = None if window is None else series.window(window)
+    if stat == "ratio_to_median":
+        if start is None:
+            return None
+        reference = statistics.median(islice(series.values, start, None))
+        return (value / reference, series.steps[start]) if reference > 0 else None
     if stat == "drop_from_max":
         if window is None:
             peak, first = series.run_max, series.first_step

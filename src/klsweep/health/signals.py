@@ -68,10 +68,19 @@ DERIVED = ("ref_kl", "kl_coef", "kl_loss_share", VAL_SCORE)
 _VAL_PREFIXES = ("val-core/", "val/test_score/", "test_score/")
 
 
+#: Non-finite values as strings: JSON has no NaN, so some writers spell it ``"nan"`` (Python's ``str(float)``,
+#: pandas' ``to_json`` of object columns) or ``"NaN"``/``"Infinity"`` (JavaScript's spelling).
+NONFINITE_STRINGS = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "inf": math.inf, "+inf": math.inf,
+                     "-inf": -math.inf, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
+
+
 def number(value: Any) -> float | None:
-    """A report value as a float (NaN and ±inf kept); None for absent, bool, str, None or anything non-numeric."""
+    """A report value as a float (NaN and ±inf kept, also when written as a string: ``"nan"``, ``"NaN"``, ``"inf"``,
+    ``"-Infinity"``, any case); None for absent, bool, any other str, None or anything non-numeric."""
     if type(value) is float or isinstance(value, float):
         return value
+    if isinstance(value, str):
+        return NONFINITE_STRINGS.get(value.strip().lower())
     if isinstance(value, bool) or not isinstance(value, Real):
         return None
     try:

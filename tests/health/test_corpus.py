@@ -1,0 +1,89 @@
+"""The verdict corpus (tests/data/verdicts/corpus.yaml): real public verl runs judged by the shipped presets.
+
+Every healthy run is left alone by ``default``, ``conservative`` and ``aggressive``; every failure is stopped in its
+window (after ``not_before``, by ``by``) with its kind, by ``default`` and ``conservative``."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from klsweep.health import HealthEngine, load_ruleset
+from klsweep.health.readers import read_trace
+from klsweep.health.signals import first_present
+from klsweep.verl.metrics import ALIASES
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CORPUS = yaml.safe_load((DATA / "verdicts" / "corpus.yaml").read_text())["runs"]
+FIELDS = {"id", "file", "source", "group", "model", "scale_b", "algorithm", "task", "verdict", "why"}
+
+
+@functools.cache
+def _trace(file: str):
+    return read_trace(DATA / file)
+
+
+def _summary(entry, preset):
+    trace = _trace(entry["file"])
+    engine = HealthEngine(load_ruleset(preset), trace.config, rounded=trace.rounded)
+    for step, metrics in trace.reports:
+        engine.update(step, metrics)
+    return engine.summary()
+
+
+def test_every_run_names_its_source_and_verdict():
+    assert len({e["id"] for e in CORPUS}) == len(CORPUS)
+    for entry in CORPUS:
+        assert FIELDS <= set(entry), entry["id"]
+        assert (DATA / entry["file"]).is_file(), entry["file"]
+        assert entry["verdict"] in ("healthy", "stop")
+        if entry["verdict"] == "stop":
+            assert entry["kind"] and entry["not_before"] <= entry["by"], entry["id"]
+
+
+@pytest.mark.parametrize("preset", ["default", "conservative", "aggressive"])
+@pytest.mark.parametrize("entry", [e for e in CORPUS if e["verdict"] == "healthy"], ids=lambda e: e["id"])
+def test_healthy_real_runs_are_not_stopped(entry, preset):
+    summary = _summary(entry, preset)
+    assert summary["verdict"] != "stopped", summary["stop_reason"]
+
+
+@pytest.mark.parametrize("preset", ["default", "conservative"])
+@pytest.mark.parametrize("entry", [e for e in CORPUS if e["verdict"] == "stop"], ids=lambda e: e["id"])
+def test_real_failures_are_stopped_in_their_window_with_their_kind(entry, preset):
+    summary = _summary(entry, preset)
+    assert entry["not_before"] <= summary["stop_step"] <= entry["by"], summary["stop_reason"]
+    assert summary["stop_kind"] == entry["kind"]
+
+
+def test_the_gpg_length_blowup_is_stopped_for_its_length_not_at_the_math_dip():
+    """verl's GPG baseline on Qwen2-7B: response length triples from step 156 with a third to half of the responses
+    at the 1024-token cap; the MATH validation dips once at step 115 and recovers."""
+    entry = next(e for e in CORPUS if e["id"] == "gpg_qwen2_7b_math_length_blowup")
+    rows = dict(_trace(entry["file"]).reports)
+    before = statistics.median(rows[s]["response_length/mean"] for s in range(106, 156))
+    assert rows[165]["response_length/mean"] / before > 2.5
+    assert max(rows[s]["response_length/clip_ratio"] for s in range(21, 156)) < 0.02
+    assert min(rows[s]["response_length/clip_ratio"] for s in range(165, 211)) > 0.3
+    for preset in ("default", "conservative", "aggressive"):
+        summary = _summary(entry, preset)
+        assert summary["reason"]["rule"] == "length_blowup" and 156 <= summary["stop_step"] <= 171, preset
+        assert "response_length/mean" in summary["stop_reason"] and "response_length/clip_ratio" in summary[
+            "stop_reason"]
+        assert summary["fired"].get("reward_hacking", {}).get("action") in (None, "warn")
+
+
+def test_7b_entropy_far_below_its_start_with_validation_rising_is_not_stopped():
+    """The GRPO reference (Qwen2-7B) and the GPG Megatron run end at a fifth of their starting entropy while
+    validation holds near its best: absolute entropy floors stopped such runs; the scale-free rules do not."""
+    for run_id in ("grpo_qwen2_7b_gsm8k", "gpg_qwen2_7b_megatron_gsm8k"):
+        entry = next(e for e in CORPUS if e["id"] == run_id)
+        reports = _trace(entry["file"]).reports
+        entropy = [hit[1] for _, m in reports if (hit := first_present(m, ALIASES["entropy"]))]
+        assert entropy[-1] / statistics.median(entropy[:20]) < 0.3
+        summary = _summary(entry, "conservative")
+        assert summary["verdict"] != "stopped"
