@@ -113,3 +113,26 @@ def test_verls_default_clip_ratio_c_is_the_one_not_rerun():
     from klsweep.verl.numerics import VERL_CLIP_RATIO_C
 
     assert OmegaConf.select(compose({}), A + "actor.clip_ratio_c") == VERL_CLIP_RATIO_C
+
+
+@pytest.mark.parametrize("kl_ctrl", [
+    {"type": "adaptive", "kl_coef": 0.002, "target_kl": 0.03, "horizon": 5000},
+    {"type": "adaptive", "kl_coef": 0.1, "target_kl": 0.5, "horizon": 300},
+    {"type": "fixed", "kl_coef": 0.05},
+])
+def test_the_controller_run_from_verls_source_is_verls_controller(kl_ctrl):
+    """The check runs ``get_kl_controller`` from verl's file without importing verl: same coefficients as verl."""
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.core_algos import get_kl_controller
+
+    from klsweep.verl.numerics import verl_kl_controller_factory
+
+    ours, verls = (factory(SimpleNamespace(**kl_ctrl)) for factory in (verl_kl_controller_factory(), get_kl_controller))
+    assert type(ours).__name__ == type(verls).__name__
+    for current_kl in (0.0, 0.01, 0.03, 0.2, 3.0):
+        ours.update(current_kl=current_kl, n_steps=1024)
+        verls.update(current_kl=current_kl, n_steps=1024)
+        assert ours.value == verls.value
+    with pytest.raises(AssertionError, match="horizon"):
+        verl_kl_controller_factory()(SimpleNamespace(type="adaptive", kl_coef=1.0, target_kl=0.1, horizon=0))

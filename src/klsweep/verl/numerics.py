@@ -10,15 +10,22 @@ values. From ``verl.trainer.ppo.core_algos`` it runs ``get_kl_controller`` → `
 ``apply_kl_penalty`` (verl/trainer/ppo/ray_trainer.py) passes the batch's responses,
 ``data.train_batch_size × actor_rollout_ref.rollout.n``. It also runs both ends of the controller's clipped error
 (±0.2). OpenRLHF#1289 is the same fault in another trainer. verl is imported only when a trial uses one of these
-paths with a value other than verl's default (~8 s with torch).
+paths with a value other than verl's default (~8 s with torch); the adaptive controller's check runs
+verl's controller source alone (:func:`verl_kl_controller_factory`).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import math
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import numpy
 
 A = "actor_rollout_ref."
 
@@ -90,11 +97,34 @@ def _adaptive_controller(value: Callable[[str], Any]) -> list[tuple[str, str]]:
     return out
 
 
+@functools.cache
+def verl_kl_controller_factory() -> Callable[[Any], Any]:
+    """verl's ``core_algos.get_kl_controller``, run from the installed ``verl/trainer/ppo/core_algos.py``.
+
+    Only that function and the ``*KLController`` classes are executed, with numpy as their ``np``: importing
+    ``core_algos`` itself imports verl's package, torch, tensordict and transformers (~5 s).
+
+    Raises:
+        ImportError: verl is not installed, or its ``core_algos.py`` no longer defines them.
+    """
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("verl is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "trainer" / "ppo" / "core_algos.py"
+    tree = ast.parse(path.read_text(), str(path))
+    wanted: list[ast.stmt] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("KLController")
+              or isinstance(n, ast.FunctionDef) and n.name == "get_kl_controller"]
+    if len(wanted) < 3:
+        raise ImportError(f"{path} no longer defines get_kl_controller and its KL controllers")
+    namespace: dict[str, Any] = {"np": numpy}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["get_kl_controller"]
+
+
 def _factor(target: float, horizon: float, current_kl: float, n_steps: int) -> float:
     """What one ``update(current_kl, n_steps)`` of verl's own controller (built by ``get_kl_controller``) does to a
     coefficient of 1. Raises what verl raises: AssertionError (horizon <= 0), ZeroDivisionError (target_kl 0)."""
-    from verl.trainer.ppo.core_algos import get_kl_controller
-
+    get_kl_controller = verl_kl_controller_factory()
     controller = get_kl_controller(SimpleNamespace(type="adaptive", kl_coef=1.0, target_kl=target, horizon=horizon))
     controller.update(current_kl=current_kl, n_steps=n_steps)
     return float(controller.value)
