@@ -87,3 +87,36 @@ def test_7b_entropy_far_below_its_start_with_validation_rising_is_not_stopped():
         assert entropy[-1] / statistics.median(entropy[:20]) < 0.3
         summary = _summary(entry, "conservative")
         assert summary["verdict"] != "stopped"
+
+
+def _rising_entropy(score_falls: bool):
+    """verl's 7B PPO baseline (ppo_deepseek7b_gsm8k_megatron.jsonl) for its first 40 steps, then the shape of a
+    policy going random: entropy from 0.06 to 6 nats over 40 steps (x1.12 a step), the score either falling
+    0.85 -> 0.45 (never half its best within 20 steps: not a score collapse) or holding."""
+    entry = next(e for e in CORPUS if e["id"] == "ppo_deepseek7b_gsm8k_megatron")
+    rows = [(s, dict(m)) for s, m in _trace(entry["file"]).reports if s is not None and 1 <= s <= 40]
+    for k in range(1, 41):
+        metrics = dict(rows[-1][1])
+        metrics["actor/entropy_loss"] = round(min(6.0, 0.06 * 1.12 ** k), 3)
+        metrics["critic/score/mean"] = round(0.85 - 0.01 * k, 3) if score_falls else 0.85
+        rows.append((40 + k, metrics))
+    return rows
+
+
+def test_entropy_rising_while_the_score_falls_is_stopped_and_alone_is_a_warning():
+    stopped = HealthEngine(load_ruleset("default"), rounded=True)
+    for step, metrics in _rising_entropy(score_falls=True):
+        if stopped.update(step, metrics).stop:
+            break
+    reason = stopped.summary()["reason"]
+    assert reason["rule"] == "entropy_rise" and reason["kind"] == "diverged"
+    early = statistics.median(m["actor/entropy_loss"] for s, m in _rising_entropy(True) if 1 <= s <= 20)
+    ratio = reason["values"]["ratio_to_early20(mean10 actor/entropy_loss)"]
+    assert ratio > 3.0 and early == 0.141
+    assert reason["values"]["drop_from_max50(critic/score/mean)"] > 0.3
+    assert 41 < reason["step"] <= 80
+    warned = HealthEngine(load_ruleset("default"), rounded=True)
+    for step, metrics in _rising_entropy(score_falls=False):
+        warned.update(step, metrics)
+    summary = warned.summary()
+    assert summary["verdict"] == "warned" and summary["fired"]["entropy_high"]["action"] == "warn"

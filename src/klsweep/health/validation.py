@@ -1,9 +1,10 @@
 """Validation sets: which ``val-core/...`` keys a rule on ``val_score`` judges, and how their findings combine.
 
 verl logs one score per validation data source (``trainer/ppo/ray_trainer.py::_validate`` →
-``process_validation_metrics``: ``val-core/<data_source>/<reward key>/mean@N``). A run validated on GSM8K and MATH has two. Each set is judged on its
-own. A finding that every set reporting at that step shares keeps the rule's action. A finding on some sets only (a
-single-set dip the others do not share) is a warning, and its message says what the other sets did.
+``process_validation_metrics``: ``val-core/<data_source>/<reward key>/mean@N``). A run validated on GSM8K and MATH
+has two. Each set is judged on its own. A finding that every set reporting at that step shares keeps the rule's
+action. A finding on some sets only (a single-set dip the others do not share) is a warning, and its message says
+what the other sets did.
 
 ``health: {validation: KEY}`` judges one key only, the user's choice.
 """
