@@ -162,7 +162,7 @@ def test_micro_batch_larger_than_the_per_gpu_share(sweep_file):
           actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 4
         """
     )
-    sweep = load_sweep(path, ["trainer=verl", "budget.resources.gpu=4"])
+    sweep = load_sweep(path, ["trainer=verl", "budget.resources.gpu=4", "budget.resources.cpu=21"])
     with pytest.raises(PreflightError) as e:
         preflight_sweep(sweep)
     (batch,) = [line for line in str(e.value).splitlines() if "mini-batch per GPU" in line]

@@ -4,12 +4,17 @@ schema-valid sweep and verl's preflight together; and a non-finite number names 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from klsweep.errors import SweepFileError
 from klsweep.orchestrate.plan import validate
 from klsweep.spec.load import load_partial, load_sweep
+from klsweep.verl.config import config_dir
 
 
 def _validate(path) -> tuple[int, list[str]]:
@@ -83,3 +88,43 @@ def test_a_nan_bound_leaves_the_rest_of_the_file_checked(sweep_file):
     _, problems = load_partial(sweep_file("parameters:\n  kl_coef: {min: .nan, max: 0.1}\n"
                                           "  kl_loss_typ: {values: [kl, k4]}\n"))
     assert [p.split(": ")[1] for p in problems] == ["parameters.kl_coef.min", "parameters.kl_loss_typ"], problems
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "sweeps" / "verl_gsm8k_grpo.yaml"
+
+
+@pytest.mark.slow
+def test_the_example_verl_sweep_on_one_gpu_two_at_once_names_every_late_failure(tmp_path):
+    """sweeps/verl_gsm8k_grpo.yaml with 2 trials at once on 1 GPU, verl's own rollout defaults (read from its YAML)
+    in place of the example's, a 4-CPU budget, a ~ data path, a relative model folder and a 500-prompt training file:
+    one `sweep validate` run names each late failure, with its fix."""
+    rollout = yaml.safe_load(Path(config_dir(), "rollout", "rollout.yaml").read_text())
+    train = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": [f"q{i}" for i in range(500)]}), train)  # 500 // 256 = 1 step an epoch
+    r = "overrides.actor_rollout_ref.rollout."
+    cli = ["budget.resources.gpu=0.5", "budget.max_concurrent=2", "budget.resources.cpu=4",
+           f"{r}gpu_memory_utilization={rollout['gpu_memory_utilization']}",
+           f"{r}tensor_model_parallel_size={rollout['tensor_model_parallel_size']}",
+           f"overrides.data.train_files={train}", "overrides.data.val_files=~/data/gsm8k/test.parquet",
+           "overrides.actor_rollout_ref.model.path=./models/Qwen2.5-0.5B-Instruct"]
+    out = io.StringIO()
+    assert validate(str(EXAMPLE), cli, out=out) == 2
+    errors = [line for line in out.getvalue().splitlines() if line.startswith("  error: ")]
+    named = {
+        "vLLM memory": "gpu_memory_utilization is 0.5 and budget.resources.gpu is 0.5: up to 2 trials share one GPU",
+        "engine width": "so verl starts 1 // 2 = 0 vLLM servers",
+        "~ path": "data.val_files: the data file path ~/data/gsm8k/test.parquet starts with ~, which verl does not "
+                  "expand",
+        "relative path": "actor_rollout_ref.model.path: the model path ./models/Qwen2.5-0.5B-Instruct is relative",
+        "CPUs": "budget.resources.cpu is 4 but each verl trial's own Ray reserves 12 CPUs",
+        "epochs": "trainer.total_epochs=30 (verl's default) × 1 steps an epoch (500 rows of data.train_files // "
+                  "data.train_batch_size 256) = 30 steps, fewer than trainer.total_training_steps = "
+                  "budget.max_steps = 100",
+    }
+    for what, text in named.items():
+        assert sum(text in line for line in errors) == 1, (what, errors)
+    assert len(errors) == len(named), errors
+    fixes = ["Set actor_rollout_ref.rollout.gpu_memory_utilization: 0.4 in overrides",
+             "Set actor_rollout_ref.rollout.tensor_model_parallel_size: 1 in overrides", "Write the absolute path",
+             "Set budget.resources.cpu: 12", "Set trainer.total_epochs: 100 in overrides"]
+    assert all(any(fix in line for line in errors) for fix in fixes), errors

@@ -23,7 +23,7 @@ def _problems(path, *cli) -> list[str]:
 
 
 def test_verls_default_eight_gpus_per_node_against_one_reserved_gpu(sweep_file):
-    path = sweep_file("trainer: verl\nbudget: {trials: 2, resources: {cpu: 10, gpu: 1}}\n")
+    path = sweep_file("trainer: verl\nbudget: {trials: 2, resources: {cpu: 33, gpu: 1}}\n")
     (problem,) = _problems(path)
     assert problem.startswith(f"{path}:5: budget.resources.gpu: budget.resources.gpu is 1 but each verl trial uses "
                               "trainer.nnodes × trainer.n_gpus_per_node = 1 × 8 = 8 GPUs (n_gpus_per_node 8 is "
@@ -33,27 +33,31 @@ def test_verls_default_eight_gpus_per_node_against_one_reserved_gpu(sweep_file):
 
 
 def test_no_gpu_reserved_for_a_verl_trial(sweep_file):
-    (problem,) = _problems(sweep_file("trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 2\n"))
+    (problem,) = _problems(sweep_file("trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 2\n"),
+                           "budget.resources.cpu=15")
     assert "budget.resources.gpu is 0 but each verl trial uses" in problem and "1 × 2 = 2 GPUs" in problem
     assert "(n_gpus_per_node 2 is set in overrides)" in problem and "Set budget.resources.gpu: 2" in problem
 
 
 def test_more_gpus_reserved_than_verl_uses(sweep_file):
     path = sweep_file("trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 4\n")
-    (problem,) = _problems(path, "budget.resources.gpu=8")
+    (problem,) = _problems(path, "budget.resources.gpu=8", "budget.resources.cpu=21")
     assert "4 of the reserved GPUs would sit idle in every trial" in problem
 
 
 @pytest.mark.parametrize("gpus, per_node", [(1, 1), (4, 4), (0.5, 1), (8, None)])
 def test_matching_gpus_pass(sweep_file, gpus, per_node):
     text = "trainer: verl\n" + (f"overrides:\n  trainer.n_gpus_per_node: {per_node}\n" if per_node else "")
-    sweep = load_sweep(sweep_file(text), [f"budget.resources.gpu={gpus}"])
+    if gpus < 1:  # two trials on one GPU: their vLLM engines' shares fit (test_late_failures)
+        text += "  actor_rollout_ref.rollout.gpu_memory_utilization: 0.4\n"
+    cpus = 3 * (per_node or 8) + 9  # verl's own Ray: 3 per GPU + TransferQueue's 9
+    sweep = load_sweep(sweep_file(text), [f"budget.resources.gpu={gpus}", f"budget.resources.cpu={cpus}"])
     assert sweep.budget.resources.gpu == gpus
 
 
 def test_multi_node_trials_are_refused(sweep_file):
     path = sweep_file("trainer: verl\noverrides:\n  trainer.nnodes: 2\n  trainer.n_gpus_per_node: 8\n")
-    (problem,) = _problems(path, "budget.resources.gpu=16")
+    (problem,) = _problems(path, "budget.resources.gpu=16", "budget.resources.cpu=33")
     assert problem.startswith(f"{path}:6: overrides.trainer.nnodes: trainer.nnodes=2: klsweep runs each verl trial "
                               "as one process with its own local Ray on one node")
     assert "Set trainer.nnodes: 1" in problem
@@ -61,7 +65,7 @@ def test_multi_node_trials_are_refused(sweep_file):
 
 def test_gpu_count_is_not_a_hyperparameter(sweep_file):
     path = sweep_file("trainer: verl\nparameters:\n  trainer.n_gpus_per_node: {values: [1, 2]}\n")
-    (problem,) = _problems(path, "budget.resources.gpu=1")
+    (problem,) = _problems(path, "budget.resources.gpu=1", "budget.resources.cpu=12")
     assert "parameters.trainer.n_gpus_per_node: trainer.n_gpus_per_node is searched" in problem
 
 
@@ -71,13 +75,16 @@ def test_the_embedded_trainer_reserves_no_gpu(sweep_file):
 
 def test_gpu_smoke_sweep_validates():
     """benchmarks/gpu_smoke.yaml: one GPU per trial and verl's attention without flash-attn (klsweep[gpu] does not
-    install it), so `sweep validate` passes on any machine with the placeholders as they are."""
+    install it), the CPUs of verl's own Ray, so `sweep validate` passes on any machine with absolute paths in place
+    of the placeholders."""
     import io
 
     from klsweep.orchestrate.plan import validate
 
     out = io.StringIO()
-    assert validate(str(REPO / "benchmarks" / "gpu_smoke.yaml"), [], out=out) == 0, out.getvalue()
+    filled = [f"overrides.data.train_files={REPO}/data/train.parquet",  # as gpu_smoke.sh fills @DATA@ and @MODEL@
+              f"overrides.data.val_files={REPO}/data/test.parquet", f"overrides.actor_rollout_ref.model.path={REPO}/m"]
+    assert validate(str(REPO / "benchmarks" / "gpu_smoke.yaml"), filled, out=out) == 0, out.getvalue()
 
 
 TABLE = f"tabular={{table: {REPO / 'benchmarks/tabular/grpo_kl.jsonl.gz'}}}"
@@ -141,3 +148,59 @@ def test_a_live_training_setting_other_than_the_recorded_one_is_refused_and_an_i
     sweep = load_sweep(REPO / "sweeps/grpo_kl.yaml", ["trainer=tabular", _table("grpo_kl.jsonl.gz"), narrowed,
                                                      "name=other", "budget.max_steps=20"])
     assert sweep.name == "other" and sweep.budget.max_steps == 20
+
+
+def test_cpus_below_what_verls_own_ray_reserves(sweep_file):
+    """3 CPUs per GPU bundle (verl's ResourcePoolManager.max_colocate_count) + TransferQueue's controller and
+    storage units (transfer_queue.backend.SimpleStorage.num_data_storage_units, 8 by default), read here from verl's
+    YAML: 33 for an 8-GPU trial, 12 for one GPU."""
+    import yaml
+
+    from klsweep.verl.config import config_dir
+
+    units = yaml.safe_load((Path(config_dir()) / "transfer_queue" / "transfer_queue.yaml").read_text())["backend"][
+        "SimpleStorage"]["num_data_storage_units"]
+    assert units == 8
+    path = sweep_file("trainer: verl\n")
+    (problem,) = _problems(path, "budget.resources.gpu=8", "budget.resources.cpu=32")
+    assert problem.startswith(f"command line 'budget.resources.cpu=32': budget.resources.cpu: budget.resources.cpu "
+                              f"is 32 but each verl trial's own Ray reserves {3 * 8 + 1 + units} CPUs (3 per GPU × 8 "
+                              f"+ TransferQueue's controller and {units} storage units"), problem
+    assert "verl waits for its placement groups for ever, silently" in problem
+    assert problem.endswith("Set budget.resources.cpu: 33")
+    assert load_sweep(path, ["budget.resources.gpu=8", "budget.resources.cpu=33"]).budget.resources.cpu == 33
+    # fewer storage units need fewer CPUs; verl's own Ray given fewer CPUs than it reserves hangs too
+    fewer = "overrides:\n  transfer_queue.backend.SimpleStorage.num_data_storage_units: 2\n" \
+            "  trainer.n_gpus_per_node: 1\n  ray_kwargs.ray_init.num_cpus: 4\n"
+    (problem,) = _problems(sweep_file("trainer: verl\n" + fewer), "budget.resources.gpu=1", "budget.resources.cpu=6")
+    assert problem.startswith(f"{path}:8: overrides.ray_kwargs.ray_init.num_cpus: ray_kwargs.ray_init.num_cpus=4 "
+                              "gives the trial's own Ray fewer CPUs than verl reserves in it (6: "), problem
+
+
+def test_trials_sharing_a_gpu_with_verls_default_vllm_memory(sweep_file):
+    """Two trials on one GPU (0.5 each, 2 at once) with verl's default gpu_memory_utilization (read from verl's
+    rollout.yaml): the engines ask for the whole GPU; 0.4 each fits, as does one trial at a time."""
+    import yaml
+
+    from klsweep.verl.config import config_dir
+
+    default = yaml.safe_load((Path(config_dir()) / "rollout" / "rollout.yaml").read_text())["gpu_memory_utilization"]
+    assert default == 0.5
+    path = sweep_file("trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 1\n")
+    cli = ["budget.resources.gpu=0.5", "budget.max_concurrent=2", "budget.resources.cpu=12"]
+    (problem,) = _problems(path, *cli)
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    assert problem.startswith(f"command line 'budget.resources.gpu=0.5': budget.resources.gpu: {key} is 0.5 (verl's "
+                              "default) and budget.resources.gpu is 0.5: up to 2 trials share one GPU "
+                              "(budget.max_concurrent 2), whose vLLM engines ask for 2 × 0.5 = 1 of its "
+                              "memory"), problem
+    assert problem.endswith(f"Set {key}: 0.4 in overrides (0.8 / 2 trials), or give each trial a whole GPU "
+                            "(budget.resources.gpu: 1)")
+    assert load_sweep(path, cli + [f"overrides.{key}=0.4"])
+    assert load_sweep(path, cli[:1] + ["budget.max_concurrent=1", "budget.resources.cpu=12"])
+    # a quarter GPU each, 4 at once: 0.2 each at most; a searched value is judged at its largest
+    (searched,) = _problems(sweep_file("trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 1\nparameters:\n"
+                                       f"  {key}: {{values: [0.1, 0.3]}}\n"),
+                            "budget.resources.gpu=0.25", "budget.max_concurrent=4", "budget.resources.cpu=12")
+    assert f"parameters.{key}: {key} is 0.3 and budget.resources.gpu is 0.25: up to 4 trials" in searched
+    assert f"Set {key}: 0.2 in overrides" in searched

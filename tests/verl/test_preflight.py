@@ -4,6 +4,12 @@ on with coefficient 0 (verl#6519)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from klsweep.errors import PreflightError
@@ -14,11 +20,24 @@ pytestmark = pytest.mark.slow  # each call composes verl's config (~0.3 s)
 
 A = "actor_rollout_ref."
 
+def _prompts(name: str, rows: int) -> str:
+    """The absolute path of a parquet file of ``rows`` prompts in this machine's temp folder (written once)."""
+    folder = Path(tempfile.gettempdir()) / "klsweep-tests-verl"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    if not path.exists():
+        partial = folder / f".{name}.{os.getpid()}"
+        pq.write_table(pa.table({"prompt": [f"What is {i} + {i}?" for i in range(rows)]}), partial)
+        partial.replace(path)
+    return str(path)
+
+
 REAL_VERL = {
     A + "rollout.name": "vllm",
     A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct",
-    "data.train_files": "train.parquet",
-    "data.val_files": "test.parquet",
+    "data.train_files": _prompts("train-64.parquet", 64),
+    "data.val_files": _prompts("test-16.parquet", 16),
+    A + "rollout.tensor_model_parallel_size": 1,
     A + "rollout.log_prob_micro_batch_size_per_gpu": 4,
     A + "ref.log_prob_micro_batch_size_per_gpu": 4,
     A + "actor.ppo_micro_batch_size_per_gpu": 2,
@@ -225,14 +244,14 @@ def test_each_preflight_refusal_names_the_key_the_value_and_the_fix(changes, lin
 
 
 def test_missing_local_data_files_and_model_folders(tmp_path):
-    """Absolute (and ``~``) paths are checked where the sweep starts; a Hugging Face id, a URL and a relative path
-    (resolved where the trial runs) are not. Trials on this machine: refused; elsewhere: a warning."""
+    """Absolute paths are checked where the sweep starts; a Hugging Face id and a URL are not (``~`` and relative
+    paths: test_late_failures). Trials on this machine: refused; elsewhere: a warning."""
     (tmp_path / "train.parquet").touch()
     (tmp_path / "model").mkdir()
     gone = tmp_path / "gone"
     grpo = {**preset_overrides("grpo", "loss"), **REAL_VERL,
             "data.train_files": f"[{tmp_path / 'train.parquet'},{gone / 'extra.parquet'}]",  # Hydra's list form
-            "data.val_files": [str(gone / "test.parquet"), "hdfs://cluster/test.parquet", "rel/test.parquet"],
+            "data.val_files": [str(gone / "test.parquet"), "hdfs://cluster/test.parquet"],
             A + "model.path": str(tmp_path / "model")}
     missing = [
         f"data.train_files: the data file {gone / 'extra.parquet'} does not exist on this machine: ",
@@ -246,7 +265,7 @@ def test_missing_local_data_files_and_model_folders(tmp_path):
     assert _problems({**grpo, A + "model.path": str(gone / "qwen")}, files_here=True, where={
         A + "model.path": "s.yaml:4"}) == [line + here for line in missing] + [
             f"s.yaml:4: {A}model.path: the model {gone / 'qwen'} does not exist on this machine: {here}"]
-    # a Hugging Face id is not a local path; a missing ~ path is
-    assert preflight({**grpo, A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct", "data.val_files": "~/no/such.parquet",
-                      "data.train_files": str(tmp_path / "train.parquet")}, runs_verl=True, has_flash_attn=True) == [
-        "data.val_files: the data file ~/no/such.parquet does not exist on this machine: " + elsewhere]
+    # a Hugging Face id is not a local path
+    assert preflight({**grpo, A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct", "data.val_files": str(gone / "v.pq"),
+                      "data.train_files": REAL_VERL["data.train_files"]}, runs_verl=True, has_flash_attn=True) == [
+        f"data.val_files: the data file {gone / 'v.pq'} does not exist on this machine: " + elsewhere]

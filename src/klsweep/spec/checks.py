@@ -44,6 +44,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
       in-reward controller, KL-loss knobs under DrGRPO;
     - negative KL coefficients;
     - GRPO with rollout.n < 2;
+    - ``algorithm: drgrpo`` with a fixed (or only searched) value that is not DrGRPO's;
     - for ``trainer: verl``: ``budget.resources.gpu`` that differs from the GPUs a trial's verl uses
       (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials.
 
@@ -113,6 +114,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
         errors.append((("overrides", "actor_rollout_ref.rollout.n"),
                        f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
+    errors.extend(_not_drgrpo(sweep, params, resolved))
     if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
@@ -226,3 +228,38 @@ def _zero_kl(fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Probl
             yield (("parameters", names[coef]) if p else ("overrides", coef)), (
                 f"{switch}=True with {coef}=0: the reference model's forward pass costs compute for no effect. "
                 f"Use a coefficient > 0, or turn the KL off with kl_placement")
+
+
+#: What makes verl's GRPO DrGRPO (Liu et al. 2025, as :data:`klsweep.verl.presets.PRESETS` sets it), and why.
+_DRGRPO = {
+    "algorithm.norm_adv_by_std_in_grpo": (False, "DrGRPO's advantage is the score minus the group mean, not divided "
+                                          "by the group's standard deviation"),
+    presets.ACTOR + "loss_agg_mode": ("seq-mean-token-sum-norm", "DrGRPO sums each response's token losses and "
+                                      "divides by a constant (loss_scale_factor), not by the response's length; "
+                                      "verl logs actor/entropy and actor/kl_loss aggregated with the same mode "
+                                      "(core_algos.agg_loss), so under seq-mean-token-sum or token-sum they are "
+                                      "per-sequence sums, tens of times a per-token value, and health thresholds and "
+                                      "comparisons with DrGRPO runs read them on another scale"),
+}
+
+
+def _not_drgrpo(sweep: Sweep, params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    """``algorithm: drgrpo`` whose overrides (or every searched value) leave DrGRPO: the trials are another algorithm
+    under DrGRPO's name. A search that includes DrGRPO's value compares it with others and is left alone."""
+    if sweep.algorithm != "drgrpo":
+        return
+    for key, (wanted, why) in _DRGRPO.items():
+        p = params.get(key)
+        if p is None and key in sweep.overrides and sweep.overrides[key] != wanted:
+            path, shown = ("overrides", key), f"{key}={sweep.overrides[key]!r}"
+        elif isinstance(p, (Choice, Constant)) and wanted not in (p.values if isinstance(p, Choice) else [p.value]):
+            path, shown = ("parameters", names[key]), f"{label(names[key], key)} in {_values(p)}"
+        else:
+            continue
+        yield path, (f"{shown} under algorithm: drgrpo: the trials are not DrGRPO, which needs {key}={wanted!r}: "
+                     f"{why}. Remove it (the drgrpo preset sets {wanted!r}), or use algorithm: grpo to run GRPO with "
+                     "these settings")
+
+
+def _values(p) -> list[Any]:
+    return p.values if isinstance(p, Choice) else [p.value]

@@ -13,7 +13,7 @@ from typing import Any
 from klsweep.spec.schema import Choice, Constant, Sweep
 from klsweep.spec.space import fixed_overrides
 from klsweep.verl import presets
-from klsweep.verl.config import closest_key, default_keys
+from klsweep.verl.config import MEGATRON_FIX, closest_key, default_keys, engine_of
 
 #: A problem: the sweep-file field path it concerns, and the message (what is wrong, why, the fix).
 Problem = tuple[tuple[Any, ...], str]
@@ -46,8 +46,9 @@ def check_keys_resolved(sweep: Sweep) -> tuple[list[Problem], dict[str, str]]:
     """The problems of :func:`check_keys`, and each parameter's verl key → its name (the ones that resolve)."""
     errors: list[Problem] = []
     placement = sweep.placement
+    engine = engine_of(sweep.overrides)
     for key in sweep.overrides:
-        errors.extend((("overrides", key), m) for m in _key_problems(key, placement))
+        errors.extend((("overrides", key), m) for m in _key_problems(key, placement, engine))
     resolved: dict[str, str] = {}  # verl key -> parameter name
     for name, p in sweep.parameters.items():
         try:
@@ -55,7 +56,7 @@ def check_keys_resolved(sweep: Sweep) -> tuple[list[Problem], dict[str, str]]:
         except ValueError as e:
             errors.append((("parameters", name), str(e)))
             continue
-        errors.extend((("parameters", name), m) for m in _key_problems(key))
+        errors.extend((("parameters", name), m) for m in _key_problems(key, None, engine))
         if key in resolved:
             errors.append(
                 (("parameters", name), f"names the same verl key {key} as parameter {resolved[key]!r}: keep one")
@@ -72,15 +73,20 @@ def label(name: str, key: str) -> str:
     return key if name == key else f"{name} ({key})"
 
 
-def _key_problems(key: str, placement: str | None = None) -> list[str]:
+def _key_problems(key: str, placement: str | None = None, engine: str = "dp") -> list[str]:
     """Why ``key`` is not a verl key a sweep may set, with the fix.
 
-    The fix names the closest verl key, or the full key of a bare leaf name (``kl_loss_coef``). With ``placement``
-    set, it names the full key of an alias given in ``overrides``: aliases are for parameters."""
+    Keys are those of verl's config with the sweep's ``model_engine`` (``engine``: ``dp``, or ``megatron`` for
+    verl's Megatron worker). The fix names the closest verl key, or the full key of a bare leaf name
+    (``kl_loss_coef``), or the switch to the Megatron config. With ``placement`` set, it names the full key of an
+    alias given in ``overrides``: aliases are for parameters."""
     if key in _OWNED:
         return [f"{key} is set by the sweep file's `{_OWNED[key]}` field: set that field instead"]
-    if key.startswith("+") or key in default_keys():
+    if key.startswith("+") or key in default_keys(engine):
         return []
+    if engine == "dp" and key in default_keys("megatron"):
+        return [f"{key!r} is not a key of verl 0.9.1's ppo_trainer config with its default FSDP worker: "
+                f"{MEGATRON_FIX}"]
     if placement is not None and key in presets.ALIASES:
         try:
             full = f"write {presets.resolve_key(key, placement)!r}"
@@ -88,7 +94,7 @@ def _key_problems(key: str, placement: str | None = None) -> list[str]:
             full = str(e)
         return [f"{key!r} is an alias, which only `parameters` and `when` take; overrides take verl's full keys: "
                 f"{full}"]
-    closest = closest_key(key)
+    closest = closest_key(key, engine)
     hints = [closest] if closest else _full_keys(key)
     aliases = ", ".join(presets.ALIASES)
     fix = (f"did you mean {' or '.join(map(repr, hints))}?" if hints

@@ -294,7 +294,7 @@ class Resources(BaseModel):
 
     model_config = _MODEL
 
-    cpu: float = Field(1.0, ge=0, description="CPUs per trial (a verl trial needs 1 + its storage units: ~10)")
+    cpu: float = Field(1.0, ge=0, description="CPUs per trial (verl's own Ray reserves 3 per GPU + 9)")
     gpu: float = Field(0.0, ge=0, description="GPUs per trial (should equal trainer.nnodes × n_gpus_per_node)")
 
 

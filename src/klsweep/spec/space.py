@@ -13,6 +13,7 @@ from typing import Any
 from klsweep.errors import SweepFileError
 from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
 from klsweep.trainers import trainer_kind
+from klsweep.verl.config import with_engine
 from klsweep.verl.presets import preset_overrides, resolve_key
 
 #: The override that carries a trial's training seed (verl's ``data.seed``; the embedded trainer's too).
@@ -136,14 +137,16 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
     override, else the trainer's default (``TrainerKind.defaults``), else the preset's, else verl's. Interpolated
     verl defaults follow the trial's values: ``critic.ppo_epochs`` follows ``actor_rollout_ref.actor.ppo_epochs``.
     A ``data.seed`` in ``params`` wins over the sweep's ``seed``; it is a confirmation run's new training seed
-    (:mod:`klsweep.orchestrate.confirm_search`).
+    (:mod:`klsweep.orchestrate.confirm_search`). A sweep that asks for verl's Megatron actor
+    (``actor_rollout_ref.actor.strategy: megatron``) gets ``model_engine: megatron`` first
+    (:func:`klsweep.verl.config.with_engine`): verl's Megatron keys exist only in that config group.
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}
     defaults = trainer_kind(sweep.trainer).defaults(user)
     preset = preset_overrides(sweep.algorithm, sweep.placement, base={**defaults, **user})
     seed = {SEED_KEY: resolved[SEED_KEY]} if SEED_KEY in resolved else {}
-    return {**preset, **user, **launcher_overrides(sweep), **seed}
+    return with_engine({**preset, **user, **launcher_overrides(sweep), **seed})
 
 
 def seed_params(sweep: Sweep) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from klsweep.errors import TraceReadError
 from klsweep.spec.key_checks import Problem, label
-from klsweep.spec.schema import Choice, Sweep
+from klsweep.spec.schema import Choice, Constant, Sweep
 from klsweep.trainers.tabular import header_mismatch, load_table, read_header, recorded_for
 from klsweep.verl.config import compose
 
@@ -37,7 +37,8 @@ def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str
     GPUs (verl's ``ResourcePoolManager``; the default n_gpus_per_node is 8). Fewer reserved than asked fails every
     trial ("Total available GPUs ... is less than total desired GPUs ..."); more idles them. A fraction of one GPU
     is fine for a one-GPU trial. Each trial is one process with its own Ray on one node: ``trainer.nnodes`` is 1.
-    Yields an error for each mismatch, or for a searched GPU key.
+    Yields an error for each mismatch, or for a searched GPU key; then the CPUs of the trial's own Ray
+    (:func:`_inner_ray_cpus`) and the vLLM memory of trials that share a GPU (:func:`_shared_gpu`).
     """
     searched = [key for key in _GPU_KEYS if key in params]
     for key in searched:
@@ -57,6 +58,9 @@ def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str
             "default); a Ray cluster spreads trials, not one trial, over nodes (budget.max_concurrent)")
         return
     gpu = sweep.budget.resources.gpu
+    yield from _inner_ray_cpus(sweep, fixed, per_node)
+    if per_node == 1 and 0 < gpu < 1:
+        yield from _shared_gpu(sweep, fixed, params, names)
     if gpu == per_node or (per_node == 1 and 0 < gpu < 1):
         return
     origin = "verl's default" if "trainer.n_gpus_per_node" not in fixed else "set in overrides"
@@ -74,6 +78,90 @@ def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str
         f"budget.resources.gpu is {gpu:g} but each verl trial uses trainer.nnodes × trainer.n_gpus_per_node = "
         f"1 × {per_node} = {per_node} GPU{'s' * (per_node != 1)} (n_gpus_per_node {per_node} is {origin}): a trial "
         f"sees only the GPUs Ray reserves for it, so {why}. {fix}")
+
+
+#: CPUs verl's own Ray reserves per GPU: each GPU bundle of its placement groups is ``{"CPU": max_colocate_count,
+#: "GPU": 1}`` with ``ResourcePoolManager.max_colocate_count`` 3 (verl/single_controller/ray/base.py).
+CPUS_PER_GPU = 3
+#: The share of one GPU the vLLM engines of trials that share it may ask for together: the rest holds each trial's
+#: actor (weights, gradients, optimizer state while vLLM sleeps) and CUDA contexts.
+SHARED_GPU_MEMORY = 0.8
+
+
+def inner_ray_cpus(fixed: dict[str, Any], gpus: int) -> tuple[int, str]:
+    """The CPUs a verl trial of ``gpus`` GPUs reserves in its own Ray, and how that number is made up.
+
+    :data:`CPUS_PER_GPU` per GPU, plus, for verl's default v1 trainer (``trainer.use_v1``) with TransferQueue's
+    ``SimpleStorage``, its controller and ``transfer_queue.backend.SimpleStorage.num_data_storage_units`` storage
+    units (default 8), one CPU each (``@ray.remote(num_cpus=1)`` in transfer_queue/controller.py and
+    storage/simple_storage.py): 3 per GPU + 9, 33 for 8 GPUs.
+    """
+    need, parts = CPUS_PER_GPU * gpus, f"{CPUS_PER_GPU} per GPU × {gpus}"
+    value = functools.partial(_fixed_or_default, fixed)
+    if value("trainer.use_v1") and value("transfer_queue.backend.storage_backend") == "SimpleStorage":
+        units = value("transfer_queue.backend.SimpleStorage.num_data_storage_units")
+        if isinstance(units, int):
+            need += 1 + units
+            parts += f" + TransferQueue's controller and {units} storage units"
+    return need, parts
+
+
+def _fixed_or_default(fixed: dict[str, Any], key: str) -> Any:
+    return fixed.get(key, fixed.get(f"+{key}", _verl_default(key)))
+
+
+def _inner_ray_cpus(sweep: Sweep, fixed: dict[str, Any], per_node: int) -> Iterator[Problem]:
+    """A trial's CPUs below what its verl's own Ray reserves (:func:`inner_ray_cpus`).
+
+    verl waits for its placement groups with no timeout: a trial whose node (or whose ``ray_kwargs.ray_init.num_cpus``)
+    has fewer CPUs hangs silently, holding its GPUs. ``budget.resources.cpu`` is what Ray reserves for a trial, and
+    what ``sweep run`` checks a node can hold; below the need, Ray also starts more trials on a node than its CPUs
+    serve."""
+    need, parts = inner_ray_cpus(fixed, per_node)
+    cpu = sweep.budget.resources.cpu
+    if cpu < need:
+        yield ("budget", "resources", "cpu"), (
+            f"budget.resources.cpu is {cpu:g} but each verl trial's own Ray reserves {need} CPUs ({parts}; "
+            "verl/single_controller/ray/base.py, transfer_queue): Ray would start more trials on a node than its "
+            "CPUs serve, and on a node with fewer than "
+            f"{need} CPUs verl waits for its placement groups for ever, silently, holding the trial's GPUs. "
+            f"Set budget.resources.cpu: {need}")
+    ray_cpus = fixed.get("ray_kwargs.ray_init.num_cpus")
+    if isinstance(ray_cpus, (int, float)) and not isinstance(ray_cpus, bool) and ray_cpus < need:
+        yield ("overrides", "ray_kwargs.ray_init.num_cpus"), (
+            f"ray_kwargs.ray_init.num_cpus={ray_cpus:g} gives the trial's own Ray fewer CPUs than verl reserves in "
+            f"it ({need}: {parts}): the trial waits for ever, silently. Set it to {need} or more, or remove it")
+
+
+def _shared_gpu(sweep: Sweep, fixed: dict[str, Any], params: dict, names: dict[str, str]) -> Iterator[Problem]:
+    """vLLM engines of trials that share one GPU (``budget.resources.gpu`` < 1) asking for more than it holds.
+
+    Each engine checks at start that ``gpu_memory_utilization`` × the GPU's memory is free (vLLM's
+    ``gpu_worker``); verl's default is 0.5 (verl/trainer/config/rollout/rollout.yaml). Together the shares of the
+    trials that can run on one GPU at once, ``min(budget.max_concurrent, 1 // budget.resources.gpu)``, must stay
+    within :data:`SHARED_GPU_MEMORY`, leaving the rest to the trials' actors."""
+    gpu, concurrent = sweep.budget.resources.gpu, sweep.budget.max_concurrent
+    sharing = min(concurrent, math.floor(1 / gpu + 1e-9))
+    if sharing < 2:
+        return
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    p = params.get(key)
+    values = (p.values if isinstance(p, Choice) else [p.value] if isinstance(p, Constant) else [p.max]) if p else \
+        [_fixed_or_default(fixed, key)]
+    util = max((v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)), default=None)
+    if util is None or sharing * util <= SHARED_GPU_MEMORY + 1e-9:
+        return
+    fit = math.floor(SHARED_GPU_MEMORY / sharing * 100) / 100
+    path: tuple[Any, ...] = (("parameters", names[key]) if p else ("overrides", key) if key in fixed
+                             and key in sweep.overrides else ("budget", "resources", "gpu"))
+    origin = " (verl's default)" if not p and key not in sweep.overrides else ""
+    yield path, (
+        f"{key} is {util:g}{origin} and budget.resources.gpu is {gpu:g}: up to {sharing} trials share one GPU "
+        f"(budget.max_concurrent {concurrent}), whose vLLM engines ask for {sharing} × {util:g} = {sharing * util:g} "
+        "of its memory; each engine checks at start that its share is free (vLLM's gpu_worker), so a second trial "
+        "fails to start while the first holds its share and its actor. The shares must sum to at most "
+        f"{SHARED_GPU_MEMORY:g}. Set {key}: {fit} in overrides ({SHARED_GPU_MEMORY:g} / {sharing} trials), or give "
+        "each trial a whole GPU (budget.resources.gpu: 1)")
 
 
 def table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dict[str, Any]) -> Iterator[Problem]:

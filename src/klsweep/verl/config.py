@@ -127,13 +127,45 @@ def config_dir() -> str:
     return os.path.join(spec.submodule_search_locations[0], "trainer", "config")
 
 
-@functools.lru_cache(maxsize=1)
-def default_keys() -> frozenset[str]:
-    """Every dotted key of verl's default ``ppo_trainer`` config (leaves and empty mappings), ~900 keys."""
+#: verl's ``model_engine`` config group: ``dp`` (FSDP, the default) or ``megatron`` (verl/trainer/config/model_engine/);
+#: verl's ``ppo_megatron_trainer.yaml`` is ``ppo_trainer`` with ``model_engine: megatron``.
+ENGINE_KEY = "model_engine"
+_STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
+
+
+#: The fix for a key of verl's Megatron config in a sweep that did not ask for it.
+MEGATRON_FIX = (f"it is a key of verl's Megatron config: set {_STRATEGY_KEY}: megatron (klsweep then composes, and "
+                f"runs, verl's ppo_trainer with {ENGINE_KEY}=megatron, as ppo_megatron_trainer.yaml does)")
+
+
+def engine_of(overrides: Mapping[str, Any]) -> str:
+    """The ``model_engine`` a trial's overrides select: theirs, else ``megatron`` when
+    ``actor_rollout_ref.actor.strategy`` is ``megatron``, else verl's default ``dp``."""
+    engine = overrides.get(ENGINE_KEY)
+    if engine is not None:
+        return str(engine)
+    return "megatron" if overrides.get(_STRATEGY_KEY) == "megatron" else "dp"
+
+
+def with_engine(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``model_engine: megatron`` first when they ask for verl's Megatron actor
+    (``actor_rollout_ref.actor.strategy: megatron``) without selecting its config group.
+
+    verl's Megatron keys (``actor_rollout_ref.actor.megatron.*``) exist only in that group; ``main_ppo`` composes the
+    trial's config from the same overrides, so the trial runs the config checked here."""
+    if engine_of(overrides) == "megatron" and ENGINE_KEY not in overrides:
+        return {ENGINE_KEY: "megatron", **overrides}
+    return dict(overrides)
+
+
+@functools.lru_cache(maxsize=None)
+def default_keys(engine: str = "dp") -> frozenset[str]:
+    """Every dotted key of verl's default ``ppo_trainer`` config (leaves and empty mappings), ~900 keys, with the
+    ``model_engine`` config group ``engine`` (``dp`` or ``megatron``: :func:`engine_of`)."""
     from omegaconf import OmegaConf
 
     # a DictConfig's container is a dict (to_container is typed for any node)
-    container = cast(dict[str, Any], OmegaConf.to_container(_compose_raw(()), resolve=False))
+    container = cast(dict[str, Any], OmegaConf.to_container(_default_config(engine), resolve=False))
     return frozenset(_flatten(container))
 
 
@@ -145,9 +177,10 @@ def _flatten(node: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
             yield f"{prefix}{key}"
 
 
-def closest_key(key: str) -> str | None:
-    """The valid verl key most similar to ``key`` (difflib ratio ≥ 0.8), or None."""
-    keys = default_keys()
+def closest_key(key: str, engine: str = "dp") -> str | None:
+    """The valid verl key most similar to ``key`` (difflib ratio ≥ 0.8) under the ``model_engine`` ``engine``, or
+    None."""
+    keys = default_keys(engine)
     same_parent = [k for k in keys if k.rsplit(".", 1)[0] == key.rsplit(".", 1)[0]]
     for pool in (same_parent, keys):
         match = difflib.get_close_matches(key, pool, n=1, cutoff=0.8)
@@ -162,7 +195,7 @@ def _compose_raw(override_strings: tuple[str, ...]):
     When no override selects a config group: the cached default config plus Hydra's own override step (~10 ms).
     Otherwise, or when that step fails (to get Hydra's own error): a full compose."""
     if not override_strings:
-        return copy.deepcopy(_default_config())
+        return copy.deepcopy(_default_config("dp"))
     fast = _apply_value_overrides(override_strings)
     return fast if fast is not None else _hydra_compose(override_strings)
 
@@ -175,9 +208,9 @@ def _hydra_compose(override_strings: tuple[str, ...]):
         return hydra_compose("ppo_trainer", overrides=list(override_strings))
 
 
-@functools.lru_cache(maxsize=1)
-def _default_config():
-    return _hydra_compose(())
+@functools.lru_cache(maxsize=None)
+def _default_config(engine: str):
+    return _hydra_compose(() if engine == "dp" else (f"{ENGINE_KEY}={engine}",))
 
 
 def _apply_value_overrides(override_strings: tuple[str, ...]):
@@ -198,12 +231,16 @@ def _apply_value_overrides(override_strings: tuple[str, ...]):
     except HydraException:
         return None
     root = config_dir()
-    for override in parsed:
+    engine = "dp"
+    for override in list(parsed):
         key = override.key_or_group
-        if (override.package is not None or override.is_hydra_override() or "/" in key
+        if key == ENGINE_KEY and override.package is None and override.value() in ("dp", "megatron"):
+            engine = str(override.value())  # the cached default config of that group
+            parsed.remove(override)
+        elif (override.package is not None or override.is_hydra_override() or "/" in key
                 or os.path.isdir(os.path.join(root, *key.split(".")))):
             return None
-    cfg = copy.deepcopy(_default_config())
+    cfg = copy.deepcopy(_default_config(engine))
     try:
         ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
     except (HydraException, OmegaConfBaseException):
@@ -227,7 +264,7 @@ def compose(overrides: Mapping[str, Any]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    strings = tuple(format_overrides(overrides))
+    strings = tuple(format_overrides(with_engine(overrides)))
     try:
         return _compose_raw(strings)
     except (HydraException, OmegaConfBaseException) as e:
@@ -236,13 +273,16 @@ def compose(overrides: Mapping[str, Any]):
 
 def _explain(overrides: Mapping[str, Any], error: Exception) -> OverrideError:
     text = str(error)
+    engine = engine_of(overrides)
+    keys = default_keys(engine)
     for key in overrides:
         bare = key.lstrip("+")
         if key.startswith("+") or f"'{bare}'" not in text:
             continue
-        if bare not in default_keys() and not any(k.startswith(bare + ".") for k in default_keys()):
-            hint = closest_key(bare)
-            fix = f"did you mean '{hint}'?" if hint else "check the key against verl's ppo_trainer.yaml"
+        if bare not in keys and not any(k.startswith(bare + ".") for k in keys):
+            hint = closest_key(bare, engine)
+            fix = (MEGATRON_FIX if engine == "dp" and bare in default_keys("megatron")
+                   else f"did you mean '{hint}'?" if hint else "check the key against verl's ppo_trainer.yaml")
             return OverrideError(
                 f"'{bare}' is not a key of verl 0.9.1's ppo_trainer config: {fix} "
                 f"(klsweep never adds '+' on its own: a new key would be silently unused)"

@@ -11,6 +11,9 @@ the closest valid key. It then checks:
   ``__post_init__`` require them;
 - that the models' attention implementation is installed;
 - that the local data files and model folders it names exist (:func:`missing_files`);
+- what fails a verl trial late (:mod:`klsweep.verl.late_failures`): a rollout engine wider than the trial's GPUs,
+  ``max_model_len`` below prompt + response, ``~`` or relative paths, ``trainer.total_epochs`` ending the trial
+  before its steps, and for a Megatron actor verl's own ``validate_config``;
 - the installed verl version.
 
 Cost: ~10 ms per config after the first. The first takes ~1 s, and ~8 s more when a trial uses the adaptive KL
@@ -22,12 +25,14 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from klsweep.errors import OverrideError, PreflightError
-from klsweep.verl.config import check_values, compose, default_keys
+from klsweep.verl.config import check_values, compose, default_keys, engine_of
+from klsweep.verl.late_failures import epoch_problems, megatron_problems, path_problems, paths_of, rollout_problems
 from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems
 from klsweep.verl.numerics import numeric_problems
 
@@ -97,9 +102,16 @@ def preflight(
             has_flash_attn = importlib.util.find_spec("flash_attn") is not None
         if not has_flash_attn:
             problems += [at(k, m) for k, m in _attention(value)]
+        problems += [at(k, m) for k, m in rollout_problems(overrides, value) + path_problems(overrides)]
+        epoch_errors, epoch_warnings = epoch_problems(overrides, value)
+        problems += [at(k, m) for k, m in epoch_errors]
+        warnings += [at(k, m) for k, m in epoch_warnings]
         missing = [at(k, m) for k, m in missing_files(overrides, here=files_here)]
         (problems if files_here else warnings).extend(missing)
     problems += [at(k, m) for k, m in managed_key_problems(overrides, runs_verl=runs_verl, launcher_keys=False)]
+    if runs_verl and not problems and engine_of(overrides) == "megatron":  # verl stops at its first refusal
+        uses_reference = bool(value(A + "actor.use_kl_loss") or value("algorithm.use_kl_in_reward"))
+        problems += [at(k, m) for k, m in megatron_problems(cfg, uses_reference, _uses_critic(value))]
     if problems:
         raise PreflightError("\n".join(problems))
     cadence = checkpoint_cadence_warnings(overrides, runs_verl=runs_verl)
@@ -145,6 +157,14 @@ def _batch_problems(value, on_gpus: bool) -> list[tuple[str, str]]:
     nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
     n_gpus = nnodes * per_node if on_gpus else 1
     gpus = f"(trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})" if on_gpus else "(1 device)"
+    if on_gpus and value(A + "actor.strategy") == "megatron":  # data-parallel ranks (verl's validate_config)
+        group = math.prod(value(A + f"actor.megatron.{k}_parallel_size") or 1
+                          for k in ("tensor_model", "pipeline_model", "context"))
+        if n_gpus % group:
+            return []  # megatron_problems: verl's own refusal
+        n_gpus //= group
+        gpus = (f"(Megatron data-parallel ranks = {nnodes} × {per_node} GPUs / tensor × pipeline × context parallel "
+                f"{group})")
     batch, n = value("data.train_batch_size"), value(A + "rollout.n")
     out: list[tuple[str, str]] = []
     if (batch * n) % n_gpus:
@@ -227,12 +247,12 @@ _PATH_KEYS = {"data.train_files": "data file", "data.val_files": "data file", A 
 
 
 def missing_files(overrides: Mapping[str, Any], *, here: bool = False) -> list[tuple[str, str]]:
-    """``(key, message)`` for each absolute (or ``~``) local path of a verl trial that does not exist on this machine.
+    """``(key, message)`` for each absolute local path of a verl trial that does not exist on this machine.
 
     The paths checked are the data files (``data.train_files``/``val_files``, a path or a list) and the model folders
     (``actor_rollout_ref.model.path``, ``critic.model.path``). Hugging Face ids (``Qwen/Qwen2.5-0.5B-Instruct``),
-    remote URLs (``hdfs://``, ``s3://``) and other relative paths are not checked; relative paths resolve where the
-    trial runs.
+    remote URLs (``hdfs://``, ``s3://``), ``~`` and relative paths are not checked here: verl reads those as given in
+    the trial's directory (:func:`klsweep.verl.late_failures.path_problems`).
 
     Args:
         overrides: the trial's flat verl overrides (keys with or without Hydra's ``+``).
@@ -241,25 +261,14 @@ def missing_files(overrides: Mapping[str, Any], *, here: bool = False) -> list[t
     """
     out = []
     for key, what in _PATH_KEYS.items():
-        raw = overrides.get(key, overrides.get(f"+{key}"))
-        paths = raw if isinstance(raw, (list, tuple)) else [] if raw is None else _path_list(str(raw))
-        for path in map(str, paths):
-            local = os.path.expanduser(path)
-            if "://" in path or not os.path.isabs(local) or os.path.exists(local):
-                continue
+        for path in paths_of(overrides, key):
+            if "://" in path or not os.path.isabs(path) or os.path.exists(path):
+                continue  # ~ and relative paths: late_failures.path_problems
             then = ("every trial would fail when verl loads it. Fix the path, or run the sweep with --address on a "
                     "cluster whose nodes have it" if here else
                     "the nodes that run the trials must have it, or every trial fails when verl loads it")
             out.append((key, f"{key}: the {what} {path} does not exist on this machine: {then}"))
     return out
-
-
-def _path_list(text: str) -> list[str]:
-    """A Hydra list (``[a.parquet,b.parquet]``, quotes optional) or one path."""
-    text = text.strip()
-    if not (text.startswith("[") and text.endswith("]")):
-        return [text]
-    return [p.strip().strip("'\"") for p in text[1:-1].split(",") if p.strip()]
 
 
 def _uses_critic(value) -> bool:
