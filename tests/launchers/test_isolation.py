@@ -72,17 +72,20 @@ def test_two_verl_trials_on_one_host_never_share_a_weight_sync_socket(verl_stand
         assert "another verl trial runs on this host" in refused[0].message
 
 
-@pytest.mark.slow
 def test_without_a_private_tmp_a_second_verl_trial_is_refused(verl_standin, tmp_path, locks, monkeypatch):
+    """The host's slot is taken before the first trial's process starts (its supervisor.json), so the stand-in needs
+    no Ray here."""
     monkeypatch.setenv(isolation.PRIVATE_TMP_ENV, "0")
     first = tmp_path / "first"
-    thread = threading.Thread(target=run_process_trial, args=({"trainer.total_training_steps": 40, "interval": 0.1},),
+    overrides = {"trainer.total_training_steps": 30, "interval": 0.1, "own_ray": 0}
+    thread = threading.Thread(target=run_process_trial, args=(overrides,),
                               kwargs={"trainer": "verl", "trial_dir": first, "report": lambda m: None})
     thread.start()
     try:
-        wait_for(attempt_dir(first, 1) / "ray.json", timeout=60)
+        wait_for(attempt_dir(first, 1) / "supervisor.json", timeout=60)
         with pytest.raises(TrialFailed) as refused:
-            run_process_trial({"trainer.total_training_steps": 2}, trainer="verl", trial_dir=tmp_path / "second",
+            run_process_trial({"trainer.total_training_steps": 2, "own_ray": 0}, trainer="verl",
+                              trial_dir=tmp_path / "second",
                               report=lambda m: None)
     finally:
         thread.join(60)

@@ -29,6 +29,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,21 +47,45 @@ SOCKET_PATTERN = "/tmp/rl-colocate-zmq-{ray job id}-replica-{r}-rank-{k}.sock"
 #: Seconds between two tries of a lock another trial holds.
 LOCK_POLL_S = 0.1
 
-#: ``sh -c _BIND <tmp dir> <argv...>``: give the fresh directory what the host's ``/tmp`` holds now (each directory and
-#: regular file bound in, each symbolic link copied), bind it over ``/tmp``, run the command. Paths under ``/tmp`` the
-#: trial names (its results, data, a model) stay where they are; what any process creates directly in ``/tmp`` from
-#: then on (verl's sockets) is the trial's own, and what others create there stays unseen.
-_BIND = (
-    't=$0; for e in /tmp/* /tmp/.[!.]*; do n=${e#/tmp/}; [ "$e" = "$t" ] && continue; '
-    'if [ -L "$e" ]; then cp -P "$e" "$t/$n"; '
-    'elif [ -d "$e" ]; then mkdir "$t/$n" && mount --rbind "$e" "$t/$n" || exit 1; '
-    'elif [ -f "$e" ]; then : > "$t/$n" && mount --bind "$e" "$t/$n" || exit 1; fi; done; '
-    'mount --rbind "$t" /tmp && exec "$@"'
-)
+#: ``python -c _BIND <tmp dir> <argv...>``: give the fresh directory what the host's ``/tmp`` holds now (each directory
+#: and regular file bound in, each symbolic link copied), bind it over ``/tmp``, exec the command. Paths under ``/tmp``
+#: the trial names (its results, data, a model) stay where they are; what any process creates directly in ``/tmp``
+#: from then on (verl's sockets) is the trial's own, and what others create there stays unseen. One process makes
+#: every mount (``mount(2)`` through ctypes: MS_BIND = 4096, MS_REC = 16384 in <linux/mount.h>); an entry removed
+#: meanwhile is skipped.
+_BIND = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def bind(src, dst):
+    if libc.mount(src.encode(), dst.encode(), None, 4096 | 16384, None) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.ENOENT:
+        return False
+    sys.exit(f"klsweep private /tmp: cannot bind {src} to {dst}: {os.strerror(code)}")
+tmp = os.path.realpath(sys.argv[1])
+for name in os.listdir("/tmp"):
+    src, dst = os.path.join("/tmp", name), os.path.join(tmp, name)
+    try:
+        if os.path.realpath(src) == tmp:
+            continue
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif os.path.isdir(src):
+            os.mkdir(dst)
+            bind(src, dst) or os.rmdir(dst)
+        elif os.path.isfile(src):
+            open(dst, "w").close()
+            bind(src, dst) or os.remove(dst)
+    except FileNotFoundError:
+        continue
+bind(tmp, "/tmp") or sys.exit(f"klsweep private /tmp: {tmp} is gone")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 def _variants(uid: int, gid: int) -> list[list[str]]:
-    """``unshare`` prefixes to try, best first; each is followed by ``sh -c _BIND tmp_dir argv...``.
+    """``unshare`` prefixes to try, best first; each is followed by ``python -c _BIND tmp_dir argv...``.
 
     Root needs only a mount namespace. Anyone else needs a user namespace where they are root (to mount), then a
     nested one that maps them back to their own uid and gid (util-linux ≥ 2.38 ``--map-user``); failing that, the
@@ -73,10 +98,11 @@ def _variants(uid: int, gid: int) -> list[list[str]]:
 
 
 def _command(variant: list[str], tmp_dir: Path, argv: Sequence[str]) -> list[str]:
+    bind = [sys.executable, "-c", _BIND, str(tmp_dir)]
     if "__back__" in variant:
         cut = variant.index("__back__")
-        return [*variant[:cut], "sh", "-c", _BIND, str(tmp_dir), *variant[cut + 1:], *argv]
-    return [*variant, "sh", "-c", _BIND, str(tmp_dir), *argv]
+        return [*variant[:cut], *bind, *variant[cut + 1:], *argv]
+    return [*variant, *bind, *argv]
 
 
 def lock_dir() -> Path:
