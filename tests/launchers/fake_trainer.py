@@ -34,6 +34,8 @@ Test knobs (plain ``key=value``), for misbehaviour and for what two trials on on
 - always: writes ``$PWD/env.json`` with the ``CUDA_VISIBLE_DEVICES`` and ``OMP_NUM_THREADS`` it got.
 - ``rendezvous=DIR``: after starting its Ray, writes ``DIR/<pid>`` and waits until two such files exist (at most
   ``rendezvous_s``, default 10 s), so that two trials started together run their steps at the same time.
+- ``score=X``: each step also logs ``X`` under ``score_metric`` (default ``critic/score/mean``), an objective the
+  retention tests rank trials by.
 - ``own_ray=0``: starts no Ray even where verl would (a test of what happens before Ray matters).
 - ``engine_start=S`` (with ``$FAKE_GPU_DIR``): vLLM's start-up on each GPU of ``CUDA_VISIBLE_DEVICES``, S seconds long,
   before the first step. vLLM measures the device's free memory before and after its profiling and asserts it did
@@ -263,6 +265,8 @@ for step in range(global_steps + 1, total + 1):
     if "weight_sync" in args:
         weight_sync(float(args["weight_sync"]))
     data = {"actor/kl_loss": step / 100, "actor/entropy": 1 / step}
+    if "score" in args:
+        data[args.get("score_metric", "critic/score/mean")] = float(args["score"])
     if kl_ctrl is not None:
         current_kl = float(args.get("kl", 0.2))
         if "kl_rise" in args:

@@ -245,3 +245,33 @@ def test_plan_prints_the_commands_as_run_status_and_the_report_print_them():
     verl = next(line for line in printed if line.startswith("python3 -m verl.trainer.main_ppo"))
     assert " algorithm.gamma=1 " in verl and " actor_rollout_ref.actor.clip_ratio_c=3 " in verl
     assert "=1.0 " not in verl and "loss_scale_factor" not in verl  # verl's default loss_scale_factor is null
+
+
+def test_plan_states_the_checkpoint_cost_of_a_verl_sweep(tmp_path, monkeypatch):
+    """58 steps: five saves (12, 24, ..., 58, none wasted just before the end); disk per save from the model's
+    safetensors: 12 bytes per parameter (fp32 weights and AdamW's two moments), 2 on disk at once while verl saves."""
+    import torch
+    from safetensors.torch import save_file
+
+    monkeypatch.delenv("KLSWEEP_KEEP_CHECKPOINTS", raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": torch.zeros(1024, 1024, dtype=torch.bfloat16)}, str(model / "model.safetensors"))
+    out = io.StringIO()
+    assert plan(str(REPO / "sweeps" / "verl_gsm8k_grpo.yaml"),
+                ["budget.max_steps=58", "overrides.trainer.test_freq=-1",
+                 f"overrides.actor_rollout_ref.model.path={model}"], n=2, out=out) == 0
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("checkpoint")]
+    assert lines[0] == (
+        "checkpoints: 5 saves per trial, after steps 12, 24, 36, 48, 58 (trainer.save_freq=12; verl always saves after "
+        "the last step too), each about 15 normal steps long: about 75 steps' time on top of the run's 58; "
+        f"{1024 * 1024 * 12 / 2**20:.1f} MiB per save, at most 2 on disk at once while a trial runs")
+    assert lines[1].startswith("checkpoint retention (KLSWEEP_KEEP_CHECKPOINTS=best): a trial that ran to its last "
+                               "step keeps its checkpoint only while it is the best finished trial")
+    assert len(lines) == 2
+
+    out = io.StringIO()
+    plan(str(REPO / "sweeps" / "verl_gsm8k_grpo.yaml"), ["budget.max_steps=105",
+                                                         "overrides.trainer.save_freq=20"], n=1, out=out)
+    assert "the save after step 100 protects only 5 steps: choose a trainer.save_freq that divides 105" in (
+        out.getvalue())

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep.launchers.attempt import run_attempt
 from klsweep.launchers.attempt import stop_running_trials as stop_running_trials  # the trial actor's cleanup
+from klsweep.launchers.checkpoints import policy, retain_finished, trial_save_freq
 from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.resume import (
     CHECKPOINTS_KEPT,
@@ -43,7 +44,6 @@ from klsweep.launchers.resume import (
     logged_steps,
     resume_overrides,
     rewind,
-    save_freq,
 )
 from klsweep.launchers.storage import trial_directory
 from klsweep.trainers import TRAINERS, runs_verl, trainer_kind
@@ -96,8 +96,8 @@ def trial_command(
         base_env: the environment to start from (default ``os.environ``).
 
     Returns:
-        ``(argv, env)``. For verl, argv has ``trainer.save_freq``: the trial's own, else
-        :func:`klsweep.launchers.resume.save_freq`. It has ``trainer.max_actor_ckpt_to_keep`` and
+        ``(argv, env)``. For verl, argv has ``trainer.save_freq``:
+        :func:`klsweep.launchers.checkpoints.trial_save_freq`. It has ``trainer.max_actor_ckpt_to_keep`` and
         ``trainer.max_critic_ckpt_to_keep``: the trial's own, else 1, since a resume needs only the latest. It ends
         with the managed keys:
 
@@ -122,7 +122,7 @@ def trial_command(
     values = dict(overrides)
     if runs_verl(trainer):
         values = {k: v for k, v in values.items() if k.lstrip("+") not in MANAGED_VERL_KEYS}
-        values[SAVE_FREQ_KEY] = save_freq(values)
+        values[SAVE_FREQ_KEY] = trial_save_freq(values)
         values = CHECKPOINTS_KEPT | values
         logger = values.pop("trainer.logger", ["console"])
         logger = [logger] if isinstance(logger, str) else list(logger)
@@ -173,6 +173,7 @@ def run_process_trial(
     rewind_to: int | None = None,
     gpu_ids: Sequence[str] | None = None,
     cpus: float | None = None,
+    keep_checkpoints: str | None = None,
 ) -> None:
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
@@ -207,6 +208,9 @@ def run_process_trial(
             checkpoint of it: the trial then continues as any restarted trial).
         gpu_ids, cpus: the trial's GPUs and CPUs; default: what Ray assigned to the calling worker
             (:func:`trial_command`).
+        keep_checkpoints: the retention policy of a verl trial's checkpoint once it ran to its last step
+            (:func:`klsweep.launchers.checkpoints.retain_finished`, on the objectives of ``sweep``); default
+            ``$KLSWEEP_KEEP_CHECKPOINTS``, else ``best``. Without ``sweep`` and this, every checkpoint is kept.
 
     A verl trial that starts its own Ray runs with a private ``/tmp``, or alone on its host; its process starts
     only while no other trial's engine starts on its GPUs (:mod:`klsweep.launchers.isolation`). An attempt whose
@@ -256,6 +260,9 @@ def run_process_trial(
                               isolate=verl and own_ray(argv), startup_gpus=(gpu_ids or []) if verl else [])
         if failure is None:
             steps.finish()
+            if runs_verl(trainer) and (sweep is not None or keep_checkpoints is not None):
+                objectives = [(o.metric, o.mode) for o in sweep.objectives] if sweep is not None else []
+                retain_finished(trial_dir, objectives, policy(keep_checkpoints))
             return
         failure.save(trial_dir / "failure.json")
         if not failure.retryable or retry == retries:

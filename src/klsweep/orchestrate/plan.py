@@ -16,6 +16,7 @@ import optuna
 
 from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.errors import KlsweepError, PreflightError
+from klsweep.launchers.checkpoints import POLICY_ENV, checkpoint_cost, policy
 from klsweep.orchestrate.capacity import local_gpu_warning
 from klsweep.orchestrate.samplers import MODEL_BASED, SpaceFillingStart, build_sampler
 from klsweep.spec import Sweep, load_sweep
@@ -143,6 +144,10 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     - a trial the sampler proposes from the results of finished trials, which ``plan`` cannot know. Those are shown
       as the random start-up draw of that trial number, and labelled so.
 
+    For a verl sweep it ends with the checkpoint cost of the trials shown
+    (:func:`klsweep.launchers.checkpoints.checkpoint_cost`: saves per trial, disk per save when the model is a local
+    folder) and the retention policy of finished trials' checkpoints.
+
     The commands are the ones ``sweep run`` and ``sweep status`` print. They are
     :func:`klsweep.trainers.reproduce_lines` of the overrides as the trial's ``trials.csv`` row gives them back
     (:func:`klsweep.analysis.sweep_dir.overrides_of`).
@@ -155,8 +160,11 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     startup = _random_start(sweep)
     name = sweep.sampler.name
     guided = False
+    costs: dict[str, None] = {}
     for i, params in enumerate(planned_params(sweep, n)):
         overrides_i = trial_overrides(sweep, params)
+        if trainer_kind(sweep.trainer).runs_verl:
+            costs[checkpoint_cost(overrides_i).describe()] = None
         warnings = preflight(overrides_i, runs_verl=trainer_kind(sweep.trainer).runs_verl,
                              allow_negative_kl=sweep.allow_negative_kl)
         if i < seeds:
@@ -179,7 +187,21 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
               f"the trials finished before it, which no plan can know; shown here for those trials: the random "
               f"start-up draws {name} makes while fewer than {startup} trials have finished (COMPLETE or PRUNED)",
               file=out)
+    for cost in costs:
+        print(f"checkpoints: {cost}", file=out)
+    if costs:
+        print(f"checkpoint retention ({POLICY_ENV}={policy()}): {_RETENTION[policy()]}", file=out)
     return 0
+
+
+#: What each retention policy does with a finished trial's checkpoint (:mod:`klsweep.launchers.checkpoints`).
+_RETENTION = {
+    "best": "a trial that ran to its last step keeps its checkpoint only while it is the best finished trial (on the "
+            "Pareto front with several objectives); a trial that stopped early keeps it for a retry, a resume or a "
+            "remedy",
+    "all": "every trial keeps its last checkpoint",
+    "none": "a trial that ran to its last step deletes its checkpoint",
+}
 
 
 def _random_start(sweep: Sweep) -> int | None:
