@@ -146,6 +146,6 @@ def test_gpu_smoke_sweep_passes_preflight(tmp_path):
         assert warning.startswith("trainer.save_freq (-1) saves no checkpoint")
         assert overrides["trainer.total_training_steps"] == 3
     script = (REPO / "benchmarks" / "gpu_smoke.sh").read_text()
-    shared = load_sweep(path, ["budget.max_concurrent=2", "budget.resources.gpu=0.5", "budget.resources.cpu=4"])
+    shared = load_sweep(path, ["budget.max_concurrent=2", "budget.resources.gpu=0.5", "budget.resources.cpu=12"])
     assert all(f"{arg}" in script for arg in ("budget.max_concurrent=2", "budget.resources.gpu=0.5"))
     assert shared.budget.max_concurrent * shared.budget.resources.gpu == 1

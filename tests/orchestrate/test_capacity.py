@@ -55,11 +55,12 @@ def _verl_sweep(tmp_path: Path) -> str:
             "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
             "actor_rollout_ref.model.use_remove_padding": False,
             "actor_rollout_ref.rollout.name": "vllm",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,  # verl's 2 starts no vLLM server on 1 GPU
             "actor_rollout_ref.actor.use_dynamic_bsz": True,
         },
         "parameters": {"kl_coef": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1}},
         "objective": {"metric": "val-core/openai/gsm8k/acc/mean@1", "mode": "max"},
-        "budget": {"trials": 2, "max_concurrent": 1, "max_steps": 20, "resources": {"cpu": 1, "gpu": 1}},
+        "budget": {"trials": 2, "max_concurrent": 1, "max_steps": 20, "resources": {"cpu": 12, "gpu": 1}},
     }
     path = tmp_path / "verl2.yaml"
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))

@@ -126,6 +126,12 @@ def test_total_epochs_not_checkable_without_the_data_is_a_warning(tmp_path):
     assert warnings[0].startswith("trainer.total_epochs=30 could not be checked against "
                                   "trainer.total_training_steps (200): data.train_files")
     assert "is not on this machine" in warnings[0]
+    (tmp_path / "empty.parquet").touch()
+    (unread,) = preflight({**run, "data.train_files": str(tmp_path / "empty.parquet")}, runs_verl=True,
+                          has_flash_attn=True)
+    assert unread.startswith(f"trainer.total_epochs=30 could not be checked against trainer.total_training_steps "
+                             f"(200): data.train_files ({tmp_path / 'empty.parquet'}) could not be read as parquet "
+                             "here ("), unread
 
 
 MEGATRON = {

@@ -141,7 +141,12 @@ def epoch_problems(overrides: Mapping[str, Any], value: Value) -> tuple[list[Pro
                      f"data.train_files ({', '.join(files)}) is not on this machine, so its rows are unknown here. "
                      f"verl ends a trial after {epochs} epochs of len(data) // data.train_batch_size steps: make "
                      f"sure {epochs} × that is at least {steps}, or set {key} in overrides")]
-    rows = _parquet_rows(files)
+    try:
+        rows = _parquet_rows(files)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid (not parquet, empty) or OSError
+        return [], [(key, f"{key}={epochs} could not be checked against trainer.total_training_steps ({steps}): "
+                     f"data.train_files ({', '.join(files)}) could not be read as parquet here ({e}); verl reads "
+                     "it with the same library, so check the file")]
     per_epoch = rows // batch
     origin = "" if key in overrides else " (verl's default)"
     if per_epoch == 0:
