@@ -15,7 +15,7 @@ from klsweep.spec.key_checks import Problem
 from klsweep.spec.schema import Sweep
 from klsweep.trainers import trainer_kind
 from klsweep.verl import presets
-from klsweep.verl.config import closest_key, default_keys
+from klsweep.verl.config import closest_key, default_keys, engine_of
 from klsweep.verl.liveness import inert_reason
 
 
@@ -34,8 +34,8 @@ def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
             except ValueError as e:
                 yield path, str(e)
                 continue
-            if key not in default_keys():
-                hint = closest_key(key)
+            if key not in default_keys(engine_of(sweep.overrides)):
+                hint = closest_key(key, engine_of(sweep.overrides))
                 fix = (f"did you mean {hint!r}?" if hint
                        else f"use a verl key or an alias ({', '.join(presets.ALIASES)})")
                 yield path, f"{key!r} is not a key of verl 0.9.1's ppo_trainer config: {fix}"
