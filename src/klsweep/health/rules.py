@@ -24,7 +24,9 @@ the full log (within 25 steps): a window of W steps ending at step s reads every
 step s − W + 1 (it is judged once the run covers W steps, so with at least two reports); a streak (``for``) starts
 right after the last report at which the conditions did not hold (:mod:`klsweep.health.streak`).
 Statistics: ``value`` (the report's value), window ``mean``/``std``/``var``/``min``/``max``/``slope`` (least squares,
-per step), ``drop_from_max`` ((max − value)/max, max over ``window`` steps or the whole run), ``ratio_to_first``.
+per step), ``drop_from_max`` ((max − value)/max, max over ``window`` steps or the whole run), ``ratio_to_first``, and
+the scale-free ``ratio_to_early`` (to the median of the run's first ``early`` steps) and ``ratio_to_median`` (to the
+median of the last ``window`` steps).
 """
 
 from __future__ import annotations
@@ -246,6 +248,7 @@ class HealthConfig(BaseModel):
           rules: [...]                        # added; a rule with a preset rule's name replaces it
           builtin: {no_signal_for: 5}         # overrides of the built-in checks' settings
           remedies: false                     # rules with a remedy stop instead of restarting (kill-only)
+          validation: val-core/openai/gsm8k/reward/mean@1   # the one set rules on val_score judge (default: each)
     """
 
     model_config = _MODEL
