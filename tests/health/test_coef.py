@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from verl.trainer.ppo.core_algos import AdaptiveKLController
 
+from klsweep.cli import main
 from klsweep.health import HealthEngine, load_ruleset
 from klsweep.health.coef import max_step_factor
 
@@ -57,3 +60,14 @@ def test_a_log_rounded_to_3_decimals_moves_within_its_rounding():
     engine = HealthEngine(load_ruleset("default"), None, rounded=True)
     events = [e for s, c in enumerate([0.001, 0.002, 0.001], 1) for e in engine.update(s, {COEF: c}).events]
     assert events == []
+
+
+def test_health_check_notes_the_jump_next_to_its_verdict(tmp_path, capsys):
+    log = tmp_path / "resumed.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "data": m}) + "\n"
+                           for s, m in _stream([0.0021] * 40 + [0.0010] * 10)))
+    assert main(["health", "check", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert ("note: actor/reward_kl_penalty_coeff jumped 0.0021 → 0.001 (×0.48) between steps 40 and 41"
+            in out and "(step 41, builtin.kl_coef_jump)" in out)
+    assert "verdict: HEALTHY" in out

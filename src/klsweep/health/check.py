@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from klsweep.health.coef import KlCoefJump
 from klsweep.health.engine import HealthEngine
 from klsweep.health.load import load_ruleset
 from klsweep.health.readers import FullConfig, Trace, read_trace
@@ -195,6 +196,8 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
         lines += ["", "not applicable:"]
         lines += [f"  {name}: {why}" for name, why in s["not_applicable"].items()]
     lines += ["", *(f"note: {text}" for text in s["kl_not_logged"])]
+    lines += [f"note: {span['message']} ({_steps(span['first_step'], span['last_step'])}, {span['rule']})"
+              for span in timeline if span["rule"] == KlCoefJump.name]
     lines.append(
         f"judged by {s['judged']} of {s['total']} rules and built-in checks "
         f"({s['stop_judged']} of the {s['stop_total']} that can stop a run)"
