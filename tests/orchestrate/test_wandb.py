@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -240,3 +241,47 @@ def test_a_remedied_trial_logs_its_restart_to_a_run_of_its_own(ray_local, tmp_pa
     assert (_value(config, "restart"), _value(config, "from_step"), _value(config, "parent_run")) == (1, 3, trial_id)
     assert _value(config, "remedy_schedule") == "1× beta_high@6 from 3 kl_coef 0.05→0.005"
     assert _value(config, "health") == "healthy"
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_with_wandb_ends_the_driver_with_its_runs_written(tmp_path, signum, status):
+    """Ray's W&B callback waited ``upload_timeout`` (1800 s) at the experiment's end for the logging actor of each
+    trial a Ctrl-C or SIGTERM interrupted: that actor was never told to finish its run, and the driver froze without
+    a word. Now the driver prints its summary and exits with 130 (Ctrl-C to the process group, as a terminal sends
+    it) or 143 (SIGTERM to the driver alone, as SLURM and Kubernetes send it) well within their 30 s grace period
+    before SIGKILL (about 8 s measured here on 2 busy cores); the interrupted trial's offline run file is complete
+    (it has W&B's ``exit`` record), so ``wandb sync`` uploads it."""
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "wbi", wandb={"mode": "offline"}, parameters={"kl_coef": {"values": [0.001]}},
+                      budget={"trials": 1, "max_concurrent": 1, "max_steps": 5000})  # cannot end before the signal
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_DIR"}
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out), "--quiet"],
+                              env={**env, "RAY_AUTH_MODE": "disabled"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (any(f.stat().st_size for f in out.glob("tune/*/result.json"))
+                   and any(out.glob("wandb/offline-run-*/run-*.wandb"))):  # steps reported and logged to W&B
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline, "the trial did not start logging"
+            time.sleep(0.2)
+        if signum == signal.SIGINT:
+            os.killpg(driver.pid, signal.SIGINT)
+        else:
+            driver.send_signal(signal.SIGTERM)
+        try:  # the grace period SLURM (KillWait) and Kubernetes (terminationGracePeriodSeconds) give by default
+            stdout, stderr = driver.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the driver was still running 30 s after the signal")
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == status, stdout + stderr
+    assert stdout.splitlines()[-1] == f"continue with: sweep resume {out}"
+    run_files = list(out.glob("wandb/offline-run-*/run-*.wandb"))
+    assert run_files
+    for run_file in run_files:
+        kinds = [r.WhichOneof("record_type") for r in records(run_file)]
+        assert "exit" in kinds and "history" in kinds, run_file

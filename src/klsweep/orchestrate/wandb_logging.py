@@ -45,6 +45,11 @@ if TYPE_CHECKING:
     from klsweep.spec.schema import Sweep
 
 
+#: seconds an interrupted sweep waits for its W&B runs to be written (Tune's own trial cleanup takes up to 5 s more):
+#: the driver then ends well within the 30 s SLURM and Kubernetes give a stopped job before SIGKILL
+INTERRUPTED_FLUSH_S = 8
+
+
 class _FlushingWandbLoggingActor(_WandbLoggingActor):
     """Ray's W&B logging actor, which also waits for W&B's service process to write the run file before it returns.
 
@@ -103,6 +108,7 @@ class VerlWandbCallback(WandbLoggerCallback):
         self._params = params or []
         self._segment: dict = {}  # trial → the restart its logging actor logs (0: before any remedy)
         self._ended_segments: dict = {}  # logging future of a previous segment's run → (its actor, its queue)
+        self._told_to_end: set = set()  # trials whose logging actor was told to finish its run
 
     def setup(self, *args, **kwargs) -> None:
         # Ray asks for an API key unless the WANDB_MODE variable says offline: an offline sweep needs none.
@@ -110,7 +116,7 @@ class VerlWandbCallback(WandbLoggerCallback):
             os.environ["WANDB_MODE"] = self.kwargs["mode"]
         super().setup(*args, **kwargs)
 
-    def log_trial_start(self, trial) -> None:
+    def _start_run(self, trial) -> None:
         # WandbLoggerCallback passes self.kwargs to wandb.init after its own arguments, so these win.
         number = optuna_number(trial)
         remedies = list(trial.config.get(REMEDIES, ()))
@@ -134,6 +140,16 @@ class VerlWandbCallback(WandbLoggerCallback):
             ["remedied"] if restart else [])
         super().log_trial_start(trial)
 
+    def _signal_logging_actor_stop(self, trial) -> None:
+        """Ray's (put END on the trial's queue: the actor finishes its run), remembered for
+        :meth:`on_experiment_end`."""
+        self._told_to_end.add(trial)
+        super()._signal_logging_actor_stop(trial)
+
+    def log_trial_start(self, trial) -> None:
+        self._start_run(trial)
+        self._told_to_end.discard(trial)  # its new run's actor has not been told to end
+
     def _end_segment(self, trial) -> None:
         """Tell the trial's logging actor to finish its run, and forget it as the trial's: the run is flushed and
         its actor released by :meth:`_cleanup_logging_actors` once ``wandb.finish`` returned."""
@@ -151,6 +167,22 @@ class VerlWandbCallback(WandbLoggerCallback):
             for future in [*done, *(remaining if kill_on_timeout else [])]:
                 ray.kill(self._ended_segments.pop(future)[0])
         super()._cleanup_logging_actors(timeout=timeout, kill_on_timeout=kill_on_timeout)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        """End every W&B run, waiting at most :data:`INTERRUPTED_FLUSH_S` when the experiment ended with trials
+        still running (Ctrl-C, SIGTERM), else up to ``upload_timeout``.
+
+        Ray's callback ends a trial's run in ``log_trial_end``. An interrupted trial never ends, so Ray's
+        ``on_experiment_end`` would wait ``upload_timeout`` (Ray Train's sync timeout, 1800 s:
+        ray/air/integrations/wandb.py) for a logging actor that was never told to finish. Here each such actor is
+        told to finish its run (``wandb.finish``, then :class:`_FlushingWandbLoggingActor`'s teardown), so its
+        offline run file is complete and ``wandb sync`` uploads it; an actor not done within the bound is killed."""
+        # not by trial status: Tune's cleanup marks every live trial TERMINATED before this call (tune_controller.py)
+        unfinished = [trial for trial in list(self._trial_logging_actors) if trial not in self._told_to_end]
+        for trial in unfinished:
+            self._signal_logging_actor_stop(trial)
+        timeout = min(self._upload_timeout, INTERRUPTED_FLUSH_S) if unfinished else self._upload_timeout
+        self._cleanup_logging_actors(timeout=timeout, kill_on_timeout=True)
 
     def _start_logging_actor(self, trial, exclude_results: list[str], **wandb_init_kwargs) -> None:
         """Ray's, with the logging actor class built without ``max_restarts=-1``.
