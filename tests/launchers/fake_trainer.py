@@ -36,6 +36,9 @@ Test knobs (plain ``key=value``), for misbehaviour and for what two trials on on
   ``rendezvous_s``, default 10 s), so that two trials started together run their steps at the same time.
 - ``score=X``: each step also logs ``X`` under ``score_metric`` (default ``critic/score/mean``), an objective the
   retention tests rank trials by.
+- ``agent_port=1`` (with its own Ray): waits (at most 20 s) for the port its Ray's dashboard agent records in the
+  session directory (``dashboard_agent_listen_port_<node id>``: the port bound, -1 when it could not bind, as
+  ray/dashboard/agent.py writes it) and writes it to ``$PWD/agent.json``.
 - ``own_ray=0``: starts no Ray even where verl would (a test of what happens before Ray matters).
 - ``engine_start=S`` (with ``$FAKE_GPU_DIR``): vLLM's start-up on each GPU of ``CUDA_VISIBLE_DEVICES``, S seconds long,
   before the first step. vLLM measures the device's free memory before and after its profiling and asserts it did
@@ -146,6 +149,14 @@ if own_ray:  # verl's main_ppo: ray.init(**ray_kwargs.ray_init) unless initializ
     with open("ray.json", "w") as f:
         json.dump({"gcs_address": ray.get_runtime_context().gcs_address}, f)
     job_id = ray.get_runtime_context().get_job_id()
+    if args.get("agent_port") == 1:
+        port_file = os.path.join(ray._private.worker.global_worker.node.get_session_dir_path(),
+                                 f"dashboard_agent_listen_port_{ray.get_runtime_context().get_node_id()}")
+        until = time.monotonic() + 20
+        while not (os.path.exists(port_file) and open(port_file).read().strip()) and time.monotonic() < until:
+            time.sleep(0.1)
+        with open("agent.json", "w") as f:
+            json.dump({"port": int(open(port_file).read()) if os.path.exists(port_file) else None}, f)
 if "rendezvous" in args:
     open(os.path.join(args["rendezvous"], str(os.getpid())), "w").close()
     met = time.monotonic() + float(args.get("rendezvous_s", 10))

@@ -6,6 +6,7 @@ models vLLM's start-up profiling window (its docstring cites verl's and vLLM's f
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import uuid
 
@@ -118,3 +119,22 @@ def test_engines_sharing_a_gpu_never_start_together(verl_standin, tmp_path, lock
     assert len(shared) == 2 and shared[0]["end"] <= shared[1]["start"]
     alone = next(w for w in windows if w["gpu"] == other)
     assert any(w["start"] < alone["end"] and alone["start"] < w["end"] for w in shared)
+
+
+@pytest.mark.slow
+def test_the_dashboard_agent_of_a_trials_own_ray_gets_a_free_port(verl_standin, tmp_path, locks):
+    """Port 52365, every Ray's default for its dashboard agent, is taken (by this test when nothing on the host holds
+    it yet, as the sweep's own Ray would): the trial's Ray still binds its agent, on another port."""
+    holder = socket.socket()
+    try:
+        holder.bind(("0.0.0.0", 52365))
+        holder.listen(1)
+    except OSError:
+        pass  # another Ray on this host holds it already
+    try:
+        run_process_trial({"trainer.total_training_steps": 1, "agent_port": 1}, trainer="verl", trial_dir=tmp_path,
+                          report=lambda m: None)
+    finally:
+        holder.close()
+    port = json.loads((attempt_dir(tmp_path, 1) / "agent.json").read_text())["port"]
+    assert port not in (None, -1, 52365) and port > 0

@@ -1,8 +1,9 @@
 """One attempt of a trial's process: started under its supervisor, tailed until it ends, judged.
 
 The attempt runs isolated from the other trials of its host (:mod:`klsweep.launchers.isolation`): a verl trial
-that starts its own Ray gets a private ``/tmp`` (or is the host's only such trial), and its process starts only while
-no other trial's engine starts on its GPUs. :func:`stop_running_trials` ends every attempt running in this process.
+that starts its own Ray gets a private ``/tmp`` (or is the host's only such trial) and a free port for that Ray's
+dashboard agent (:mod:`klsweep.launchers.own_ray`), and its process starts only while no other trial's engine starts
+on its GPUs. :func:`stop_running_trials` ends every attempt running in this process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from klsweep.launchers import supervisor
+from klsweep.launchers import own_ray, supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
 from klsweep.launchers.isolation import HostSlot, StartupLocks, lock_dir, private_tmp, private_tmp_available
@@ -60,11 +61,14 @@ def run_attempt(
 ) -> Failure | None:
     """One start of the trial's process: tail its metrics until it ends; its failure, or None.
 
-    ``isolate``: run it with a private ``/tmp`` (removed at the end), else hold the host's :class:`HostSlot`.
+    ``isolate`` (a verl trial that starts its own Ray): run it through :mod:`klsweep.launchers.own_ray` (its Ray's
+    dashboard agent on a free port) with a private ``/tmp`` (removed at the end), else hold the host's
+    :class:`HostSlot`.
     ``startup_gpus``: hold their :class:`StartupLocks` from the start to the first metrics line."""
     run_dir.mkdir(parents=True)
     tmp_dir, slot, locks = None, None, StartupLocks(startup_gpus)
     if isolate:
+        argv = own_ray.wrap(argv)
         available, why = private_tmp_available()
         if available:
             tmp_dir = Path(tempfile.mkdtemp(prefix=f"klsweep-{run_dir.parent.name[:40]}-", dir=lock_dir()))
