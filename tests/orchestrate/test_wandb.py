@@ -96,7 +96,7 @@ def test_verl_never_calls_wandb_init_in_a_trial(tmp_path):
 
     sweep = load_sweep(sweep_file(tmp_path, "wb", trainer="verl", wandb={"mode": "offline"},
                                   overrides={"algorithm.kl_ctrl.type": "fixed", "trainer.n_gpus_per_node": 1},
-                                  budget={"resources": {"cpu": 1, "gpu": 1}}))
+                                  budget={"resources": {"cpu": 12, "gpu": 1}}))  # verl: 3 CPUs a GPU + 9
     trial_dir = tmp_path / "run_trial_0001"
     argv, env = trial_command(trial_overrides(sweep, {"kl_coef": 0.002}), trainer="verl", trial_dir=trial_dir,
                               base_env={"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")})

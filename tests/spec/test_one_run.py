@@ -128,3 +128,26 @@ def test_the_example_verl_sweep_on_one_gpu_two_at_once_names_every_late_failure(
              "Set actor_rollout_ref.rollout.tensor_model_parallel_size: 1 in overrides", "Write the absolute path",
              "Set budget.resources.cpu: 12", "Set trainer.total_epochs: 100 in overrides"]
     assert all(any(fix in line for line in errors) for fix in fixes), errors
+
+
+@pytest.mark.slow
+def test_wandb_in_the_logger_no_longer_hides_the_rest_of_the_file(sweep_file):
+    # wandb in trainer.logger was raised when the first trial config was built: nothing else of the file was checked
+    path = sweep_file("""\
+        overrides:
+          trainer.logger: [console, wandb]
+          algorithm.kl_ctrl.target_kl: 0.1
+          data.train_batch_size: 10
+          actor_rollout_ref.actor.ppo_mini_batch_size: 4
+        parameters:
+          kl_coef: {min: 0.001, max: 0.1}
+        seed_trials:
+          - {kl_coef: 0.5}
+        """)
+    code, lines = _validate(path)
+    errors = [line for line in lines if line.startswith("  error: ")]
+    assert code == 2
+    assert errors[0].startswith(f"  error: {path}:5: overrides.trainer.logger: ['console', 'wandb'] includes wandb")
+    for field in ("seed_trials.0.kl_coef", "overrides.algorithm.kl_ctrl.target_kl", "is not a multiple of"):
+        assert sum(field in line for line in errors) == 1, (field, errors)
+    assert len(errors) == 4, errors

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from klsweep.spec.schema import Choice, Constant, Sweep
-from klsweep.spec.space import fixed_overrides
+from klsweep.spec.space import fixed_overrides, wandb_logger_problem
 from klsweep.verl import presets
 from klsweep.verl.config import MEGATRON_FIX, closest_key, default_keys, engine_of
 
@@ -36,6 +36,7 @@ def check_keys(sweep: Sweep) -> list[Problem]:
     - unknown keys, with the closest or the full verl key;
     - aliases in overrides, or without a live key under the kl_placement;
     - keys owned by other fields;
+    - ``wandb`` in ``trainer.logger`` (:func:`klsweep.spec.space.wandb_logger_problem`);
     - a key both fixed and searched;
     - `when` keys that are not fixed or earlier parameters, or that can never hold.
     """
@@ -49,6 +50,9 @@ def check_keys_resolved(sweep: Sweep) -> tuple[list[Problem], dict[str, str]]:
     engine = engine_of(sweep.overrides)
     for key in sweep.overrides:
         errors.extend((("overrides", key), m) for m in _key_problems(key, placement, engine))
+    logger = wandb_logger_problem(sweep.overrides)
+    if logger:  # here, not when the first trial config is built: the rest of the file is still checked
+        errors.append((("overrides", "trainer.logger"), logger))
     resolved: dict[str, str] = {}  # verl key -> parameter name
     for name, p in sweep.parameters.items():
         try:

@@ -41,6 +41,24 @@ def fixed_overrides(sweep: Sweep) -> dict[str, Any]:
     return trial_overrides(sweep, {})
 
 
+def _loggers(overrides: Mapping[str, Any]) -> list[Any]:
+    asked = overrides.get("trainer.logger")
+    return [] if asked is None else [asked] if isinstance(asked, str) else list(asked) \
+        if isinstance(asked, (list, tuple)) else [asked]
+
+
+def wandb_logger_problem(overrides: Mapping[str, Any]) -> str | None:
+    """Why a sweep's ``trainer.logger`` override may not name ``wandb`` (:func:`launcher_overrides`), or None."""
+    asked = _loggers(overrides)
+    if not any(str(backend) in ("wandb", "tracking") for backend in asked):  # verl/utils/tracking.py: wandb.init
+        return None
+    return (f"{asked!r} includes wandb: verl would call wandb.init itself in every trial, without the sweep's "
+            "WANDB_MODE and WANDB_DIR (an offline or keyless trial fails at start) and beside the sweep's own W&B run "
+            "(two runs per trial). klsweep logs one W&B run per trial, grouped by the sweep, with the trial's verl "
+            "overrides as its config: remove wandb from trainer.logger (console and file are always on) and set the "
+            "sweep field `wandb: {mode: offline}` (or online, with project and entity)")
+
+
 def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
     """Trial-independent keys every trial needs: ``trainer.logger``, ``trainer.total_training_steps`` from
     budget.max_steps, ``trainer.project_name`` and ``data.seed``.
@@ -56,22 +74,12 @@ def launcher_overrides(sweep: Sweep) -> dict[str, Any]:
     Raises:
         SweepFileError: the sweep's ``overrides`` put ``wandb`` in ``trainer.logger``; the message names ``wandb:``.
     """
-    wandb_backends = ("wandb", "tracking")  # verl/utils/tracking.py: both call wandb.init in the trial
     logger = ["console", "file"]
-    asked = sweep.overrides.get("trainer.logger")
-    if asked is not None:
-        asked = [asked] if isinstance(asked, str) else list(asked) if isinstance(asked, (list, tuple)) else [asked]
-        if any(str(backend) in wandb_backends for backend in asked):
-            where = sweep.where("overrides", "trainer.logger")
-            raise SweepFileError([
-                f"{where + ': ' if where else ''}overrides.trainer.logger: {asked!r} includes wandb: verl would call "
-                "wandb.init itself in every trial, without the sweep's WANDB_MODE and WANDB_DIR (an offline or "
-                "keyless trial fails at start) and beside the sweep's own W&B run (two runs per trial). klsweep logs "
-                "one W&B run per trial, grouped by the sweep, with the trial's verl overrides as its config: remove "
-                "wandb from trainer.logger (console and file are always on) and set the sweep field "
-                "`wandb: {mode: offline}` (or online, with project and entity)"
-            ])
-        logger += [b for b in dict.fromkeys(str(b) for b in asked) if b not in logger]
+    problem = wandb_logger_problem(sweep.overrides)
+    if problem:
+        where = sweep.where("overrides", "trainer.logger")
+        raise SweepFileError([f"{where + ': ' if where else ''}overrides.trainer.logger: {problem}"])
+    logger += [b for b in dict.fromkeys(map(str, _loggers(sweep.overrides))) if b not in logger]
     return {
         "trainer.logger": logger,
         "trainer.total_training_steps": sweep.budget.max_steps,
