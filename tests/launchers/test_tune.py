@@ -289,8 +289,10 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
                                      parameters={"kl_coef": {"values": [0.1]}},
                                      health={"preset": "none", "rules": [rule]}))
     # the stand-in's knob rides along with the verl overrides (a sweep file refuses a key that is not verl's)
-    sweep = embedded.model_copy(update={"trainer": "verl",
-                                        "overrides": {**embedded.overrides, "kl_rise": 0.5, "trainer.save_freq": 2}})
+    # it logs the sweep's objective (score), so the finished trial is the best one and keeps its last checkpoint
+    sweep = embedded.model_copy(update={"trainer": "verl", "overrides": {
+        **embedded.overrides, "kl_rise": 0.5, "trainer.save_freq": 2, "score": 0.5,
+        "score_metric": embedded.objectives[0].metric}})
     scheduler = RemedyScheduler(sweep)
     stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(overrides_of, sweep),
                             remedies=scheduler)
@@ -318,6 +320,7 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
     assert [r["step"] for r in rows] == list(range(1, 11))
     assert [r["actor/reward_kl_penalty_coeff"] for r in rows] == pytest.approx([0.1] * 6 + [0.2] * 4)
     assert max(r["actor/reward_kl_penalty"] for r in rows[6:]) == pytest.approx(0.25)
-    # ended: verl's checkpoint its tracker names (step 10, the last) and Tune's newest are all that is left
+    # ended, the best finished trial: verl's checkpoint its tracker names (step 10, the last) and Tune's newest are
+    # all that is left
     assert sorted(p.name for p in (trial_dir / "checkpoints").glob("global_step_*")) == ["global_step_10"]
     assert len(list(trial_dir.glob("checkpoint_*"))) == 1
