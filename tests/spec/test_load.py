@@ -283,7 +283,7 @@ def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
     typo = next(p for p in e.value.problems if "rules.0.acton" in p)
     assert typo == (f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: "
                     "name, match, for, after, action, kind, advice, source, remedy, max_remedies, on_same_finding, "
-                    "all, any, metric, above, below, stat, window, peak_above")
+                    "all, any, metric, above, below, stat, window, peak_above, early")
 
 
 def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_space(tmp_path):

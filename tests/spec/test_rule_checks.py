@@ -44,13 +44,16 @@ def test_a_rule_is_named_exactly_when_the_engine_could_not_fire_it_within_max_st
 
 
 def test_drgrpo_vs_grpo_in_20_steps_is_warned_once_about_the_default_presets_late_rules():
-    # the default preset's score_collapse and length_collapse judge from step 21 (after: 20) for 3 steps
+    # the default preset's rules with a warm-up of 20 steps (after: 20) judge from step 21, for 3 to 10 steps
     sweep = load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml", ["budget.max_steps=20"])
     [warning] = [w for w in sweep.warnings if "health rules" in w]
     assert warning.startswith("command line 'budget.max_steps=20': budget.max_steps: 20 steps end every trial before "
                               "these health rules can fire:")
     named = [part.split(" (")[0] for part in warning.split("fire: ", 1)[1].split(". ")[0].split("), ")]
-    assert named == ["score_collapse", "length_collapse"]
-    assert "step 23 at the earliest" in warning
+    assert named == ["entropy_collapse", "score_collapse", "length_collapse", "length_blowup", "entropy_rise",
+                     "entropy_low", "entropy_high", "truncation_high"]
+    assert "score_collapse (drop_from_max20(critic/score/mean) > 0.5 for 3 steps after step 20: step 23 at the " \
+           "earliest)" in warning
+    assert "Raise budget.max_steps to 30 or more" in warning  # entropy_low: after 20, for 10
     assert "a rule of the same name in health.rules replaces the preset's" in warning
     assert not [w for w in load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml").warnings if "health rules" in w]
