@@ -151,3 +151,13 @@ def test_wandb_in_the_logger_no_longer_hides_the_rest_of_the_file(sweep_file):
     for field in ("seed_trials.0.kl_coef", "overrides.algorithm.kl_ctrl.target_kl", "is not a multiple of"):
         assert sum(field in line for line in errors) == 1, (field, errors)
     assert len(errors) == 4, errors
+
+
+def test_an_unreadable_table_is_one_problem_among_the_others(sweep_file, tmp_path):
+    # a tabular table that is not a table was raised out of the checks: the file's other problems went unseen
+    (tmp_path / "bad.jsonl.gz").write_text("not gzip\n")
+    path = sweep_file("trainer: tabular\ntabular: {table: bad.jsonl.gz}\n"
+                      "overrides:\n  algorithm.kl_ctrl.target_kl: 0.1\n")
+    _, problems = load_partial(path)
+    assert [p.split(": ")[1] for p in problems] == ["overrides.algorithm.kl_ctrl.target_kl", "tabular.table"], problems
+    assert f"{tmp_path / 'bad.jsonl.gz'}: cannot read the tabular benchmark table" in problems[1]

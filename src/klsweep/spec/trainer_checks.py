@@ -173,11 +173,15 @@ def table_problems(sweep: Sweep, params: dict, names: dict[str, str], fixed: dic
     its folder that fits.
     Else each searched categorical value the table did not record (its header's ``grid``) is an error. The trainer
     would refuse such trials at run time (:meth:`klsweep.trainers.tabular.Table.nearest`) or serve another sweep's
-    runs. Yields nothing for another trainer.
+    runs. A table that cannot be read is one error. Yields nothing for another trainer.
     """
     if sweep.trainer != "tabular" or sweep.tabular is None:
         return
-    header = load_table(sweep.tabular.table).header
+    try:
+        header = load_table(sweep.tabular.table).header
+    except TraceReadError as e:  # a problem of the file like the others: the rest of the sweep is still checked
+        yield ("tabular", "table"), str(e)
+        return
     why = header_mismatch(header, list(params), fixed)
     if why:
         yield _other_sweeps_table(sweep.tabular.table, header, why, params, fixed)
