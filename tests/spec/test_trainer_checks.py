@@ -204,3 +204,17 @@ def test_trials_sharing_a_gpu_with_verls_default_vllm_memory(sweep_file):
                             "budget.resources.gpu=0.25", "budget.max_concurrent=4", "budget.resources.cpu=12")
     assert f"parameters.{key}: {key} is 0.3 and budget.resources.gpu is 0.25: up to 4 trials" in searched
     assert f"Set {key}: 0.2 in overrides" in searched
+
+
+@pytest.mark.slow  # imports verl's single controller and TransferQueue (~10 s)
+def test_the_cpu_figures_are_verls_own():
+    """3 CPUs a GPU is verl's ResourcePoolManager.max_colocate_count (each GPU bundle is {"CPU": 3, "GPU": 1}), and
+    TransferQueue's controller and each storage unit are Ray actors of one CPU."""
+    from transfer_queue.controller import TransferQueueController
+    from transfer_queue.storage.simple_storage import SimpleStorageUnit
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    from klsweep.spec.trainer_checks import CPUS_PER_GPU
+
+    assert CPUS_PER_GPU == ResourcePoolManager.max_colocate_count == 3
+    assert TransferQueueController._default_options["num_cpus"] == SimpleStorageUnit._default_options["num_cpus"] == 1
