@@ -178,3 +178,11 @@ def test_megatron_keys_without_the_megatron_actor_name_the_switch():
                               f"ppo_trainer config: it is a key of verl's Megatron config: set {A}actor.strategy: "
                               "megatron (klsweep then composes, and runs, verl's ppo_trainer with "
                               "model_engine=megatron"), problem
+
+
+def test_megatron_mini_batches_are_split_over_its_data_parallel_ranks():
+    # 8 GPUs in tensor 2 × context 2 groups: 2 data-parallel ranks, each 8 × 4 / 2 = 16 sequences a mini-batch
+    (problem,) = _problems({**preset_overrides("grpo", "loss"), **REAL_VERL, **MEGATRON,
+                            A + "actor.ppo_micro_batch_size_per_gpu": 5})
+    assert problem.startswith(f"{A}actor.ppo_micro_batch_size_per_gpu (5) does not divide the actor mini-batch per "
+                              "GPU = ppo_mini_batch_size × rollout.n / data-parallel ranks = 8 × 4 / 2 = 16"), problem

@@ -157,12 +157,14 @@ def _batch_problems(value, on_gpus: bool) -> list[tuple[str, str]]:
     nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
     n_gpus = nnodes * per_node if on_gpus else 1
     gpus = f"(trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})" if on_gpus else "(1 device)"
+    ranks = "GPUs"
     if on_gpus and value(A + "actor.strategy") == "megatron":  # data-parallel ranks (verl's validate_config)
         group = math.prod(value(A + f"actor.megatron.{k}_parallel_size") or 1
                           for k in ("tensor_model", "pipeline_model", "context"))
         if n_gpus % group:
             return []  # megatron_problems: verl's own refusal
         n_gpus //= group
+        ranks = "data-parallel ranks"
         gpus = (f"(Megatron data-parallel ranks = {nnodes} × {per_node} GPUs / tensor × pipeline × context parallel "
                 f"{group})")
     batch, n = value("data.train_batch_size"), value(A + "rollout.n")
@@ -185,7 +187,8 @@ def _batch_problems(value, on_gpus: bool) -> list[tuple[str, str]]:
             out.append((mini_key, f"data.train_batch_size ({batch}) is not a multiple of {mini_key} ({mini}): the "
                         "last mini-batch of each step would be short. Use a divisor of the batch"))
         share, rest = divmod(mini * n, n_gpus)
-        arithmetic = f"{role} mini-batch per GPU = ppo_mini_batch_size × rollout.n / GPUs = {mini} × {n} / {n_gpus}"
+        arithmetic = (f"{role} mini-batch per GPU = ppo_mini_batch_size × rollout.n / {ranks} = {mini} × {n} / "
+                      f"{n_gpus}")
         if rest:
             out.append((mini_key, f"{arithmetic} is not a whole number {gpus}: make {mini * n} a multiple of {n_gpus}"))
         elif micro is not None and micro > share:
