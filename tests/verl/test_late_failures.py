@@ -91,9 +91,11 @@ def test_tilde_and_relative_paths_fail_in_the_trials_directory(tmp_path, monkeyp
         "directory (its own attempt-N/ folder under the sweep's results), where it is not: every trial fails when "
         f"it loads it. Write the absolute path (from here: {tmp_path}/models/qwen)",
     ]
-    # a Hugging Face id is a model path that is neither
+    # a Hugging Face id is a model path that is neither; an OmegaConf interpolation is resolved by verl
     assert preflight(_grpo(**{A + "model.path": "Qwen/Qwen2.5-0.5B-Instruct"}), runs_verl=True,
                      has_flash_attn=True) == []
+    assert not any("relative" in p for p in _problems_or_none(
+        _grpo(**{"data.val_files": "${oc.env:HOME}/data/test.parquet"}), runs_verl=True, has_flash_attn=True))
 
 
 def _rows(path: Path, n: int) -> str:

@@ -104,7 +104,7 @@ def path_problems(overrides: Mapping[str, Any]) -> list[Problem]:
     out: list[Problem] = []
     for key, what in PATH_KEYS.items():
         for path in paths_of(overrides, key):
-            if "://" in path or os.path.isabs(path):
+            if "://" in path or os.path.isabs(path) or "${" in path:  # an OmegaConf interpolation resolves in verl
                 continue
             if path.startswith("~"):
                 out.append((key, f"{key}: the {what} path {path} starts with ~, which verl does not expand "
