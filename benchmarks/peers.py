@@ -5,7 +5,9 @@ with ``seed=S`` asked one trial at a time, each trial served its recorded run
 (:class:`klsweep.trainers.tabular.TabularTrainer`) step by step. The arms differ in sampler and stopper:
 
 * ``klsweep``: the file's sampler and seed trials, its health rules (:class:`klsweep.health.HealthEngine`, as the
-  sweep's stopper judges) and its ``stopping.objective``; a stopped trial is told PRUNED.
+  sweep's stopper judges) and its ``stopping`` (the objective stopper, the median of the trials that finished
+  healthy: :class:`klsweep.orchestrate.median_stop.MedianRule`); a stopped trial is told PRUNED.
+  ``klsweep-rules``: the health rules alone; ``klsweep+median``: with ``stopping: {median: on}``.
 * ``klsweep+asha`` / ``klsweep+asha-stock``: the same with ``scheduler: asha`` (grace 10, reduction factor 3):
   :class:`klsweep.orchestrate.asha.HealthAwareASHA`, or Ray Tune's stock ``ASHAScheduler`` as klsweep used it before.
   Both are Ray's real scheduler objects, driven with each validation step's result.
@@ -41,6 +43,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +59,7 @@ from reference import reference  # noqa: E402
 
 from klsweep.health import HealthEngine, load_ruleset  # noqa: E402
 from klsweep.orchestrate.asha import HealthAwareASHA  # noqa: E402
+from klsweep.orchestrate.median_stop import MedianRule  # noqa: E402
 from klsweep.orchestrate.objective_stop import ObjectiveRule  # noqa: E402
 from klsweep.orchestrate.samplers import build_sampler  # noqa: E402
 from klsweep.results import HEALTH, STOP_KIND  # noqa: E402
@@ -74,6 +78,7 @@ class Arm:
     sampler: str  # file | tpe | random
     health: bool
     stopper: Callable[[int], Any] | None = None  # max_t → an Optuna pruner or a Ray ASHA scheduler
+    stopping: tuple[str, ...] = ()  # sweep-file overrides of klsweep's arms (``stopping={median: on}``)
 
 
 def _ray_asha(cls: type, max_t: int) -> Any:
@@ -88,6 +93,8 @@ def _asha_stock(max_t: int) -> Any:
 
 ARMS = {a.name: a for a in [
     Arm("klsweep", "file", True),
+    Arm("klsweep-rules", "file", True, stopping=("stopping={objective: off, median: off}",)),
+    Arm("klsweep+median", "file", True, stopping=("stopping={median: on}",)),
     Arm("klsweep+asha", "file", True, lambda t: _ray_asha(HealthAwareASHA, t)),
     Arm("klsweep+asha-stock", "file", True, _asha_stock),
     Arm("tpe+sha", "tpe", False, lambda t: optuna.pruners.SuccessiveHalvingPruner(min_resource=GRACE,
@@ -114,9 +121,10 @@ class _Trial:
 def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
     """One sweep of the table's file with ``seed=seed`` and ``trials`` trials under ``arm``; per trial: ``point``
     (grid index), ``total`` and ``used`` steps, ``stopped`` (by whom, or None), ``final`` (the objective's last value
-    of the full recorded run, times the objective's sign: higher is better), ``first`` (its first validation step)."""
+    of the full recorded run, times the objective's sign: higher is better), ``first`` (its first validation step),
+    ``reason`` (a median stop's text, else None)."""
     header = load_table(str(table)).header
-    args = [f"seed={seed}", f"budget.trials={trials}"]
+    args = [f"seed={seed}", f"budget.trials={trials}", *arm.stopping]
     sweep = load_sweep(REPO / header["source"], args)
     sweep = load_sweep(REPO / header["source"], [*args, *recorded_values(sweep, header)])
     objective = sweep.objectives[0]
@@ -135,6 +143,8 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
     settings = sweep.stopping.objective if arm.health else None
     judge = ObjectiveRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
                           settings) if settings else None
+    median = MedianRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
+                        sweep.stopping.median) if arm.health and sweep.stopping.median else None
     table_ = load_table(str(table))
     out = []
     for _ in range(trials):
@@ -146,7 +156,7 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
         handle = _Trial(str(trial.number))
         if asha is not None:
             asha.on_trial_add(None, handle)
-        used, stopped, last = trainer.total_steps, None, {}
+        used, stopped, last, reason = trainer.total_steps, None, {}, None
         while trainer.global_step < trainer.total_steps:
             metrics = trainer.train_step()
             step = trainer.global_step
@@ -154,6 +164,9 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
                 used, stopped = step, "health"
                 break
             if judge is not None and judge.update(str(trial.number), step, metrics):
+                used, stopped = step, "objective"
+                break
+            if median is not None and (reason := median.update(str(trial.number), step, metrics)):
                 used, stopped = step, "objective"
                 break
             if objective.metric not in metrics or not math.isfinite(metrics[objective.metric]):
@@ -167,6 +180,8 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
             if trial.should_prune():
                 used, stopped = step, "pruner"
                 break
+        if median is not None and stopped is None:
+            median.finish(str(trial.number))
         if asha is not None:
             end = {**last, HEALTH: "stopped" if stopped == "health" else "healthy",
                    STOP_KIND: "objective" if stopped == "objective" else ""}
@@ -174,7 +189,7 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
         final = next((m[objective.metric] for _, m in reversed(trainer.reports) if objective.metric in m), math.nan)
         first = next((s for s, m in trainer.reports if objective.metric in m), trainer.total_steps)
         out.append({"point": table_.nearest(overrides), "total": trainer.total_steps, "used": used,
-                    "stopped": stopped, "final": sign * final, "first": first})
+                    "stopped": stopped, "reason": reason, "final": sign * final, "first": first})
         try:
             if stopped:
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -216,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tables", nargs="*", type=Path)
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # WilcoxonPruner
     tables = args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz"))
     seeds = range(args.first_seed, args.first_seed + args.sweeps)
     print(f"machine: {machine()}; {len(tables)} tables × seeds {seeds.start}-{seeds.stop - 1} × trials {args.trials}")

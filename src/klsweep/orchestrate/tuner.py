@@ -21,6 +21,7 @@ from klsweep.health import HealthStopper, load_ruleset
 from klsweep.orchestrate.asha import HealthAwareASHA
 from klsweep.orchestrate.confirm_search import ConfirmSearch
 from klsweep.orchestrate.live_trials_csv import TrialsCsv
+from klsweep.orchestrate.median_stop import MedianStopper
 from klsweep.orchestrate.objective_stop import ObjectiveStopper
 from klsweep.orchestrate.progress import SweepProgress
 from klsweep.orchestrate.remedy import overrides_of, remedies_on
@@ -67,6 +68,10 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
     if sweep.stopping.objective is not None and confirm is None:
         stopper = CombinedStopper(stopper, ObjectiveStopper([(o.metric, o.mode) for o in sweep.objectives],
                                                             sweep.budget.max_steps, sweep.stopping.objective))
+    # and trials below the median of those that finished healthy
+    if sweep.stopping.median is not None and confirm is None:
+        stopper = CombinedStopper(stopper, MedianStopper([(o.metric, o.mode) for o in sweep.objectives],
+                                                         sweep.budget.max_steps, sweep.stopping.median))
     callbacks: list[Callback] = [
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet,
                       params=[*parameters(sweep), *([SEED_KEY] if confirm is not None else [])]),  # a re-run's seed

@@ -258,16 +258,30 @@ class ObjectiveStop(BaseModel):
         return self
 
 
+class MedianStop(BaseModel):
+    """``stopping.median``: stop a trial below the median of the trials that finished healthy, at the same step (the
+    rule and its calibration: :mod:`klsweep.orchestrate.median_stop`). ``median: on`` takes every default."""
+
+    model_config = _MODEL
+
+    margin: float = Field(0.08, ge=0, allow_inf_nan=False, description="how far below that median a trial must be "
+                          "on every objective, as a fraction of the median's magnitude")
+    min_finished: int = Field(3, ge=1, description="trials that must have finished healthy before any is stopped")
+
+
 class Stopping(BaseModel):
-    """Early stopping besides the health rules (``health:``): ``objective`` (off unless given)."""
+    """Early stopping besides the health rules (``health:``): ``objective`` and ``median`` (each off unless given)."""
 
     model_config = _MODEL
 
     objective: ObjectiveStop | None = Field(
         None, description="stop trials that cannot become competitive: on | off | {min_peers, dominated_by, margin, "
         "grace, window, min_diffs}")
+    median: MedianStop | None = Field(
+        None, description="stop trials below the median of the trials that finished healthy: on | off | {margin, "
+        "min_finished}")
 
-    @field_validator("objective", mode="before")
+    @field_validator("objective", "median", mode="before")
     @classmethod
     def _switch(cls, value: Any) -> Any:
         if value is True or value == "on":
