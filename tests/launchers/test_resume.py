@@ -138,6 +138,26 @@ def test_a_later_start_of_the_trial_continues_its_curve(verl_standin, tmp_path, 
         [0.1 * 1.02 ** (s - 1) for s in (8, 9, 10)], rel=1e-12)
 
 
+def test_steps_logged_but_never_received_are_reported_on_resume(verl_standin, tmp_path, monkeypatch):
+    """A driver SIGKILLed after Tune received step 4 of a trial that logged steps 1-7 (verl's checkpoint: step 6).
+    ``sweep resume`` restores the trial from Tune's checkpoint of step 4 (``reported_to=4``): steps 5-7 come from
+    the first attempt's file as logged, then the new attempt's 8-10. Each step once, none skipped."""
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", "Traceback (most recent call last):\nValueError: boom")
+    first: list[dict] = []
+    with pytest.raises(TrialFailed):
+        run_process_trial(ADAPTIVE | {"crash": "once", "crash_after_step": 7}, trainer=verl_standin,
+                          trial_dir=tmp_path, report=first.append)
+    assert [m["step"] for m in first] == [1, 2, 3, 4, 5, 6, 7]
+    later: list[dict] = []
+    run_process_trial(ADAPTIVE | {"crash": "once", "crash_after_step": 7}, trainer=verl_standin, trial_dir=tmp_path,
+                      report=later.append, reported_to=4)
+    assert [m["step"] for m in later] == [5, 6, 7, 8, 9, 10]
+    assert later[:3] == first[4:]  # the logged steps as the first attempt logged them
+    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))][0] == 7  # verl resumed from global_step_6
+    assert [m["actor/reward_kl_penalty_coeff"] for m in later] == pytest.approx(
+        [0.1 * 1.02 ** (s - 1) for s in range(5, 11)], rel=1e-12)
+
+
 @pytest.mark.slow  # two runs of the stand-in, each starting its own Ray as verl's main_ppo does
 def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_standin, tmp_path):
     """A KL runaway (the stand-in's KL = 0.5 × step × 0.01 / β) passes 0.3 at step 7, where Tune pauses the trial

@@ -317,3 +317,65 @@ def test_resume_of_a_driver_killed_before_its_first_trial(tmp_path):
     assert "the driver ended before the sweep's first trial" in resumed.stderr
     assert "Traceback" not in resumed.stderr
     _check_consistent(out, 1)
+
+
+def _rows(out: Path) -> tuple[Path, list[dict]]:
+    """The trial folder and the ``result.json`` rows of a one-trial sweep (a killed driver's half line left out)."""
+    (folder,) = [p.parent for p in (out / "tune").glob("run_trial_*/result.json")]
+    rows = []
+    for line in (folder / "result.json").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return folder, rows
+
+
+def test_a_trial_running_at_a_driver_sigkill_continues_from_its_newest_checkpoint(tmp_path):
+    """A driver SIGKILLed a few steps into a trial: `sweep resume` continues the trial after its newest checkpoint
+    (every 2 steps: test_freq), Tune's result.json holds each step 1-40 once, and W&B gets one run: the resumed part
+    logs to the trial's run id with ``resume="allow"`` (Ray's callback passes ``resume=False``: a second run of
+    the same id, counting on from the checkpoint)."""
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "ckpt", parameters={"kl_coef": {"values": [0.001]}}, wandb={"mode": "offline"},
+                      health={"preset": "default", "remedies": False}, budget={"trials": 1, "max_steps": 40})
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_DIR"}
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out), "--quiet"],
+                              env={**env, "RAY_AUTH_MODE": "disabled"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / "tune").glob("run_trial_*/result.json")) or len(_rows(out)[1]) < 6:
+            assert driver.poll() is None, driver.stdout.read()
+            assert time.monotonic() < deadline, "the trial did not reach step 6"
+            time.sleep(0.05)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    folder, rows = _rows(out)
+    checkpoint = max(r["step"] for r in rows if r.get("checkpoint_dir_name")
+                     and (folder / r["checkpoint_dir_name"]).is_dir())
+    assert 0 < checkpoint < 40
+
+    resumed = subprocess.run([sys.executable, "-m", "klsweep.cli", "resume", str(out), "--quiet"],
+                             env={**env, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
+    _, rows = _rows(out)
+    assert [r["step"] for r in rows] == list(range(1, 41))  # no step twice, none skipped
+    restart = [r["step"] for r in rows if r["iterations_since_restore"] == 1]
+    assert restart == [1, checkpoint + 1]  # the resume continued after the newest checkpoint
+
+    from tests.orchestrate.test_wandb import records  # W&B's run-file reader
+
+    runs = []
+    for run_file in out.glob("wandb/offline-run-*/run-*.wandb"):
+        recs = records(run_file)
+        if not any(r.WhichOneof("record_type") == "run" for r in recs):  # SIGKILLed before W&B wrote its header
+            continue
+        (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"][:1]
+        steps = [r.history.step.num for r in recs if r.WhichOneof("record_type") == "history"]
+        runs.append((run.run_id, run.resume, steps))
+    trial_id = rows[0]["trial_id"]
+    assert {run_id for run_id, _, _ in runs} == {trial_id}  # one W&B run: the resume appends to it (wandb sync)
+    assert all(resume for _, resume, _ in runs)  # wandb.init(resume="allow")
+    assert max(steps[0] for _, _, steps in runs if steps) == checkpoint + 1  # the resumed part

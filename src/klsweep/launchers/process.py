@@ -171,6 +171,7 @@ def run_process_trial(
     grace_s: float = 5.0,
     retries: int = 1,
     rewind_to: int | None = None,
+    reported_to: int | None = None,
     gpu_ids: Sequence[str] | None = None,
     cpus: float | None = None,
     keep_checkpoints: str | None = None,
@@ -206,6 +207,10 @@ def run_process_trial(
         retries: how many new attempts a retryable failure gets.
         rewind_to: the step a remedy restarts the trial from (None: none; ignored when verl no longer holds a
             checkpoint of it: the trial then continues as any restarted trial).
+        reported_to: the last step Tune holds for this trial (the step of the checkpoint it restored the trial from,
+            0 on a fresh start). Logged steps after it (a driver killed before it received them) are reported
+            first, from the attempts' files, then the new attempt's steps after the last logged one. None: report
+            only steps after the last logged one.
         gpu_ids, cpus: the trial's GPUs and CPUs; default: what Ray assigned to the calling worker
             (:func:`trial_command`).
         keep_checkpoints: the retention policy of a verl trial's checkpoint once it ran to its last step
@@ -243,8 +248,15 @@ def run_process_trial(
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     rewound = rewind(trial_dir / "checkpoints", rewind_to) if rewind_to and runs_verl(trainer) else None
-    last_step = rewind_to if rewound and rewind_to else max(logged_steps(trial_dir), default=0)
-    steps = StepReports(report, last_step=last_step)
+    logged = logged_steps(trial_dir)
+    if rewound and rewind_to:
+        steps = StepReports(report, last_step=rewind_to)
+    elif reported_to is not None:  # steps earlier attempts logged after it never reached Tune: report them now
+        steps = StepReports(report, last_step=reported_to)
+        for step in sorted(s for s in logged if s > reported_to or s == 0 == reported_to):
+            steps.line(step, logged[step])
+    else:
+        steps = StepReports(report, last_step=max(logged, default=0))
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
         if rewound and retry == 0:

@@ -16,20 +16,22 @@ from ray.tune.experiment import Trial
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.result import EXPR_RESULT_FILE
 
-from klsweep.orchestrate.remedy import REMEDIES
-from klsweep.results import STEP, restarts
+from klsweep.results import STEP
 
 
 class ResultsFromCheckpoint(JsonLoggerCallback):
     """Ray Tune's ``result.json`` logger: a restarted trial's file holds each step once, the rerun's last.
 
     The staging copy is kept when it has lines (this driver wrote it, so it is the latest); a resumed sweep's new
-    driver has none and copies the storage's. Rows after the checkpoint's step are dropped where the restarted run
-    reports them again: always for an in-process trial, and for a verl trial when a remedy rewound it
+    driver has none and copies the storage's. Rows after the checkpoint's step are dropped: the restarted run
+    reports them again. An in-process trial runs them again from its checkpoint; a verl trial reports the steps
+    its files logged after the checkpoint's step (:func:`klsweep.launchers.process.run_process_trial`'s
+    ``reported_to``), or runs them again from verl's checkpoint a remedy rewound to
     (:func:`klsweep.launchers.resume.rewind`). Passed in the run config's callbacks, it replaces Ray's default.
 
     Args:
-        in_process: the sweep's trainer runs in the Tune worker (:attr:`klsweep.trainers.TrainerKind.in_process`).
+        in_process: the sweep's trainer runs in the Tune worker (:attr:`klsweep.trainers.TrainerKind.in_process`);
+            kept for the callers, both kinds restart the same way.
     """
 
     def __init__(self, in_process: bool = True):
@@ -46,9 +48,6 @@ class ResultsFromCheckpoint(JsonLoggerCallback):
         if file_name != EXPR_RESULT_FILE or not local.is_file() or checkpoint is None:
             return
         last = checkpoint.metrics.get(STEP, 0)
-        done = restarts(trial.config.get(REMEDIES, ()))
-        if not (self._in_process or done and done[-1].from_step == last):
-            return
         kept = [line for line in local.read_text().splitlines() if _step_of(line, last + 1) <= last]
         tmp = local.with_name(local.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))

@@ -50,7 +50,8 @@ def run_trial(config: Mapping[str, Any], *, sweep: Sweep) -> None:
             overrides = verl_checkpoints_kept(sweep, overrides) | overrides
         restored = _restored_step()  # a remedy's restart when it is the step the last remedy restarts from
         rewind_to = restored if remedies and remedies[-1]["from_step"] == restored else None
-        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s, rewind_to=rewind_to)
+        run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s, rewind_to=rewind_to,
+                          reported_to=restored or 0)
         return
 
     trainer = kind.in_process(sweep, overrides)

@@ -16,6 +16,12 @@ This callback makes a trial's only W&B runs. verl's own W&B logger stays off in 
 With it on, verl's ``Tracking`` would call ``wandb.init`` in the trial process (verl/utils/tracking.py) without this
 callback's mode and directory. An offline or keyless trial would fail at start; an online one would make a second run.
 
+A trial that ``sweep resume`` continues from its checkpoint (after Ctrl-C, SIGTERM or a killed driver) keeps its run:
+the resumed part logs to the same run id with ``wandb.init(resume="allow")``. Offline, W&B writes it to a second
+``offline-run-*-<id>`` folder; ``wandb sync`` of both folders appends it to the one run (docs.wandb.ai, "Resume a
+run"). Its steps start after the checkpoint's; steps the run already holds are ones the driver received before it
+was killed, and W&B keeps their first values.
+
 A remedied trial (:mod:`klsweep.orchestrate.remedy`) logs each restart segment to a W&B run of its own
 (:meth:`VerlWandbCallback.log_trial_start`). The restart continues from a checkpoint before the last step the trial
 logged, and W&B's step only grows. In one run per trial, W&B would drop the restarted steps ("Tried to log to step 33
@@ -134,6 +140,7 @@ class VerlWandbCallback(WandbLoggerCallback):
                           remedy_schedule=schedule_line(remedies))
         self.kwargs["config"] = config
         self.kwargs["id"] = trial.trial_id + suffix
+        self.kwargs["resume"] = "allow"  # a trial `sweep resume` continues logs to its run (Ray passes False)
         self.kwargs["name"] = " ".join([f"{self.group} #{trial.trial_id if number is None else number}{suffix}",
                                         *(f"{label}={short(value)}" for label, value in searched.items())])
         self.kwargs["tags"] = [t for t in self.kwargs.get("tags") or [] if t != "remedied"] + (
