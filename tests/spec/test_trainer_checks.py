@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from klsweep.errors import SweepFileError
 from klsweep.spec import load_sweep
+from klsweep.spec.trainer_checks import CPUS_PER_GPU
+from klsweep.verl.config import config_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -154,10 +157,6 @@ def test_cpus_below_what_verls_own_ray_reserves(sweep_file):
     """3 CPUs per GPU bundle (verl's ResourcePoolManager.max_colocate_count) + TransferQueue's controller and
     storage units (transfer_queue.backend.SimpleStorage.num_data_storage_units, 8 by default), read here from verl's
     YAML: 33 for an 8-GPU trial, 12 for one GPU."""
-    import yaml
-
-    from klsweep.verl.config import config_dir
-
     units = yaml.safe_load((Path(config_dir()) / "transfer_queue" / "transfer_queue.yaml").read_text())["backend"][
         "SimpleStorage"]["num_data_storage_units"]
     assert units == 8
@@ -180,10 +179,6 @@ def test_cpus_below_what_verls_own_ray_reserves(sweep_file):
 def test_trials_sharing_a_gpu_with_verls_default_vllm_memory(sweep_file):
     """Two trials on one GPU (0.5 each, 2 at once) with verl's default gpu_memory_utilization (read from verl's
     rollout.yaml): the engines ask for the whole GPU; 0.4 each fits, as does one trial at a time."""
-    import yaml
-
-    from klsweep.verl.config import config_dir
-
     default = yaml.safe_load((Path(config_dir()) / "rollout" / "rollout.yaml").read_text())["gpu_memory_utilization"]
     assert default == 0.5
     path = sweep_file("trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 1\n")
@@ -213,8 +208,6 @@ def test_the_cpu_figures_are_verls_own():
     from transfer_queue.controller import TransferQueueController
     from transfer_queue.storage.simple_storage import SimpleStorageUnit
     from verl.single_controller.ray.base import ResourcePoolManager
-
-    from klsweep.spec.trainer_checks import CPUS_PER_GPU
 
     assert CPUS_PER_GPU == ResourcePoolManager.max_colocate_count == 3
     assert TransferQueueController._default_options["num_cpus"] == SimpleStorageUnit._default_options["num_cpus"] == 1
