@@ -68,6 +68,11 @@ ATTR_STOP_REASON = STOP_REASON
 ATTR_STEPS = "steps"
 #: JSON list of the trial's remedy records, oldest first (:func:`remedy_records`, :class:`Restart`)
 ATTR_REMEDIES = "remedies"
+#: a remedied trial's objective values (JSON list, in the study's objective order): what its restart schedule
+#: scored. The trial is PRUNED: its params are not a setting that scores that run unchanged
+ATTR_RESCUED_VALUES = "rescued_values"
+#: the start of a remedied trial's stop reason (:func:`remedied_reason`)
+REMEDIED = "remedied:"
 #: a confirmation run (``budget.confirm``, :mod:`klsweep.orchestrate.confirm_search`): the number of the search trial it
 #: re-runs with a new training seed; absent on search trials
 ATTR_CONFIRM_OF = "confirm_of"
@@ -231,3 +236,11 @@ def schedule_line(value: Any) -> str:
              + ", ".join(f"{key.rsplit('.', 1)[-1]} {old:.4g}→{new:.4g}" for key, (old, new) in r.changes.items())
              for r in restarts(value)]
     return f"{len(parts)}× " + "; ".join(parts) if parts else ""
+
+
+def remedied_reason(remedies: Any) -> str:
+    """The stop reason of a remedied trial: ``remedied: a restart schedule, not one setting (<schedule>)``.
+
+    ``remedies``: any form :func:`remedy_records` reads.
+    """
+    return f"{REMEDIED} a restart schedule, not one setting ({schedule_line(remedies)})"

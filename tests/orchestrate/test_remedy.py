@@ -235,7 +235,11 @@ def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_
     by_params = {(t.params["algorithm.kl_ctrl.kl_coef"], t.params["trainer.save_freq"]): t for t in study.trials}
     rescued, capped, bare = by_params[(0.05, 1)], by_params[(0.5, 1)], by_params[(0.05, 10)]
 
-    assert rescued.state == optuna.trial.TrialState.COMPLETE and rescued.user_attrs["steps"] == 6
+    # its score is the restart schedule's, not its params': never Optuna's best trial
+    assert rescued.state == optuna.trial.TrialState.PRUNED and rescued.user_attrs["steps"] == 6
+    assert rescued.user_attrs["stop_reason"] == \
+        "remedied: a restart schedule, not one setting (1× beta_high@4 from 3 kl_coef 0.05→0.005)"
+    assert rescued.user_attrs["rescued_values"] == rescued.values
     assert rescued.user_attrs["health"] == "healthy"
     [record] = json.loads(rescued.user_attrs["remedies"])
     assert record == {"restart": 1, "step": 4, "rule": "beta_high", "from_step": 3, "key": KL_COEF_KEY, "old": 0.05,
@@ -276,6 +280,41 @@ def test_a_flagged_trial_restarts_from_its_checkpoint_with_the_prescription(ray_
     capped_results = _result_json(out, capped.user_attrs["ray_trial_id"])
     assert [(r["step"], r[KL_COEFF_METRIC]) for r in capped_results] == \
         [(1, 0.5), (2, 0.5), (3, 0.5), (4, pytest.approx(0.05))]
+
+
+@pytest.mark.slow
+def test_the_best_trial_is_a_setting_that_ran_unchanged(ray_local, tmp_path, capsys):
+    """A remedied trial's score is its restart schedule's (kl_coef 0.05, lowered to 0.005 from step 3): run as
+    proposed, its params are what the health rule stopped. Neither ``study.best_trial`` (optuna-dashboard's best
+    trial) nor the summary's best trial is it; the summary shows it apart when its run scored better, says what had
+    to change, and ends with the winner's knob values on one line and where the files are."""
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "best", parameters={"kl_coef": {"values": [0.05, 0.001]},
+                                                    "trainer.save_freq": {"values": [1]}},
+                      seed_trials=[{"kl_coef": 0.05, "trainer.save_freq": 1},
+                                   {"kl_coef": 0.001, "trainer.save_freq": 1}],
+                      budget={"max_steps": 6, "trials": 2, "max_concurrent": 1},
+                      health={"preset": "default", "rules": [BETA_REMEDY]})
+    capsys.readouterr()
+    assert main(["run", path, "--out", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    study = optuna.load_study(study_name="best", storage=f"sqlite:///{out / 'study.db'}")
+    remedied, plain = study.trials
+    assert "remedies" in remedied.user_attrs and remedied.state == optuna.trial.TrialState.PRUNED
+    assert plain.state == optuna.trial.TrialState.COMPLETE
+    assert study.best_trial.number == plain.number and study.best_params[KL_COEF_KEY] == 0.001
+    rescued, setting = remedied.user_attrs["rescued_values"][0], plain.values[0]
+    assert lines[-1] == f"results: {out} (trials.csv, study.db, tune/)"
+    assert lines[-2] == f"winner: kl_coef=0.001 save_freq=1 (trial {plain.number}, {VAL}={setting:.4g})"
+    best_trial = f"trial {plain.number} ({plain.user_attrs['ray_trial_id']}): {VAL}={setting:.4g}"
+    assert [line for line in lines if line.startswith(best_trial)]
+    best_run = [line for line in lines if line.startswith("best run (a restart schedule, not a setting)")]
+    if rescued > setting:  # the embedded runs are deterministic: one branch, always the same
+        assert best_run == [f"best run (a restart schedule, not a setting): trial {remedied.number} scored "
+                            f"{VAL}={rescued:.4g} only because kl_coef 0.05 needed lowering to 0.005 at step 4 "
+                            "(restarted from step 3's checkpoint)"]
+    else:
+        assert best_run == []
 
 
 def _result_json(out, trial_id: str) -> list[dict]:
@@ -392,7 +431,9 @@ def test_sigkill_of_the_driver_around_a_restart_then_resume_loses_and_duplicates
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
 
     study = optuna.load_study(study_name="killed", storage=f"sqlite:///{out / 'study.db'}")
-    assert len(study.trials) == 2 and {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    assert len(study.trials) == 2
+    assert {t.state for t in study.trials if "remedies" not in t.user_attrs} <= {optuna.trial.TrialState.COMPLETE}
+    assert {t.state for t in study.trials if "remedies" in t.user_attrs} == {optuna.trial.TrialState.PRUNED}
     trials = pd.read_csv(out / "trials.csv").set_index("trial_id")
     flagged = [t for t in study.trials if t.params["algorithm.kl_ctrl.kl_coef"] == 0.05]
     assert flagged  # the seed trial; the sampler may propose kl_coef 0.05 again (one started after the resume)

@@ -1,7 +1,10 @@
 """The end of ``sweep run`` and of ``sweep status``: what the sweep did and its best trial(s).
 
 Counts by state, the stop reasons, the compute used and saved per stop reason, the confirmed leaders ranked by their
-mean over seeds (``budget.confirm``), the best trial(s) and the verl command that reproduces each.
+mean over seeds (``budget.confirm``), the best trial(s) and the verl command that reproduces each. The best trial
+is always one setting that ran unchanged: a remedied trial is PRUNED (its score is its restart schedule's) and is
+shown apart when its run scored better (:func:`best_rescued`). The last lines are the winner's knob values on one
+line (:func:`winner_line`) and where the files are.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from rich.table import Table
 from rich.text import Text
 
 from klsweep._format import console as plain_console
-from klsweep._format import short
+from klsweep._format import param_labels, short
 from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.confirm import is_search
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.sweep_dir import overrides_of
-from klsweep.results import failure_reason
+from klsweep.results import REMEDIED, failure_reason, restarts
+from klsweep.spec.space import parameters
 from klsweep.trainers import reproduce_commands
 
 if TYPE_CHECKING:
@@ -73,7 +77,8 @@ def counts_line(sweep: Sweep, df: pd.DataFrame) -> str:
 
 def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
                   ended: bool = True) -> int:
-    """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy, else 1.
+    """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy (or only a remedied
+    one ran to its end: it is shown as a restart schedule), else 1.
 
     ``ended=False``: the sweep is still running or was interrupted (Ctrl-C) before its budget; no healthy trial yet
     is then no failure and is not reported as one.
@@ -109,6 +114,12 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
     if best.empty and not ended:
         console.print("no trial has completed healthy yet", highlight=False)
         return 1
+    rescued = best_rescued(sweep, df, best)
+    if best.empty and rescued:  # only restart schedules ran to the end: the best one, and how to rerun it
+        console.print("\nno setting completed unchanged; the best remedied run:", highlight=False)
+        console.print(rescued, **_PLAIN)
+        console.print(f"results: {out_dir} (trials.csv, study.db, tune/)")
+        return 0
     if best.empty:
         console.print("no trial completed healthy: see trials.csv for the stop reasons", style="red")
         console.print(f"results: {out_dir}")
@@ -128,8 +139,52 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
             if label:
                 console.print(label, highlight=False)
             console.print(command, **_PLAIN)
-    console.print(f"\nresults: {out_dir} (trials.csv, study.db, tune/)")
+    if rescued:
+        console.print(f"\n{rescued}", **_PLAIN)
+    for _, row in best.iterrows():
+        console.print(f"\nwinner: {winner_line(sweep, row)}", **_PLAIN)
+    console.print(f"results: {out_dir} (trials.csv, study.db, tune/)")
     return 0
+
+
+def winner_line(sweep: Sweep, row: pd.Series) -> str:
+    """The searched knob values of a trial on one line, as ``key=value`` (each key its last dotted component):
+    ``kl_coef=0.002 entropy_coeff=0 (trial 3, val-core/arith/acc/mean@1=0.6758)``."""
+    knobs = " ".join(f"{label}={short(row.get(f'config/{key}'))}"
+                     for key, label in param_labels(list(parameters(sweep))).items()
+                     if row.get(f"config/{key}") is not None and not pd.isna(row.get(f"config/{key}")))
+    values = ", ".join(f"{o.metric}={short(row.get(f'value/{o.metric}'))}" for o in sweep.objectives)
+    return f"{knobs or '(no searched knob)'} (trial {row['number']}, {values})"
+
+
+def best_rescued(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> str | None:
+    """A line on the best remedied trial when its run scored better than the best setting (one objective), or None.
+
+    A remedied trial ran as a restart schedule: its params, run unchanged, are the setting a health rule found sick
+    (:data:`klsweep.results.ATTR_RESCUED_VALUES`). The line names what had to change, and when:
+    ``best run (a restart schedule, not a setting): trial 0 scored val=0.6758 only because kl_coef 0.002 needed
+    raising to 0.14 at step 32 (restarted from step 32's checkpoint)``."""
+    if len(sweep.objectives) != 1 or "stop_reason" not in df:
+        return None
+    metric, mode = sweep.objectives[0].metric, sweep.objectives[0].mode
+    column = f"value/{metric}"
+    if column not in df:
+        return None
+    reasons = df["stop_reason"].fillna("").astype(str)
+    remedied = df[reasons.str.startswith(REMEDIED) & df[column].notna() & is_search(df)]
+    if remedied.empty:
+        return None
+    top = remedied.sort_values(column, ascending=mode == "min").iloc[0]
+    if not best.empty:
+        setting = best[column].iloc[0]
+        if (top[column] <= setting) if mode == "max" else (top[column] >= setting):
+            return None
+    changes = "; ".join(
+        f"{key.rsplit('.', 1)[-1]} {old:.4g} needed {'raising' if new > old else 'lowering'} to {new:.4g} at step "
+        f"{run.step} (restarted from step {run.from_step}'s checkpoint)"
+        for run in restarts(top.get("remedies")) for key, (old, new) in run.changes.items())
+    return (f"best run (a restart schedule, not a setting): trial {top['number']} scored {metric}="
+            f"{short(top[column])} only because {changes or 'remedies restarted it'}")
 
 
 def _print_savings(sweep: Sweep, df: pd.DataFrame, console: Console) -> None:

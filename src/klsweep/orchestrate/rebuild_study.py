@@ -45,6 +45,7 @@ from klsweep.results import (
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
     ATTR_REMEDIES,
+    ATTR_RESCUED_VALUES,
     ATTR_STEPS,
     ATTR_STOP_REASON,
     ATTR_VERL_OVERRIDES,
@@ -56,6 +57,7 @@ from klsweep.results import (
     TOTAL_STEPS,
     TUNE_DIR,
     SweepRecord,
+    remedied_reason,
 )
 from klsweep.spec.schema import Sweep
 from klsweep.spec.space import SEED_KEY, define_space, trial_overrides
@@ -216,6 +218,9 @@ def _frozen(sweep: Sweep, metrics: list[str], trial: dict[str, Any], params: dic
         state, reason = outcome(metrics, trial["error"] or trial["status"] == "ERROR", health,
                                 str(last.get(STOP_KIND) or ""), str(last.get(STOP_REASON) or ""), steps < total,
                                 steps, values)
+    if attrs.get(ATTR_REMEDIES) and state == optuna.trial.TrialState.COMPLETE:  # as the searcher records it
+        state, reason = optuna.trial.TrialState.PRUNED, remedied_reason(attrs[ATTR_REMEDIES])
+        attrs[ATTR_RESCUED_VALUES] = values
     attrs.update({ATTR_HEALTH: health, ATTR_STOP_REASON: reason, ATTR_STEPS: steps})
     intermediate = {int(r["training_iteration"]): float(r[metrics[0]]) for r in rows
                     if len(metrics) == 1 and _number(r.get(metrics[0])) and math.isfinite(r[metrics[0]])

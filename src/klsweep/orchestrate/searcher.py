@@ -17,7 +17,14 @@ stopped early by ASHA                          PRUNED, stop_reason "scheduler"
 stopped on the objective (stop_kind            PRUNED, its reason in user attrs (single and multi-objective)
 ``objective``)
 raised, or last objective NaN/inf/missing      FAIL, with the reason
+remedied (restarted with changed knobs) and    PRUNED, stop reason ``remedied: ...``; its values in the user
+would otherwise be COMPLETE                    attribute ``rescued_values``
 ============================================  ===============================================================
+
+A remedied trial's score belongs to its restart schedule (kl_coef 0.002, raised to 0.14 from step 32's checkpoint),
+not to its params: run unchanged from step 1, they are the setting a health rule found sick. Recorded PRUNED, it is
+never ``study.best_trial``, optuna-dashboard's best trial or in ``study.best_trials``; samplers still learn from
+its intermediate values. The summary shows it as the best run, a restart schedule, beside the best setting.
 
 Every finished trial gets user attributes ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
 ``steps`` and ``verl_overrides`` (JSON of the full trial config). In a multi-objective study it also gets the Optuna
@@ -44,6 +51,8 @@ from klsweep.analysis.sweep_dir import study_of
 from klsweep.results import (
     ATTR_HEALTH,
     ATTR_RAY_TRIAL_ID,
+    ATTR_REMEDIES,
+    ATTR_RESCUED_VALUES,
     ATTR_STEPS,
     ATTR_STOP_REASON,
     ATTR_VERL_OVERRIDES,
@@ -54,6 +63,7 @@ from klsweep.results import (
     STOP_KIND_OBJECTIVE,
     STOP_REASON,
     TOTAL_STEPS,
+    remedied_reason,
 )
 
 #: Health stop kinds recorded as FAIL: the run is broken (NaN) or learned nothing, so its last value means nothing.
@@ -164,6 +174,10 @@ class KlsweepSearch(OptunaSearch):
         stop_reason = str(result.get(STOP_REASON, "") or "")
         stop_kind = str(result.get(STOP_KIND, "") or "")
         state, stop_reason = self._outcome(error, health, stop_kind, stop_reason, steps < total_steps, steps, values)
+        remedies = stored.user_attrs.get(ATTR_REMEDIES) or (result.get("config") or {}).get(ATTR_REMEDIES)
+        if remedies and state == optuna.trial.TrialState.COMPLETE:  # a restart schedule, not its params' score
+            state, stop_reason = optuna.trial.TrialState.PRUNED, remedied_reason(remedies)
+            ot_trial.set_user_attr(ATTR_RESCUED_VALUES, values)
         if len(self._metrics) == 1 and state == optuna.trial.TrialState.PRUNED:
             # Tune gives the result a Stopper or ASHA stopped on to on_trial_complete only, not on_trial_result
             value = _as_float(result.get(self.metric))
