@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from klsweep.launchers.failures import TrialFailed
+from klsweep.launchers.isolation import private_tmp_available
 from klsweep.launchers.process import attempt_dir, run_process_trial, stop_running_trials, trial_command
 
 from .conftest import seconds_until_gone, tree_of, wait_for
@@ -134,6 +135,33 @@ def test_sigkill_of_the_driver_leaves_no_descendant(fake_trainer, tmp_path):
     driver.wait()
     MEASURED["driver SIGKILL"] = seconds_until_gone(tree)
     assert json.loads((run_dir / "exit.json").read_text())["reason"] == "worker_gone"
+
+
+STANDIN_DRIVER = """
+import dataclasses, sys
+from klsweep.trainers import TRAINERS
+TRAINERS["verl"] = dataclasses.replace(TRAINERS["verl"], module="fake_trainer")
+from klsweep.launchers.process import run_process_trial
+run_process_trial({"trainer.total_training_steps": 100, "interval": 0.1, "own_ray": 0}, trainer="verl",
+                  trial_dir=sys.argv[1], report=print, retries=0)
+"""
+
+
+@pytest.mark.fault
+def test_sigkill_of_the_driver_removes_the_trials_private_tmp(verl_standin, tmp_path):
+    """The private /tmp of a verl trial (klsweep.launchers.isolation) goes with its tree, also when the process
+    running the trial is SIGKILLed and never reaches its own cleanup: the supervisor removes it."""
+    driver = subprocess.Popen([sys.executable, "-c", STANDIN_DRIVER, str(tmp_path)], env=os.environ.copy())
+    run_dir = attempt_dir(tmp_path, 1)
+    wait_for(run_dir / "metrics.jsonl")
+    folders = json.loads((run_dir / "spec.json").read_text())["remove_after"]
+    assert all(os.path.isdir(f) for f in folders)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    wait_for(run_dir / "exit.json")
+    assert json.loads((run_dir / "exit.json").read_text())["reason"] == "worker_gone"
+    assert len(folders) == (1 if private_tmp_available()[0] else 0)
+    assert not any(os.path.exists(f) for f in folders)
 
 
 VERL_DRIVER = """

@@ -62,8 +62,8 @@ def run_attempt(
     """One start of the trial's process: tail its metrics until it ends; its failure, or None.
 
     ``isolate`` (a verl trial that starts its own Ray): run it through :mod:`klsweep.launchers.own_ray` (its Ray's
-    dashboard agent on a free port) with a private ``/tmp`` (removed at the end), else hold the host's
-    :class:`HostSlot`.
+    dashboard agent on a free port) with a private ``/tmp``, else hold the host's :class:`HostSlot`. The supervisor
+    removes the private ``/tmp`` once the tree is gone, also after a SIGKILL of this process.
     ``startup_gpus``: hold their :class:`StartupLocks` from the start to the first metrics line."""
     run_dir.mkdir(parents=True)
     tmp_dir, slot, locks = None, None, StartupLocks(startup_gpus)
@@ -80,12 +80,13 @@ def run_attempt(
                 return Failure(e.kind, None, e.message)
     try:
         locks.acquire()
-        return _tail_attempt(argv, env, run_dir, steps, timeout_s=timeout_s, grace_s=grace_s, locks=locks)
+        return _tail_attempt(argv, env, run_dir, steps, timeout_s=timeout_s, grace_s=grace_s, locks=locks,
+                             remove_after=[tmp_dir] if tmp_dir is not None else [])
     finally:
         locks.release()
         if slot is not None:
             slot.release()
-        if tmp_dir is not None:
+        if tmp_dir is not None and not (run_dir / "supervisor.json").exists():  # else the supervisor removes it
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
@@ -98,8 +99,9 @@ def _tail_attempt(
     timeout_s: float | None,
     grace_s: float,
     locks: StartupLocks,
+    remove_after: list[Path],
 ) -> Failure | None:
-    handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s)
+    handle = supervisor.start(argv, env=env, cwd=run_dir, run_dir=run_dir, grace_s=grace_s, remove_after=remove_after)
     with _RUNNING_LOCK:
         _RUNNING[id(handle)] = (handle, grace_s)
     metrics = MetricsTail(Path(env["VERL_FILE_LOGGER_PATH"]))

@@ -18,7 +18,8 @@ SIGKILLed driver and verl's own Ray:
 
 Files in the run directory:
 
-- ``spec.json``: what to run; the environment is inherited, never written to disk;
+- ``spec.json``: what to run, and the directories to remove after it; the environment is inherited, never written
+  to disk;
 - ``supervisor.json``: pids, written once the command started;
 - ``stdout.log`` / ``stderr.log``: the command's;
 - ``supervisor.log``;
@@ -32,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +130,7 @@ def start(
     watch_pid: int | None = None,
     grace_s: float = 5.0,
     start_timeout_s: float = 30.0,
+    remove_after: Sequence[Path] = (),
 ) -> Supervised:
     """Start ``argv`` under a detached supervisor that kills its whole tree when ``watch_pid`` dies.
 
@@ -139,6 +142,8 @@ def start(
         watch_pid: the process whose death ends the command (default: the caller, i.e. the Ray trial worker).
         grace_s: seconds between SIGTERM and SIGKILL.
         start_timeout_s: seconds to wait for the supervisor to report the command's pid.
+        remove_after: directories the supervisor removes once the tree is gone, before it writes ``exit.json``
+            (the trial's private ``/tmp``), also when the watched process died first.
 
     Returns:
         A :class:`Supervised` handle once the command runs.
@@ -158,6 +163,7 @@ def start(
         "watch_pid": watch_pid,
         "watch_start": watch_stat[2],
         "grace_s": grace_s,
+        "remove_after": [str(d) for d in remove_after],
     }
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -223,6 +229,8 @@ class _Supervisor:
         started = time.monotonic()
         self._kill_tree(float(spec["grace_s"]))
         command.returncode = self.command_status  # reaped here, never by Popen
+        for folder in spec.get("remove_after", []):
+            shutil.rmtree(folder, ignore_errors=True)
         _write_json(
             self.run_dir / "exit.json",
             {"returncode": self.command_status, "reason": reason, "cleanup_s": round(time.monotonic() - started, 3)},
