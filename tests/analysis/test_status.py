@@ -204,3 +204,30 @@ def test_status_marks_kl_and_entropy_measured_on_another_scale():
                        "token-mean); KL†: actor/kl_loss (low_var_kl, seq-mean-token-sum); KL‡: actor/kl_loss "
                        "(kl, token-mean) entropy on different scales, not comparable across them: unmarked "
                        "loss_agg_mode token-mean; entropy†: loss_agg_mode seq-mean-token-sum")
+
+
+def test_token_mean_and_seq_mean_token_mean_are_one_scale():
+    """verl's token-mean and seq-mean-token-mean are both per-token means (core_algos.agg_loss), as `sweep validate`
+    says: `sweep status` marks neither the KL nor the entropy of one against the other; seq-mean-token-sum is marked."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from klsweep.analysis.status import trials_table
+
+    sweep = load_sweep("sweeps/grpo_kl.yaml")
+    agg = "config/actor_rollout_ref.actor.loss_agg_mode"
+    df = pd.DataFrame({"number": [0, 1, 2], "state": ["COMPLETE"] * 3,
+                       agg: ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
+                       "config/actor_rollout_ref.actor.kl_loss_type": ["low_var_kl"] * 3,
+                       "steps": [80] * 3, "last/ref_kl": [0.0123, 0.0125, 267.4], "last/entropy": [1.25, 1.5, 771.8],
+                       "last/score": [0.5] * 3, "kl_metric": ["actor/kl_loss"] * 3, "health": ["healthy"] * 3})
+    console = Console(file=io.StringIO(), width=400)
+    console.print(trials_table(sweep, df))
+    lines = console.file.getvalue().splitlines()
+    rows = {line.split("│")[0].strip(): [c.strip() for c in line.split("│")] for line in lines if "│" in line}
+    assert [rows[n][-5:-3] for n in "012"] == [["0.0123", "1.25"], ["0.0125", "1.5"], ["267.4†", "771.8†"]]
+    caption = " ".join(" ".join(line for line in lines if not set("│┃━") & set(line)).split())
+    assert "unmarked actor/kl_loss (low_var_kl, token-mean); KL†: actor/kl_loss (low_var_kl, seq-mean-token-sum)" \
+        in caption and "seq-mean-token-mean" not in caption

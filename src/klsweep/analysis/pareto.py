@@ -31,6 +31,9 @@ DEFAULT_LOSS_AGG_MODE = "token-mean"
 #: Estimator names verl computes identically (``core_algos.kl_penalty``: ``kl``/``k1``, ``mse``/``k2``,
 #: ``low_var_kl``/``k3``).
 _SAME_ESTIMATOR = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+#: Aggregations on one scale, named by the first: token-mean and seq-mean-token-mean are both per-token means
+#: (verl core_algos.agg_loss), as ``sweep validate`` says (klsweep.spec.checks).
+SAME_AGGREGATION = {"seq-mean-token-mean": "token-mean"}
 
 Objectives = Sequence[tuple[str, str]] | Mapping[str, str]
 
@@ -204,7 +207,8 @@ def kl_scale(df: pd.DataFrame) -> pd.Series:
     ``"actor/kl_loss (low_var_kl, token-mean)"`` or ``"actor/reward_kl_penalty (kl, per-sequence token mean)"``.
 
     Read from the trial's ``config/`` columns (missing keys: verl 0.9.1 defaults) and ``kl_metric``. Estimator
-    synonyms (k1/kl, k2/mse, k3/low_var_kl) and straight-through ``+`` variants share a scale. With
+    synonyms (k1/kl, k2/mse, k3/low_var_kl) and straight-through ``+`` variants share a scale, and so do the
+    per-token means ``token-mean`` and ``seq-mean-token-mean`` (named ``token-mean``, :data:`SAME_AGGREGATION`). With
     ``seq-mean-token-sum-norm`` a set ``actor.loss_scale_factor`` is part of the scale.
     """
     prefix = "config/"
@@ -217,6 +221,7 @@ def kl_scale(df: pd.DataFrame) -> pd.Series:
         in_loss = metric == "actor/kl_loss" if metric else setup.kl_in_loss
         if in_loss:
             agg = overrides.get("actor_rollout_ref.actor.loss_agg_mode", DEFAULT_LOSS_AGG_MODE)
+            agg = SAME_AGGREGATION.get(agg, agg)
             factor = overrides.get("actor_rollout_ref.actor.loss_scale_factor")
             if agg == "seq-mean-token-sum-norm" and factor is not None:
                 agg = f"{agg}, loss_scale_factor={factor}"

@@ -19,7 +19,7 @@ from klsweep._format import param_labels, short
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.frontier_fit import MIN_POINTS
-from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE, feasible, kl_scale
+from klsweep.analysis.pareto import DEFAULT_LOSS_AGG_MODE, SAME_AGGREGATION, feasible, kl_scale
 from klsweep.analysis.summary import counts_line, print_summary
 from klsweep.analysis.sweep_dir import load, load_history
 from klsweep.results import SweepRecord, remedy_records, schedule_line
@@ -135,9 +135,11 @@ def _scale_marks(scales: pd.Series, label: str) -> tuple[pd.Series, str]:
 
 def _aggregation(df: pd.DataFrame) -> pd.Series:
     """Per trial, the ``loss_agg_mode`` its ``actor/entropy`` is aggregated with (verl's default ``token-mean`` when
-    its row does not say), with a set ``loss_scale_factor`` under ``seq-mean-token-sum-norm``."""
+    its row does not say; ``seq-mean-token-mean``, a per-token mean too, is named ``token-mean``), with a set
+    ``loss_scale_factor`` under ``seq-mean-token-sum-norm``."""
     key = "config/actor_rollout_ref.actor.loss_agg_mode"
     modes = df[key].fillna(DEFAULT_LOSS_AGG_MODE) if key in df else pd.Series(DEFAULT_LOSS_AGG_MODE, index=df.index)
+    modes = modes.map(lambda mode: SAME_AGGREGATION.get(mode, mode))  # per-token means share token-mean's scale
     factor = df.get("config/actor_rollout_ref.actor.loss_scale_factor", pd.Series(None, index=df.index))
     return pd.Series([f"loss_agg_mode {m}" + (f", loss_scale_factor={f}" if m == "seq-mean-token-sum-norm"
                                               and _cell(f) is not None else "") for m, f in zip(modes, factor)],
