@@ -62,7 +62,10 @@ class KlCoefJump:
         last, self.last = self.last, (step, key, value)
         if last is None or step <= last[0] or key != last[1]:
             return None
-        bound = self.factor ** (step - last[0]) if math.isfinite(self.factor) else math.inf
+        try:  # a factor > 1 over a long gap between logged steps can exceed a float: no move is then a jump
+            bound = self.factor ** (step - last[0]) if math.isfinite(self.factor) else math.inf
+        except OverflowError:
+            bound = math.inf
         before = last[2]
         slack = self.slack  # a printed value stands for any value within half its last digit
         if (before - slack) / bound <= value + slack and value - slack <= (before + slack) * bound:
