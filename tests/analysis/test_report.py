@@ -250,3 +250,21 @@ def test_report_compute_table_has_labels_percentages_and_no_all_zero_gpu_columns
     gpu = _compute_table(compute_accounting(df, 10, 2.0, by="reason"))
     assert {"GPU-hours used", "GPU-hours saved", "GPU-hours saved (share)"} <= set(gpu.columns)
     assert gpu["GPU-hours saved (share)"].iloc[-1] == "25.0 %"  # 2 GPUs × 10 s of 2 × 40 GPU-s
+
+
+@pytest.mark.slow
+def test_report_opens_with_the_winner(report):
+    """The report's first section names what won: the searched knob values of each best trial (here the Pareto
+    front of feasible trials: COMPLETE and not stopped, read from trials.csv-equivalent ``load``) on one line each."""
+    from klsweep.analysis import load
+
+    text = (report / "report.html").read_text()
+    assert text.index('<h2 id="winner">') < text.index('<h2 id="summary">')
+    winner = text.split('<h2 id="winner">')[1].split("<h2")[0]
+    df = load(report.parent)
+    feasible = df[(df["state"] == "COMPLETE") & (df["health"].fillna("healthy") != "stopped")]
+    shown = [int(n) for n in re.findall(r"\(trial (\d+), ", winner)]
+    assert shown and set(shown) <= set(feasible["number"])
+    for number in shown:  # each line starts with the knob values: key=value
+        line = next(line for line in winner.split("<p>") if f"(trial {number}, " in line)
+        assert re.match(r"<b>\w+=\S+", line), line

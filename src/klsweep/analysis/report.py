@@ -34,10 +34,13 @@ from klsweep.analysis.frontier_figure import frontier_data
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
+from klsweep.analysis.summary import best_rescued, best_trials, winner_line
 from klsweep.analysis.sweep_dir import load, load_history, overrides_of, study_of
 from klsweep.errors import KlsweepError, ResultsError
 from klsweep.health import load_ruleset
 from klsweep.results import REPORT_DIR, SweepRecord
+from klsweep.spec.schema import Sweep
+from klsweep.spec.space import parameters
 from klsweep.trainers import reproduce_commands
 
 REPORT = "report.html"
@@ -106,7 +109,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-                 frontier.summary(), remedies, confirmed, views["front"].scales)
+                 frontier.summary(), remedies, confirmed, views["front"].scales,
+                 _winner_block(Sweep.model_validate(record.sweep), df))
     _atomic_write(out_dir / REPORT, page)
     if not pngs:
         print(f"report: {out_dir / REPORT}")
@@ -114,6 +118,22 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     write_pngs(views, out_dir)
     print(f"report: {out_dir / REPORT} and {len(views)} PNGs")
     return 0
+
+
+def _winner_block(sweep: Sweep, df: pd.DataFrame) -> str:
+    """The report's first section: the best trial's searched knobs on one line (each a setting that ran unchanged,
+    :func:`klsweep.analysis.summary.best_trials`), and a better remedied run apart (a restart schedule)."""
+    best = best_trials(sweep, df)
+    # the searched parameters, else (a study written by another tool) the config keys that differ between trials
+    keys = list(parameters(sweep)) or [c[len("config/"):] for c in df.columns if c.startswith("config/")
+                                       and df[c].astype(str).nunique() > 1]
+    lines = [f"<p><b>{html.escape(winner_line(sweep, row, keys))}</b></p>" for _, row in best.iterrows()]
+    if not lines:
+        lines = ["<p>No setting completed unchanged and healthy yet.</p>"]
+    rescued = best_rescued(sweep, df, best)
+    if rescued:
+        lines.append(f"<p class='warn'>{html.escape(rescued)}</p>")
+    return "<h2 id=\"winner\">Winner</h2>" + "".join(lines) + "\n"
 
 
 def _ruleset(health):
@@ -195,7 +215,7 @@ def _table(df: pd.DataFrame) -> str:
 
 
 def _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
-          frontier: str, remedies: pd.DataFrame, confirmed: pd.DataFrame, kl_plotted: list[str]) -> str:
+          frontier: str, remedies: pd.DataFrame, confirmed: pd.DataFrame, kl_plotted: list[str], winner: str) -> str:
     def fig(name: str) -> str:
         return figures[name].to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}")
 
@@ -227,7 +247,7 @@ text-align:left}} pre{{white-space:pre-wrap;background:#f4f4f4;padding:6px;font-
 <p>Algorithm {html.escape(str(info.get('sweep', {}).get('algorithm', '?')))}; objectives {objectives};
 health rules {preset}; {_trial_counts(df)} (feasible: COMPLETE and not stopped by a health
 rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
-<h2 id="summary">Summary</h2>{_table(counts)}
+{winner}<h2 id="summary">Summary</h2>{_table(counts)}
 <h2 id="front">Pareto front</h2><p>Search trials only (confirmation re-runs are in the next section).
 KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
 <h3>Front trials and the command that reruns each</h3>{front_block}

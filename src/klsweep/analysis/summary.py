@@ -147,11 +147,14 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
     return 0
 
 
-def winner_line(sweep: Sweep, row: pd.Series) -> str:
+def winner_line(sweep: Sweep, row: pd.Series, keys: list[str] | None = None) -> str:
     """The searched knob values of a trial on one line, as ``key=value`` (each key its last dotted component):
-    ``kl_coef=0.002 entropy_coeff=0 (trial 3, val-core/arith/acc/mean@1=0.6758)``."""
+    ``kl_coef=0.002 entropy_coeff=0 (trial 3, val-core/arith/acc/mean@1=0.6758)``.
+
+    ``keys``: the verl keys to show; default the sweep's searched parameters."""
+    keys = list(parameters(sweep)) if keys is None else keys
     knobs = " ".join(f"{label}={short(row.get(f'config/{key}'))}"
-                     for key, label in param_labels(list(parameters(sweep))).items()
+                     for key, label in param_labels(keys).items()
                      if row.get(f"config/{key}") is not None and not pd.isna(row.get(f"config/{key}")))
     values = ", ".join(f"{o.metric}={short(row.get(f'value/{o.metric}'))}" for o in sweep.objectives)
     return f"{knobs or '(no searched knob)'} (trial {row['number']}, {values})"
