@@ -212,3 +212,18 @@ def test_the_summary_bounds_an_accuracys_peak_and_says_when_a_kl_bound_is_extrap
     assert "KL* = 2.25 nats/sequence [0.386, unbounded]" in line(reward, (0.386, math.inf), (0.618, 3.74e6))
     assert [score_range(m) for m in (accuracy, "val-aux/arith/acc/maj@8/mean", "val-aux/arith/acc/std@8", reward,
                                      None)] == [(0.0, 1.0), (0.0, 1.0), None, None, None]
+
+
+def test_a_peak_interval_below_a_score_a_trial_reached_says_why():
+    """The peak interval is of the fitted mean curve; a single run's best validation score can lie above it (issue:
+    0.636 [0.629, 0.645] while a trial reached 0.676). The line says so, with the score reached."""
+    fit = FormFit("rl", 1.0, 0.5, 0.01, 1.5, 2.25, 0.636, {"kl_star": (0.386, 39.0), "peak_score": (0.629, 0.645)})
+    frontier = Frontier(reference=0.3, fits={"rl": fit}, best=fit, n=5, d_max=2.0, level=0.8, n_points=25)
+    paths = pd.DataFrame({"trial_id": ["a", "a", "b"], "score": [0.61, 0.676, 0.64]})
+    line = SweepFrontier("val-core/openai/gsm8k/acc/mean@4", "", "", pd.DataFrame(), pd.DataFrame(), frontier, None,
+                         paths=paths).summary()
+    assert ("peak score 0.636 [0.629, 0.645]; the peak interval is of the fitted curve (a mean over trials), not of "
+            "single runs: a trial reached 0.676 once;") in line
+    below = SweepFrontier("val-core/openai/gsm8k/acc/mean@4", "", "", pd.DataFrame(), pd.DataFrame(), frontier, None,
+                          paths=paths.assign(score=[0.61, 0.62, 0.64])).summary()
+    assert "peak score 0.636 [0.629, 0.645]; ⚠" in below and "single runs" not in below

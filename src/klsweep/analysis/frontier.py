@@ -196,7 +196,19 @@ class SweepFrontier:
         if f.extrapolated:
             warnings.append(f"extrapolated: the peak lies beyond the largest KL reached ({reached:.3g} "
                             "nats/sequence)")
+        reached_score = _best_reached(self.paths)
+        if reached_score is not None and math.isfinite(p_hi) and reached_score > p_hi:
+            line += (f"; the peak interval is of the fitted curve (a mean over trials), not of single runs: a trial "
+                     f"reached {reached_score:.3g} once")
         return line + "".join(f"; ⚠ {w}" for w in warnings)
+
+
+def _best_reached(paths: pd.DataFrame) -> float | None:
+    """The highest score a fitted trial logged at any validation step (``paths["score"]``), or None."""
+    if not len(paths) or "score" not in paths:
+        return None
+    scores = pd.to_numeric(paths["score"], errors="coerce").dropna()
+    return float(scores.max()) if len(scores) else None
 
 
 def _bound(value: float, limit: float = math.inf) -> str:
