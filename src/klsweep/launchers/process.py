@@ -244,7 +244,10 @@ def run_process_trial(
     if gpu_ids is None and ray.is_initialized():
         gpu_ids = [str(i) for i in ray.get_gpu_ids()]
     if cpus is None and ray.is_initialized():
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        try:  # a Ray worker's CPUs; a driver (a direct call with Ray up) has none assigned and Ray asserts so
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        except AssertionError:
+            cpus = None
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     rewound = rewind(trial_dir / "checkpoints", rewind_to) if rewind_to and runs_verl(trainer) else None
