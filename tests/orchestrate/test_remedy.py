@@ -65,10 +65,14 @@ def test_a_restart_goes_from_before_the_window_the_finding_read():
     assert trend_start(plain, reason) == onset_step(plain, reason) == 46
 
 
+#: The shipped sweeps stop flagged trials (remedies: false); these tests turn remedies on.
+REMEDIES_ON = "health={preset: conservative, remedies: true}"
+
+
 def test_remedies_switch_off_and_set_a_denser_checkpoint_cadence(tmp_path):
-    on = load_sweep("sweeps/conservative.yaml")
-    off = load_sweep("sweeps/conservative.yaml", ["health={preset: conservative, remedies: false}"])
-    asha = load_sweep("sweeps/conservative.yaml", ["scheduler=asha"])
+    on = load_sweep("sweeps/conservative.yaml", [REMEDIES_ON])  # the shipped file sets remedies: false
+    off = load_sweep("sweeps/conservative.yaml")
+    asha = load_sweep("sweeps/conservative.yaml", [REMEDIES_ON, "scheduler=asha"])
     assert (remedies_on(on), remedies_on(off), remedies_on(asha)) == (True, False, False)
     assert not remedies_on(load_sweep(sweep_file(tmp_path, health="seed")))  # no rule of it has a remedy
     run = {"trainer.total_training_steps": 80}  # save_freq: a fifth of the run, 16
@@ -458,12 +462,12 @@ def test_a_remedy_whose_knob_has_no_effect_stops_the_trial_saying_why(tmp_path):
     from klsweep.health import HealthStopper
     from klsweep.results import STOP_REASON
 
-    sweep = load_sweep("sweeps/drgrpo_vs_grpo.yaml")
+    sweep = load_sweep("sweeps/drgrpo_vs_grpo.yaml", ["health={preset: default, remedies: true}"])
     hacking = next(r for r in load_ruleset(sweep.health).rules if r.name == "reward_hacking")
     why = "kl_coef *4: alias 'kl_coef' has no effect with kl_placement none (no KL to the reference)"
     assert cannot_apply(hacking, "none") == why and cannot_apply(hacking, "reward") == ""
     assert remedies_on(sweep) and checkpoint_every(sweep, {"trainer.total_training_steps": 80}) == 16  # not 4
-    kl_sweep = load_sweep("sweeps/conservative.yaml")
+    kl_sweep = load_sweep("sweeps/conservative.yaml", [REMEDIES_ON])
     assert checkpoint_every(kl_sweep, {"trainer.total_training_steps": 80}) == REMEDY_SAVE_FREQ
 
     scheduler = RemedyScheduler(sweep)
@@ -619,21 +623,22 @@ def test_trainers_that_serve_recorded_runs_turn_remedies_off_and_say_so_once(tmp
     """A table or a recorded log holds no run restarted with a changed coefficient: a remedy would serve the same
     curve again, fire again and count re-run steps that never ran."""
     table = "tabular={table: benchmarks/tabular/aggressive.jsonl.gz}"
-    embedded = load_sweep("sweeps/aggressive.yaml")
-    tabular = load_sweep("sweeps/aggressive.yaml", ["trainer=tabular", table, "parameters.horizon={values: [20000]}"])
+    on = "health={preset: aggressive, remedies: true}"  # the shipped file sets remedies: false
+    embedded = load_sweep("sweeps/aggressive.yaml", [on])
+    tabular = load_sweep("sweeps/aggressive.yaml",
+                         [on, "trainer=tabular", table, "parameters.horizon={values: [20000]}"])
     assert (remedies_on(embedded), remedies_on(tabular)) == (True, False)
     run = {"trainer.total_training_steps": 80}
     assert (checkpoint_every(embedded, run), checkpoint_every(tabular, run)) == (REMEDY_SAVE_FREQ, 16)
     said = [w for w in tabular.warnings if "remedies off" in w]
-    line = 1 + open("sweeps/aggressive.yaml").read().splitlines().index("health: aggressive")
-    assert said == [f"sweeps/aggressive.yaml:{line}: health: trainer tabular: remedies off, a table holds no restarted "
+    assert said == [f"command line '{on}': health: trainer tabular: remedies off, a table holds no restarted "
                     "runs: kl_runaway, reward_hacking stop their trial instead of restarting it (as with health: "
-                    "{remedies: false})"]  # the file's `health: aggressive` line
+                    "{remedies: false})"]  # where remedies were asked for
     assert not [w for w in embedded.warnings if "remedies off" in w]
-    replay = load_sweep("sweeps/aggressive.yaml", ["trainer=replay",
+    replay = load_sweep("sweeps/aggressive.yaml", [on, "trainer=replay",
                                                    "replay={trace: tests/data/traces/ppo_qwen05b_gsm8k_sampled.jsonl}"])
     assert not remedies_on(replay)
-    assert [w.split(": ", 2)[2] for w in replay.warnings if "remedies off" in w] == [
+    assert [w.split("': health: ", 1)[1] for w in replay.warnings if "remedies off" in w] == [
         "trainer replay: remedies off, a recorded log holds no restarted runs: kl_runaway, reward_hacking stop their "
         "trial instead of restarting it (as with health: {remedies: false})"]
     # already kill-only: nothing to say
