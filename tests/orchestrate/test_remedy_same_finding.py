@@ -27,7 +27,7 @@ from klsweep.orchestrate.remedy import (
     same_finding,
 )
 from klsweep.orchestrate.remedy_tune import KeepRestartPoints, RemedyScheduler
-from klsweep.results import STEP, TOTAL_STEPS
+from klsweep.results import ATTR_RESCUED_VALUES, STEP, TOTAL_STEPS
 from klsweep.spec import load_sweep
 from klsweep.trainers.restore import KL_COEF_KEY
 from tests.orchestrate.conftest import sweep_file
@@ -146,7 +146,9 @@ def test_a_trial_flagged_again_at_the_same_step_is_stopped_or_escalated(ray_loca
             "(not remedied: beta_high fired again at step 4, at or before step 4, whose finding its last remedy "
             "answered: the dose changed nothing (on_same_finding: stop))")
         return
-    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs["health"] == "healthy"
+    # healthy, but a remedied run is a restart schedule, not a setting: PRUNED, its score kept apart
+    assert trial.state == optuna.trial.TrialState.PRUNED and trial.user_attrs["health"] == "healthy"
+    assert ATTR_RESCUED_VALUES in trial.user_attrs
     assert remedies == [first, {**first, "restart": 2, "old": pytest.approx(0.025), "new": pytest.approx(0.00625)}]
     assert [(r[STEP], r[KL_COEFF_METRIC]) for r in rows] == [
         (1, 0.05), (2, 0.05), (3, 0.05), (4, 0.05), (4, pytest.approx(0.025)),
