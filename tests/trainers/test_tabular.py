@@ -229,7 +229,8 @@ def test_a_tabular_sweep_stops_a_flagged_trial_instead_of_remedying_it(ray_local
     sweep["parameters"]["horizon"] = {"values": [20000]}
     sweep["seed_trials"].append({"kl_coef": 0.3, "target_kl": 1.0, "horizon": 20000})  # healthy: the sweep's rc 0
     sweep.update(name="tab_remedy", trainer="tabular", tabular={"table": str(table)},
-                 budget={"trials": 2, "max_concurrent": 1, "max_steps": 80})
+                 budget={"trials": 2, "max_concurrent": 1, "max_steps": 80},
+                 health={"preset": "aggressive", "remedies": True})  # the shipped file turns remedies off itself
     path = tmp_path / "tab_remedy.yaml"
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
