@@ -84,7 +84,7 @@ def _session_processes(session_dir: str) -> dict[psutil.Process, str]:
                         for arg in argv)
             if named or (argv and argv[0].startswith("ray::")
                          and any(f.path.startswith(session_dir + "/") for f in process.open_files())):
-                found[process] = " ".join(argv)[:80]
+                found[process] = " ".join(argv)  # whole: a long venv path pushes "raylet" far right
         except psutil.Error:
             pass
     return found
