@@ -24,10 +24,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ray.tune.stopper import Stopper
-
-from klsweep.health.stopper import REMEDY_NOTE
-from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
+from klsweep.orchestrate.rule_stopper import RuleStopper
+from klsweep.results import HEALTH
 from klsweep.spec.schema import MedianStop
 
 
@@ -87,29 +85,21 @@ class MedianRule:
                 "healthy, at the same step")
 
 
-class MedianStopper(Stopper):
+class MedianStopper(RuleStopper):
     """Ray Tune stopper of :class:`MedianRule`. Combined after the health stopper, which writes ``health`` first.
 
     A trial whose result reaches the step budget and is not health-stopped counts as finished healthy. A result on
-    which a remedy was planned (``remedy_note`` set) is not judged.
+    which a remedy was planned (``remedy_note`` set) is not judged, nor is a health-stopped one.
     """
 
     def __init__(self, objectives: Sequence[tuple[str, str]], total_steps: int, settings: MedianStop | None = None):
         self.rule = MedianRule(objectives, total_steps, settings)
 
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial."""
-        step = result.get(STEP, result.get("training_iteration"))
-        if not isinstance(step, (int, float)) or result.get(REMEDY_NOTE) or result.get(HEALTH) == "stopped":
-            return False
+    def judge(self, trial_id: str, step: float, result: dict) -> str | None:
+        """Record the result in the rule; the stop reason or None. A result at the budget finishes the trial."""
+        if result.get(HEALTH) == "stopped":
+            return None
         reason = self.rule.update(trial_id, step, result)
         if step >= self.rule.total_steps:
             self.rule.finish(trial_id)
-        if reason is None:
-            return False
-        result[STOP_REASON], result[STOP_KIND] = reason, STOP_KIND_OBJECTIVE
-        return True
-
-    def stop_all(self) -> bool:
-        """Judged per trial: never stops the whole experiment."""
-        return False
+        return reason

@@ -34,10 +34,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ray.tune.stopper import Stopper
-
-from klsweep.health.stopper import REMEDY_NOTE
-from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
+from klsweep.orchestrate.rule_stopper import RuleStopper
 from klsweep.spec.schema import ObjectiveStop
 
 _MAD_TO_SD = 1.4826  # σ of a normal distribution ÷ its median absolute deviation
@@ -138,9 +135,13 @@ class ObjectiveRule:
                 f"by more than the margin on every objective")
 
 
-class ObjectiveStopper(Stopper):
+class ObjectiveStopper(RuleStopper):
     """Ray Tune stopper of :class:`ObjectiveRule`: on a stop it writes ``result["stop_reason"]`` and
     ``result["stop_kind"] = "objective"`` (Tune keeps them in ``result.json``; the searcher records PRUNED).
+
+    A result on which the health stopper planned a remedy (its ``remedy_note`` is set) is not judged. The trial
+    restarts from an earlier checkpoint with other settings; its rungs after that checkpoint are dropped when it
+    reports from there.
 
     Args:
         objectives: ``(metric, mode)`` pairs of the sweep.
@@ -152,22 +153,6 @@ class ObjectiveStopper(Stopper):
                  settings: ObjectiveStop | None = None):
         self.rule = ObjectiveRule(objectives, total_steps, settings)
 
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        """Feed one result (step from ``step``, else ``training_iteration``); True to stop the trial.
-
-        A result on which the health stopper planned a remedy (its ``remedy_note`` is set) is not judged.
-        The trial restarts from an earlier checkpoint with other settings. Its rungs after that checkpoint are
-        dropped when it reports from there.
-        """
-        step = result.get(STEP, result.get("training_iteration"))
-        if not isinstance(step, (int, float)) or result.get(REMEDY_NOTE):
-            return False
-        reason = self.rule.update(trial_id, step, result)
-        if reason is None:
-            return False
-        result[STOP_REASON], result[STOP_KIND] = reason, STOP_KIND_OBJECTIVE
-        return True
-
-    def stop_all(self) -> bool:
-        """Judged per trial: never stops the whole experiment."""
-        return False
+    def judge(self, trial_id: str, step: float, result: dict) -> str | None:
+        """Feed the result to the rule; its stop reason or None."""
+        return self.rule.update(trial_id, step, result)

@@ -1,0 +1,40 @@
+"""The Ray Tune side of klsweep's early stoppers: one result in, the rule's verdict out, a stop written down.
+
+:class:`RuleStopper` holds what the stoppers of ``stopping:`` share: the step of a result (``step``, else
+``training_iteration``), results a remedy was planned on (``remedy_note`` set) left unjudged, and a stop written into
+the result as ``stop_reason`` (the rule's text) and ``stop_kind`` ``objective``. The searcher then records the trial
+PRUNED with that reason, as it does a health stop. A subclass says how one result is judged (:meth:`judge`).
+"""
+
+from __future__ import annotations
+
+from ray.tune.stopper import Stopper
+
+from klsweep.health.stopper import REMEDY_NOTE
+from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
+
+
+class RuleStopper(Stopper):
+    """A per-trial Ray Tune stopper around a rule on plain numbers; never stops the whole experiment."""
+
+    def judge(self, trial_id: str, step: float, result: dict) -> str | None:
+        """The stop reason for this result of ``trial_id`` at ``step``, or None to let the trial run on."""
+        raise NotImplementedError
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        """Feed one result; True to stop the trial, with ``stop_reason`` and ``stop_kind`` written into ``result``.
+
+        A result without a numeric step, or on which the health stopper planned a remedy, is not judged.
+        """
+        step = result.get(STEP, result.get("training_iteration"))
+        if not isinstance(step, (int, float)) or result.get(REMEDY_NOTE):
+            return False
+        reason = self.judge(trial_id, step, result)
+        if reason is None:
+            return False
+        result[STOP_REASON], result[STOP_KIND] = reason, STOP_KIND_OBJECTIVE
+        return True
+
+    def stop_all(self) -> bool:
+        """Judged per trial: never stops the whole experiment."""
+        return False
