@@ -120,3 +120,11 @@ def test_entropy_rising_while_the_score_falls_is_stopped_and_alone_is_a_warning(
         warned.update(step, metrics)
     summary = warned.summary()
     assert summary["verdict"] == "warned" and summary["fired"]["entropy_high"]["action"] == "warn"
+
+
+def test_aggressive_stops_the_zero_reward_run_of_rllm54_as_no_signal_at_its_second_report():
+    entry = next(e for e in CORPUS if e["id"] == "grpo_no_signal_rllm54")
+    summary = _summary(entry, "aggressive")
+    # reports at steps 4 and 7, every advantage 0 at both: a streak of 4 steps (4-7), aggressive's no_signal_for
+    assert (summary["stop_step"], summary["stop_kind"]) == (7, "no_signal"), summary["stop_reason"]
+    assert summary["reason"]["rule"] == "builtin.no_signal"
