@@ -213,15 +213,51 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def kl_trend(run: Run) -> dict[str, Any] | None:
+    """The reference KL of ``run``'s healthy stretch against three references: absolute (its peak), against its own
+    start (the 10-step mean ÷ the median of its first 20 steps, after step 20) and against its own trend (each value ÷
+    the median of its last 50 steps); the largest of each. None when the run logs no KL."""
+    early = Series(10, 20)
+    trend = Series(50, 0)
+    peak, to_early, to_trend, key = -math.inf, -math.inf, -math.inf, None
+    for step, metrics in run.reports:
+        hit = first_present(metrics, ALIASES["ref_kl"])
+        if step is None or step > run.healthy_until() or hit is None or not math.isfinite(hit[1]):
+            continue
+        key, value = hit
+        early.push(step, value)
+        trend.push(step, value)
+        peak = max(peak, value)
+        if step > 20:
+            a = statistic("ratio_to_early", 10, 0.0, early, 20)
+            b = statistic("ratio_to_median", 50, 0.0, trend, 0)
+            to_early = max(to_early, a[0]) if a else to_early
+            to_trend = max(to_trend, b[0]) if b else to_trend
+    if key is None:
+        return None
+    return {"metric": key, "peak": peak, "to_early": to_early, "to_trend": to_trend}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stats", action="store_true", help="print the worst healthy value of each calibrated "
                         "statistic per group, and the thresholds the whole corpus calibrates")
     parser.add_argument("--markdown", action="store_true", help="print the tables as markdown")
+    parser.add_argument("--kl", action="store_true", help="print each run's KL against an absolute, a start-relative "
+                        "and a trend-relative reference, and the spread of each over the healthy runs")
     args = parser.parse_args(argv)
     runs = load_corpus()
     print(f"corpus: {len(runs)} runs, {len({r.group for r in runs})} groups "
           f"({sum(r.verdict == 'healthy' for r in runs)} healthy, {sum(r.verdict != 'healthy' for r in runs)} failing)")
+    if args.kl:
+        trends = {r.id: t for r in runs if (t := kl_trend(r)) is not None}
+        for rid, t in trends.items():
+            print(f"  {rid} ({t['metric']}): peak {t['peak']:.3f}, 10-step mean / first 20 steps at most "
+                  f"{t['to_early']:.1f}x, value / median of its last 50 steps at most {t['to_trend']:.2f}x")
+        for what in ("peak", "to_early", "to_trend"):
+            values = [t[what] for t in trends.values()]
+            print(f"  {what}: {min(values):.3g} .. {max(values):.3g} over {len(values)} runs with KL "
+                  f"(max / min {max(values) / min(values):.1f})")
     if args.stats:
         base = load_ruleset("default")
         for group in sorted({r.group for r in runs}):

@@ -128,3 +128,18 @@ def test_aggressive_stops_the_zero_reward_run_of_rllm54_as_no_signal_at_its_seco
     # reports at steps 4 and 7, every advantage 0 at both: a streak of 4 steps (4-7), aggressive's no_signal_for
     assert (summary["stop_step"], summary["stop_kind"]) == (7, "no_signal"), summary["stop_reason"]
     assert summary["reason"]["rule"] == "builtin.no_signal"
+
+
+def test_absolute_kl_bounds_sit_above_every_healthy_runs_peak():
+    # KL in nats per token against the run's own reference: the healthy runs (0.5B-7.6B, PPO and GRPO) peak at
+    # 0.073-0.349, so an absolute bound needs no scale; each preset's kl_blowup must clear the highest peak
+    peaks = []
+    for entry in (e for e in CORPUS if e["verdict"] == "healthy"):
+        values = [hit[1] for _, m in _trace(entry["file"]).reports
+                  if (hit := first_present(m, ALIASES["ref_kl"])) is not None]
+        if values:
+            peaks.append(max(values))
+    assert len(peaks) >= 8 and 0.3 < max(peaks) < 0.4, peaks
+    for preset in ("default", "conservative", "aggressive"):
+        blowup = next(r for r in load_ruleset(preset).rules if r.name == "kl_blowup")
+        assert blowup.conditions[0].above > max(peaks), (preset, blowup.conditions[0].above)
