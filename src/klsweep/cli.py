@@ -70,7 +70,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     """Show what ran, what is running, what is left and the best trial so far, from stored state (no Ray)."""
     from klsweep.analysis.status import status
 
-    return status(args.run_dir)
+    return status(args.run_dir, every_command=args.commands)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -143,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
 
     st = add("status", _cmd_status)
     st.add_argument("run_dir")
+    st.add_argument("--commands", action="store_true",
+                    help="every command that reproduces the best trial(s): the trainer's own (embedded) too, not only "
+                         "verl's")
 
     rp = add("report", _cmd_report)
     rp.add_argument("run_dir")

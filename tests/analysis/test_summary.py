@@ -95,7 +95,11 @@ def test_summary_reruns_a_remedied_best_trial_as_its_schedule(tmp_path):
     assert f"{kl}=0.015 " in verl[1] and "global_step_20" in verl[1]
     assert any(line.startswith(f"segment 2 of 2: steps 21 to the end from the checkpoint of step 20 with {kl}=0.015")
                for line in lines)
-    embedded = [line for line in lines if line.startswith("python3 -m klsweep.trainers.embedded")]
+    assert not [line for line in lines if line.startswith("python3 -m klsweep.trainers.embedded")]  # on request:
+    every = io.StringIO()
+    print_summary(sweep, df, tmp_path, console=Console(file=every, width=400), every_command=True)
+    embedded = [line for line in every.getvalue().splitlines()
+                if line.startswith("python3 -m klsweep.trainers.embedded")]
     assert len(embedded) == 2 and "global_step_20" in embedded[1]  # each segment on the embedded trainer too
     # the restart at step 30 from 20 ran 10 steps again: 40 + 10 used
     assert "compute: 50 trial-steps used (of which 10 run again after remedies), none saved (no trial stopped early)" \

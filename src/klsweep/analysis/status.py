@@ -12,10 +12,9 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
+from klsweep._format import UNWRAPPED_WIDTH, fit_table, param_labels, short
 from klsweep._format import console as plain_console
-from klsweep._format import param_labels, short
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.frontier_fit import MIN_POINTS
@@ -27,8 +26,9 @@ from klsweep.spec.schema import Sweep
 from klsweep.spec.space import SEED_KEY, parameters
 
 
-def status(run_dir: str, console: Console | None = None) -> int:
-    """Print the state of the sweep in ``run_dir``. Returns 0.
+def status(run_dir: str, console: Console | None = None, *, every_command: bool = False) -> int:
+    """Print the state of the sweep in ``run_dir``. Returns 0. ``every_command``: each reproduce command (the
+    embedded trainer's own too), not only verl's.
 
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
@@ -39,7 +39,7 @@ def status(run_dir: str, console: Console | None = None) -> int:
     df = load(run_dir)
     console.print(counts_line(sweep, df), highlight=False)
     if len(df):
-        console.print(trials_table(sweep, df))
+        console.print(trials_table(sweep, df, console.width))
         line = frontier_line(run_dir, df, record)
         if line:
             console.print(line, highlight=False, markup=False)
@@ -47,7 +47,7 @@ def status(run_dir: str, console: Console | None = None) -> int:
     if running:
         console.print(f"if its `sweep run` is no longer running, continue it with: sweep resume {run_dir}",
                       highlight=False)
-    print_summary(sweep, df, Path(run_dir), console=console, ended=not running)
+    print_summary(sweep, df, Path(run_dir), console=console, ended=not running, every_command=every_command)
     return 0
 
 
@@ -67,7 +67,7 @@ def frontier_line(run_dir: str, df: pd.DataFrame, record: SweepRecord,
     return sweep_frontier((df, history, record), references=references).summary()
 
 
-def trials_table(sweep: Sweep, df: pd.DataFrame) -> Table:
+def trials_table(sweep: Sweep, df: pd.DataFrame, width: int = UNWRAPPED_WIDTH) -> Table:
     """The table ``sweep status`` prints: one row per trial of a :func:`klsweep.analysis.load` frame.
 
     Columns: trial, state, the searched parameters (with confirmation runs also ``confirms`` and ``seed``), the last
@@ -78,6 +78,9 @@ def trials_table(sweep: Sweep, df: pd.DataFrame) -> Table:
     KL and entropy on another scale than most rows' are marked (``267.4†``) and the caption names each scale: KL by
     :func:`klsweep.analysis.pareto.kl_scale`, entropy by the actor's ``loss_agg_mode``. Under
     ``seq-mean-token-sum`` both are sums over a sequence's tokens, not per-token means.
+
+    ``width``: the terminal's columns. No number is cut: where the table would not fit, the columns least needed
+    (score, entropy, step, ...) are left out and the caption says which (:func:`klsweep._format.fit_table`).
     """
     keys = list(parameters(sweep))
     objectives = [o.metric for o in sweep.objectives]
@@ -101,16 +104,18 @@ def trials_table(sweep: Sweep, df: pd.DataFrame) -> Table:
         has_value = df[column].notna() if column in df else pd.Series(False, index=df.index)
         marks[column], caption = _scale_marks(scales[has_value], label)
         captions += [caption] if caption else []
-    table = Table(show_edge=False, pad_edge=False, caption="\n".join(captions) or None, caption_justify="left")
-    for label in columns.values():
-        table.add_column(label)
+    rows = []
     for schedule, final, (i, row) in zip(schedules, finals, df.iterrows()):
         cells = [schedule if column == "remedies" else short(_cell(row.get(column))) for column in columns]
         cells = [f"{cell}→{short(final[column])}" if column in final else cell for cell, column in zip(cells, columns)]
-        cells = [cell + marks[column].get(i, "") if column in marks and cell else cell
-                 for cell, column in zip(cells, columns)]
-        table.add_row(*(Text(cell) for cell in cells))
-    return table
+        rows.append([cell + marks[column].get(i, "") if column in marks and cell else cell
+                     for cell, column in zip(cells, columns)])
+    return fit_table(list(columns.values()), rows, width, drop=_DROP, wrap=("health", "remedies"),
+                     caption="\n".join(captions) or None)
+
+
+#: The columns a narrow terminal leaves out first: what the objective, KL and health already say.
+_DROP = ("score", "entropy", "step", "confirms", "seed", "state")
 
 
 #: Marks of the scales other than the most common one, in :func:`_scale_marks` order.

@@ -1,10 +1,10 @@
 """The end of ``sweep run`` and of ``sweep status``: what the sweep did and its best trial(s).
 
 Counts by state, the stop reasons, the compute used and saved per stop reason, the confirmed leaders ranked by their
-mean over seeds (``budget.confirm``), the best trial(s) and the verl command that reproduces each. The best trial
-is always one setting that ran unchanged: a remedied trial is PRUNED (its score is its restart schedule's) and is
-shown apart when its run scored better (:func:`best_rescued`). The last lines are the winner's knob values on one
-line (:func:`winner_line`) and where the files are.
+mean over seeds (``budget.confirm``), then the winner block (:mod:`klsweep.analysis.winner`): the best trial, its
+score and knob values, the runner-up and whether the gap is noise, and verl's command that reproduces it; last,
+where the files are. The best trial is always one setting that ran unchanged: a remedied trial is PRUNED (its score
+is its restart schedule's) and is shown apart when its run scored better (:func:`best_rescued`).
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from klsweep._format import UNWRAPPED_WIDTH, short
 from klsweep._format import console as plain_console
-from klsweep._format import param_labels, short
 from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.confirm import is_search
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.sweep_dir import overrides_of
+from klsweep.analysis.winner import INDENT, knob_values, reproduce, runner_up, shell_lines, wrapped
 from klsweep.results import REMEDIED, failure_reason, restarts
-from klsweep.spec.space import parameters
-from klsweep.trainers import reproduce_commands
 
 if TYPE_CHECKING:
     from klsweep.spec.schema import Sweep
@@ -40,7 +39,8 @@ def best_trials(sweep: Sweep, df: pd.DataFrame) -> pd.DataFrame:
     """The best COMPLETE, healthy search trial (single objective) or the Pareto front of them (several objectives).
 
     Uses the values told to Optuna (``value/<metric>``: each objective's last reported value); confirmation runs
-    (``confirm_of``) are left out: they re-run a search trial with another seed. The front is
+    (``confirm_of``) are left out: they re-run a search trial with another seed. A tie goes to the lower trial
+    number, as in ``study.best_trial``. The front is
     :func:`klsweep.analysis.pareto.pareto_front` (Optuna's non-dominated sort); its ``attrs["notes"]`` say when it
     is empty or mixes KL scales.
     """
@@ -51,7 +51,7 @@ def best_trials(sweep: Sweep, df: pd.DataFrame) -> pd.DataFrame:
     if len(value_cols) == 1:
         done = df[feasible(df)].dropna(subset=value_cols)
         o = sweep.objectives[0]
-        return done.sort_values(value_cols[0], ascending=o.mode == "min").head(1)
+        return done.sort_values([value_cols[0], "number"], ascending=[o.mode == "min", True]).head(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # print_summary shows the front's notes
         return pareto_front(df, [(c, o.mode) for c, o in zip(value_cols, sweep.objectives)])
@@ -76,14 +76,19 @@ def counts_line(sweep: Sweep, df: pd.DataFrame) -> str:
 
 
 def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
-                  ended: bool = True) -> int:
+                  ended: bool = True, every_command: bool = False) -> int:
     """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy (or only a remedied
     one ran to its end: it is shown as a restart schedule), else 1.
+
+    It ends with the winner block (:mod:`klsweep.analysis.winner`): the best trial, its score and knob values, the
+    runner-up and whether the gap is noise, verl's reproduce command, then where the files are. On a terminal every
+    line of it fits the terminal's width. ``every_command``: each trainer's own command too (the embedded one).
 
     ``ended=False``: the sweep is still running or was interrupted (Ctrl-C) before its budget; no healthy trial yet
     is then no failure and is not reported as one.
     """
     console = console or plain_console()
+    width = console.width if console.is_terminal else UNWRAPPED_WIDTH
     counts = df["state"].value_counts().to_dict() if len(df) else {}
     console.print(f"\n[bold]{sweep.name}[/bold]: {len(df)} trials — "
                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
@@ -102,12 +107,14 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
         console.print(table)
     _print_savings(sweep, df, console)
     ranking = leaders.ranking(sweep, df)
-    _print_confirmation(sweep, ranking, df, console)
     best = best_trials(sweep, df)
     done, planned = leaders.run_counts(sweep, df)
     by_mean = len(sweep.objectives) == 1 and len(ranking) > 0 and bool(ranking["ok"].iloc[0]) and done == planned
+    verdicts = leaders.verdicts(sweep, ranking, df) if len(ranking) else []
+    _print_confirmation(sweep, ranking, [] if by_mean else verdicts, console)
     if by_mean:  # every re-run finished: the best trial is the leader by mean over seeds
         best = df[(df["number"] == ranking["trial"].iloc[0]) & is_search(df)]
+    results = f"results: {out_dir} (trials.csv, study.db, tune/)"
     if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
         console.print("no trial has finished yet", highlight=False)
         return 1
@@ -117,34 +124,77 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
     rescued = best_rescued(sweep, df, best)
     if best.empty and rescued:  # only restart schedules ran to the end: the best one, and how to rerun it
         console.print("\nno setting completed unchanged; the best remedied run:", highlight=False)
-        console.print(rescued, **_PLAIN)
-        console.print(f"results: {out_dir} (trials.csv, study.db, tune/)")
+        _print_lines(console, wrapped(rescued, width))
+        _print_lines(console, wrapped(results, width))
         return 0
     if best.empty:
         console.print("no trial completed healthy: see trials.csv for the stop reasons", style="red")
-        console.print(f"results: {out_dir}")
+        console.print(f"results: {out_dir}", **_PLAIN)
         return 1
     for note in best.attrs.get("notes", []):
         console.print(f"note: {note}", style="yellow", **_PLAIN)
-    title = "best trial" if len(sweep.objectives) == 1 else f"Pareto front ({len(best)} trials)"
-    if by_mean:
-        title += " (the leader by mean over seeds)"
-    console.print(f"\n[bold]{title}[/bold]")
-    for _, row in best.iterrows():
-        values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
-        has_kl = isinstance(row.get("kl_metric"), str)
-        kl = f", {row['kl_metric']} last={short(row.get('last/ref_kl'))}" if has_kl else ""
-        console.print(f"trial {row['number']} ({row['trial_id']}): {values}{kl}", **_PLAIN)
-        for label, command in reproduce_commands(sweep.trainer, overrides_of(row), row.get("remedies")):
-            if label:
-                console.print(label, highlight=False)
-            console.print(command, **_PLAIN)
-    if rescued:
-        console.print(f"\n{rescued}", **_PLAIN)
-    for _, row in best.iterrows():
-        console.print(f"\nwinner: {winner_line(sweep, row)}", **_PLAIN)
-    console.print(f"results: {out_dir} (trials.csv, study.db, tune/)")
+    console.print()
+    if len(sweep.objectives) == 1:
+        row = best.iloc[0]
+        _print_lines(console, _winner_block(sweep, df, row, by_mean, verdicts, rescued, width))
+        _print_commands(console, sweep, row, every_command, width)
+    else:
+        console.print(f"[bold]Pareto front ({len(best)} trials)[/bold]: none is better on every objective")
+        for _, row in best.iterrows():
+            values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
+            _print_lines(console, wrapped(f"trial {row['number']} ({row['trial_id']}): {values}", width))
+            _print_lines(console, wrapped(knob_values(sweep, row), width, INDENT))
+            if every_command:
+                _print_commands(console, sweep, row, True, width)
+        if not every_command:
+            _print_lines(console, wrapped(f"verl commands that reproduce them: sweep status {out_dir} --commands",
+                                          width))
+    if every_command or len(sweep.objectives) > 1 or not _has_own_command(sweep, best.iloc[0]):
+        _print_lines(console, wrapped(results, width))
+        return 0
+    _print_lines(console, wrapped(f"the {sweep.trainer} trainer's own command: sweep status {out_dir} --commands",
+                                  width))
+    _print_lines(console, wrapped(results, width))
     return 0
+
+
+def _winner_block(sweep: Sweep, df: pd.DataFrame, row: pd.Series, by_mean: bool, verdicts: list[str],
+                  rescued: str | None, width: int) -> list[str]:
+    """The lines that name the winner of a one-objective sweep (see :mod:`klsweep.analysis.winner`)."""
+    o = sweep.objectives[0]
+    how = " (the leader by mean over seeds)" if by_mean else ""
+    lines = wrapped(f"winner{how}: trial {row['number']} ({row['trial_id']}), {o.metric} = "
+                    f"{short(row[f'value/{o.metric}'])} ({o.mode})", width)
+    lines += wrapped(knob_values(sweep, row), width, INDENT)
+    if isinstance(row.get("kl_metric"), str):
+        lines += wrapped(f"KL at the end: {row['kl_metric']} = {short(row.get('last/ref_kl'))}", width, INDENT)
+    if by_mean:
+        lines += [line for verdict in verdicts for line in wrapped(verdict, width, INDENT)]
+    else:
+        second = runner_up(sweep, df, row)
+        lines += wrapped(second, width, INDENT) if second else []
+    if rescued:  # evidence beside the winner, not a setting
+        lines += wrapped(rescued, width)
+    return lines
+
+
+def _print_commands(console: Console, sweep: Sweep, row: pd.Series, every: bool, width: int) -> None:
+    """The command(s) that rerun ``row``, each under its label, broken to ``width`` (:func:`winner.shell_lines`)."""
+    for label, command in reproduce(sweep.trainer, row, overrides_of(row), every=every):
+        if label:
+            _print_lines(console, wrapped(label, width))
+        _print_lines(console, shell_lines(command, width))
+
+
+def _has_own_command(sweep: Sweep, row: pd.Series) -> bool:
+    """Whether the trainer has a command of its own besides verl's (the embedded trainer), printed on request."""
+    return len(reproduce(sweep.trainer, row, overrides_of(row), every=True)) > len(
+        reproduce(sweep.trainer, row, overrides_of(row)))
+
+
+def _print_lines(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(line, **_PLAIN)
 
 
 def winner_line(sweep: Sweep, row: pd.Series, keys: list[str] | None = None) -> str:
@@ -152,12 +202,8 @@ def winner_line(sweep: Sweep, row: pd.Series, keys: list[str] | None = None) -> 
     ``kl_coef=0.002 entropy_coeff=0 (trial 3, val-core/arith/acc/mean@1=0.6758)``.
 
     ``keys``: the verl keys to show; default the sweep's searched parameters."""
-    keys = list(parameters(sweep)) if keys is None else keys
-    knobs = " ".join(f"{label}={short(row.get(f'config/{key}'))}"
-                     for key, label in param_labels(keys).items()
-                     if row.get(f"config/{key}") is not None and not pd.isna(row.get(f"config/{key}")))
     values = ", ".join(f"{o.metric}={short(row.get(f'value/{o.metric}'))}" for o in sweep.objectives)
-    return f"{knobs or '(no searched knob)'} (trial {row['number']}, {values})"
+    return f"{knob_values(sweep, row, keys)} (trial {row['number']}, {values})"
 
 
 def best_rescued(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> str | None:
@@ -220,9 +266,10 @@ def _print_savings(sweep: Sweep, df: pd.DataFrame, console: Console) -> None:
     console.print(out)
 
 
-def _print_confirmation(sweep: Sweep, ranking: pd.DataFrame, df: pd.DataFrame, console: Console) -> None:
-    """The confirmed leaders by mean over seeds (:func:`klsweep.analysis.leaders.ranking`) and what the noise
-    allows to say (:func:`klsweep.analysis.leaders.verdicts`)."""
+def _print_confirmation(sweep: Sweep, ranking: pd.DataFrame, verdicts: list[str], console: Console) -> None:
+    """The confirmed leaders by mean over seeds (:func:`klsweep.analysis.leaders.ranking`), then ``verdicts``: what
+    the noise allows to say (:func:`klsweep.analysis.leaders.verdicts`; the winner block says it once every run
+    finished)."""
     if ranking.empty:
         return
     metrics = [o.metric for o in sweep.objectives]
@@ -237,5 +284,5 @@ def _print_confirmation(sweep: Sweep, ranking: pd.DataFrame, df: pd.DataFrame, c
                       short(row[f"mean/{metrics[0]}"]), short(row["sd"]), f"{short(row['min'])} .. {short(row['max'])}",
                       *(short(row[f"mean/{m}"]) for m in metrics[1:]))
     console.print(table)
-    for line in leaders.verdicts(sweep, ranking, df):
+    for line in verdicts:
         console.print(line, **_PLAIN)

@@ -29,8 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from klsweep._format import UNWRAPPED_WIDTH, fit_table, param_labels, short
 from klsweep._format import console as plain_console
-from klsweep._format import param_labels, short
 from klsweep.analysis.frontier import RESPONSE_LENGTH
 from klsweep.analysis.frontier_fit import MIN_POINTS
 from klsweep.analysis.pareto import feasible
@@ -206,20 +206,20 @@ class SweepProgress(Callback):
             self._console.print(self._forecast, markup=False, highlight=False, soft_wrap=True)
 
     def _table(self) -> Table:
-        table = Table(expand=False, show_edge=False, pad_edge=False)
+        """The trials table, fitted to the terminal's width: no number is cut or split; the columns least needed
+        are left out when it is narrow (:func:`klsweep._format.fit_table`). Off a terminal, every column."""
+        console = self._console
+        width = console.width if console is not None and console.is_terminal else UNWRAPPED_WIDTH
         rows = list(self._rows.values())[-20:]
         remedied = any(row.get("remedies") for row in rows)
         headers = ["trial", "status", *self._params.values(), "step", "KL", "entropy", "score", *self._objectives,
                    "health", *(["remedies"] if remedied else [])]
-        for header in headers:
-            table.add_column(header.rsplit("/", 3)[-3] if header.count("/") >= 3 else header, overflow="fold")
-        for row in rows:
-            cells = [row["trial"], row["status"], *(short(row.get(k)) for k in self._params), short(row.get("step")),
-                     *(short(row.get(c)) for c in _COLUMNS),
-                     *(short(row.get(n)) for n in self._objectives), str(row.get("health", "")),
-                     *([row.get("remedies", "")] if remedied else [])]
-            table.add_row(*(Text(cell) for cell in cells))
-        return table
+        labels = [header.rsplit("/", 3)[-3] if header.count("/") >= 3 else header for header in headers]
+        cells = [[str(row["trial"]), str(row["status"]), *(short(row.get(k)) for k in self._params),
+                  short(row.get("step")), *(short(row.get(c)) for c in _COLUMNS),
+                  *(short(row.get(n)) for n in self._objectives), str(row.get("health", "")),
+                  *([str(row.get("remedies", ""))] if remedied else [])] for row in rows]
+        return fit_table(labels, cells, width, drop=("score", "entropy", "step"), wrap=("health", "remedies"))
 
     def renderable(self) -> Group:
         """What the terminal shows: the trials table, the KL frontier forecast line (once a trial has ended) and the
