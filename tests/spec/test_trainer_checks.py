@@ -1,7 +1,8 @@
 """The trainer's checks: a verl trial's GPUs and a tabular sweep's table.
 
-trainer: verl sweeps reserve exactly the GPUs verl asks for: budget.resources.gpu = trainer.nnodes ×
-trainer.n_gpus_per_node (verl's default n_gpus_per_node is 8), on one node per trial. `sweep validate` of a tabular
+trainer: verl sweeps reserve exactly the GPUs verl asks for: budget.resources.gpu = trainer.n_gpus_per_node (verl's
+default is 8) on one node per trial; a multi-node trial (trainer.nnodes > 1) is a Ray job that reserves its own GPUs,
+so its actor reserves none. `sweep validate` of a tabular
 sweep: a table recorded for another sweep, and searched categories the table did not record, are errors."""
 
 from __future__ import annotations
@@ -58,12 +59,26 @@ def test_matching_gpus_pass(sweep_file, gpus, per_node):
     assert sweep.budget.resources.gpu == gpus
 
 
-def test_multi_node_trials_are_refused(sweep_file):
+def test_a_multi_node_trial_reserves_no_gpu_for_its_own_actor(sweep_file):
     path = sweep_file("trainer: verl\noverrides:\n  trainer.nnodes: 2\n  trainer.n_gpus_per_node: 8\n")
-    (problem,) = _problems(path, "budget.resources.gpu=16", "budget.resources.cpu=33")
-    assert problem.startswith(f"{path}:6: overrides.trainer.nnodes: trainer.nnodes=2: klsweep runs each verl trial "
-                              "as one process with its own local Ray on one node")
-    assert "Set trainer.nnodes: 1" in problem
+    (problem,) = _problems(path, "budget.resources.gpu=16", "budget.resources.cpu=1")
+    assert problem.startswith("command line 'budget.resources.gpu=16': budget.resources.gpu: budget.resources.gpu "
+                              "is 16 but a trial of "
+                              "trainer.nnodes=2 is one Ray job on the sweep's cluster, and verl reserves its 2 × 8 "
+                              "GPUs itself with one placement group per node")
+    assert problem.endswith("Set budget.resources.gpu: 0 (klsweep caps budget.max_concurrent to the trials the "
+                            "cluster holds)")
+    # no GPU for the actor, and no CPUs of a trial's own Ray: the job's CPUs are the cluster's (sweep run checks)
+    sweep = load_sweep(path, ["budget.resources.gpu=0", "budget.resources.cpu=1"])
+    assert sweep.overrides["trainer.nnodes"] == 2
+
+
+def test_a_multi_node_trial_cannot_start_its_own_ray(sweep_file):
+    path = sweep_file("trainer: verl\noverrides:\n  trainer.nnodes: 2\n  trainer.n_gpus_per_node: 1\n"
+                      "  +ray_kwargs.ray_init.address: local\n")
+    (problem,) = _problems(path, "budget.resources.gpu=0")
+    assert "ray_kwargs.ray_init.address=local starts a private one-node Ray, but trainer.nnodes=2 needs the " \
+           "sweep's cluster" in problem and problem.endswith("Remove the key")
 
 
 def test_gpu_count_is_not_a_hyperparameter(sweep_file):

@@ -27,6 +27,15 @@ and the CUDA work:
   ``ceil(data.train_batch_size × rollout.n × ppo_epochs / ppo_micro_batch_size_per_gpu)`` equal values (one GPU):
   10 values of 0.001 give 0.0010000000000000002. Validation: ``val-core/<data_source>/acc/mean@1``.
 
+With ``trainer.nnodes`` > 1 (a multi-node run on a Ray cluster) there is no local rollout worker: as
+``run_ppo`` (``verl/trainer/main_ppo.py``) does, it calls ``ray.init()``, which joins ``$RAY_ADDRESS``, then
+:class:`ClusterWorkers` reserves and places the workers as ``RayResourcePool.get_placement_groups`` and
+``RayWorkerGroup._init_with_resource_pool`` (``verl/single_controller/ray/base.py``) do: one placement group per node
+of ``trainer.n_gpus_per_node`` bundles ``{"CPU": 3, "GPU": 1}`` (``max_colocate_count`` 3), ``STRICT_PACK``, waited
+on with ``ray.get(pg.ready())`` and no timeout, then one worker actor per bundle. Each worker touches
+``<hydra.run.dir>/beat-<pid>`` every 0.1 s while it lives (its last write is when it died), and the run writes
+``<hydra.run.dir>/workers.json``: ``{"placed": time, "workers": [{"pid", "node_id"}, ...]}``.
+
 GPU memory goes to ``$STANDIN_GPU_DIR/<worker pid>.json`` (``{"pid", "gpu", "mib"}``, read by ``bin/nvidia-smi``):
 2048 MiB for the actor, plus ``rollout.gpu_memory_utilization × $STANDIN_GPU_TOTAL_MIB`` while the engine is awake,
 on the first GPU of ``CUDA_VISIBLE_DEVICES``; an empty ``CUDA_VISIBLE_DEVICES`` fails as verl does without a GPU.
@@ -101,6 +110,55 @@ class Rollout:
             os.remove(self.path)
 
 
+class ClusterWorkers:
+    """A multi-node run's workers, placed across the cluster's nodes as verl places them (module docstring)."""
+
+    def __init__(self, nnodes, per_node, run_dir):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        os.makedirs(run_dir, exist_ok=True)
+        ray.init(logging_level="ERROR", log_to_driver=False)  # joins $RAY_ADDRESS, as verl's run_ppo
+        bundle = {"CPU": 3, "GPU": 1}
+        pgs = [placement_group([dict(bundle) for _ in range(per_node)], strategy="STRICT_PACK")
+               for _ in range(nnodes)]
+        ray.get([pg.ready() for pg in pgs])  # verl waits with no timeout
+        worker = ray.remote(num_cpus=0, num_gpus=1)(Worker)
+        self.actors = [worker.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=i)).remote(run_dir) for pg in pgs for i in range(per_node)]
+        placed = ray.get([a.where.remote() for a in self.actors])
+        with open(os.path.join(run_dir, "workers.json"), "w") as f:
+            json.dump({"placed": time.time(), "workers": placed}, f)
+
+    def hold(self, awake):
+        pass
+
+    def close(self):
+        pass  # the driver's exit ends its job: Ray kills its actors and removes its placement groups on every node
+
+
+class Worker:
+    """One worker actor: where it runs, and a beat file it touches while it lives."""
+
+    def __init__(self, run_dir):
+        import threading
+
+        self.path = os.path.join(run_dir, f"beat-{os.getpid()}")
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self):
+        while True:
+            with open(self.path, "w") as f:
+                f.write(str(time.time()))
+            time.sleep(0.1)
+
+    def where(self):
+        import ray
+
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+
 def rendezvous(count):
     where, deadline = os.environ.get("STANDIN_GPU_DIR"), time.monotonic() + 60
     while count and where and time.monotonic() < deadline:
@@ -171,7 +229,11 @@ def main(argv):
     def validate():
         return {f"val-core/{data_source(val)}/acc/mean@1": 0.25}
 
-    rollout = Rollout(float(cfg.get(a + "rollout.gpu_memory_utilization", 0.5)))
+    nnodes = int(cfg.get("trainer.nnodes", 1))
+    if nnodes > 1:
+        rollout = ClusterWorkers(nnodes, int(cfg.get("trainer.n_gpus_per_node", 8)), cfg.get("hydra.run.dir", "."))
+    else:
+        rollout = Rollout(float(cfg.get(a + "rollout.gpu_memory_utilization", 0.5)))
     try:
         rollout.hold(awake=True)  # the engine starts with its weights and KV cache
         rollout.hold(awake=False)  # sleep_replicas before _load_checkpoint

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from klsweep.launchers import own_ray, supervisor
+from klsweep.launchers import multinode, own_ray, supervisor
 from klsweep.launchers._watch import DirectoryWatch
 from klsweep.launchers.failures import TAIL_CHARS, Failure, TrialFailed, classify
 from klsweep.launchers.isolation import HostSlot, StartupLocks, lock_dir, private_tmp, private_tmp_available
@@ -58,14 +58,19 @@ def run_attempt(
     grace_s: float,
     isolate: bool = False,
     startup_gpus: Sequence[str] = (),
+    record_node: bool = False,
 ) -> Failure | None:
     """One start of the trial's process: tail its metrics until it ends; its failure, or None.
 
     ``isolate`` (a verl trial that starts its own Ray): run it through :mod:`klsweep.launchers.own_ray` (its Ray's
     dashboard agent on a free port) with a private ``/tmp``, else hold the host's :class:`HostSlot`. The supervisor
     removes the private ``/tmp`` once the tree is gone, also after a SIGKILL of this process.
-    ``startup_gpus``: hold their :class:`StartupLocks` from the start to the first metrics line."""
+    ``startup_gpus``: hold their :class:`StartupLocks` from the start to the first metrics line. ``record_node``
+    (a multi-node trial): write this node's Ray id into ``node.json`` first
+    (:func:`klsweep.launchers.multinode.record_node`)."""
     run_dir.mkdir(parents=True)
+    if record_node:
+        multinode.record_node(run_dir)
     tmp_dir, slot, locks = None, None, StartupLocks(startup_gpus)
     if isolate:
         argv = own_ray.wrap(argv)

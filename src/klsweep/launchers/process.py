@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep.launchers import multinode
 from klsweep.launchers.attempt import run_attempt
 from klsweep.launchers.attempt import stop_running_trials as stop_running_trials  # the trial actor's cleanup
 from klsweep.launchers.checkpoints import policy, retain_finished, trial_save_freq
@@ -79,6 +80,7 @@ def trial_command(
     gpu_ids: Sequence[str | int] | None = None,
     cpus: float | None = None,
     base_env: Mapping[str, str] | None = None,
+    ray_address: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of one attempt of a trial.
 
@@ -94,6 +96,8 @@ def trial_command(
             sets it for its own workers (``set_omp_num_threads_if_unset`` in ray/_private/utils.py). None leaves
             ``OMP_NUM_THREADS`` as in ``base_env``.
         base_env: the environment to start from (default ``os.environ``).
+        ray_address: a multi-node trial's cluster (:mod:`klsweep.launchers.multinode`): ``RAY_ADDRESS`` is set to
+            it, so verl's ``ray.init()`` joins the cluster as a job of its own, and no ``ray_init.address`` is added.
 
     Returns:
         ``(argv, env)``. For verl, argv has ``trainer.save_freq``:
@@ -105,7 +109,7 @@ def trial_command(
         - ``trainer.default_local_dir``: ``trial_dir/checkpoints``;
         - ``hydra.run.dir``: ``attempt-N/hydra``;
         - ``trainer.logger``: the sweep's list plus ``file``, default ``[console,file]``;
-        - ``+ray_kwargs.ray_init.address=local``, unless the sweep sets that key.
+        - ``+ray_kwargs.ray_init.address=local``, unless the sweep sets that key or ``ray_address`` is given.
 
         ``env`` has ``VERL_FILE_LOGGER_PATH=trial_dir/attempt-N/metrics.jsonl``. It has ``RAY_AUTH_MODE=disabled``
         unless ``base_env`` sets it (:data:`RAY_AUTH_MODE_DEFAULT`). It has none of :data:`DROPPED_ENV`.
@@ -130,7 +134,7 @@ def trial_command(
         values["trainer.default_local_dir"] = str(trial_dir / "checkpoints")
         values["hydra.run.dir"] = str(run_dir / "hydra")
         values["trainer.logger"] = logger + ([] if "file" in logger else ["file"])
-        if not any(k.lstrip("+") == RAY_INIT_ADDRESS_KEY.lstrip("+") for k in values):
+        if ray_address is None and not any(k.lstrip("+") == RAY_INIT_ADDRESS_KEY.lstrip("+") for k in values):
             values[RAY_INIT_ADDRESS_KEY] = "local"
     argv = [sys.executable, "-m", module, *format_overrides(values)]
 
@@ -142,6 +146,8 @@ def trial_command(
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
     if cpus is not None:
         env["OMP_NUM_THREADS"] = str(max(1, math.floor(cpus)))
+    if ray_address is not None:
+        env = multinode.job_env(env, ray_address)
     return argv, env
 
 
@@ -218,7 +224,9 @@ def run_process_trial(
             ``$KLSWEEP_KEEP_CHECKPOINTS``, else ``best``. Without ``sweep`` and this, every checkpoint is kept.
 
     A verl trial that starts its own Ray runs with a private ``/tmp``, or alone on its host; its process starts
-    only while no other trial's engine starts on its GPUs (:mod:`klsweep.launchers.isolation`). An attempt whose
+    only while no other trial's engine starts on its GPUs (:mod:`klsweep.launchers.isolation`). A multi-node verl
+    trial (``trainer.nnodes`` > 1) joins the cluster this Ray worker belongs to as a Ray job of its own
+    (:mod:`klsweep.launchers.multinode`); an earlier attempt's job still running is ended first. An attempt whose
     tree klsweep stopped (``exit.json`` reason ``stopped``: the trial actor's cleanup, Ctrl-C) fails with kind
     ``stopped`` and is never retried.
 
@@ -250,6 +258,13 @@ def run_process_trial(
             cpus = None
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
+    job_address = None
+    if runs_verl(trainer) and multinode.is_multinode(overrides):
+        if not ray.is_initialized():
+            raise ValueError("a multi-node verl trial (trainer.nnodes > 1) runs in a Ray worker of the cluster it "
+                             "spans: call it inside a Ray Tune trial")
+        job_address, gpu_ids = multinode.cluster_address(), None  # verl's job places its GPUs itself
+        multinode.stop_recorded_jobs([trial_dir])
     rewound = rewind(trial_dir / "checkpoints", rewind_to) if rewind_to and runs_verl(trainer) else None
     logged = logged_steps(trial_dir)
     if rewound and rewind_to:
@@ -269,10 +284,11 @@ def run_process_trial(
         else:
             resumed = dict(overrides)
         argv, env = trial_command(resumed, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids,
-                                  cpus=cpus)
+                                  cpus=cpus, ray_address=job_address)
         verl = runs_verl(trainer)
         failure = run_attempt(argv, env, attempt_dir(trial_dir, attempt), steps, timeout_s=timeout_s, grace_s=grace_s,
-                              isolate=verl and own_ray(argv), startup_gpus=(gpu_ids or []) if verl else [])
+                              isolate=verl and own_ray(argv), startup_gpus=(gpu_ids or []) if verl else [],
+                              record_node=job_address is not None)
         if failure is None:
             steps.finish()
             if runs_verl(trainer) and (sweep is not None or keep_checkpoints is not None):

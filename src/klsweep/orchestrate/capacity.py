@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from klsweep.errors import ClusterError
+from klsweep.launchers import multinode
 from klsweep.trainers import runs_verl
 
 if TYPE_CHECKING:
@@ -62,13 +63,18 @@ def capacity_problem(request: Mapping[str, float], nodes: Iterable[Mapping[str, 
 def check_trial_fits(sweep: Sweep) -> None:
     """Refuse a sweep whose trials no node of the connected Ray cluster can hold (see the module docstring).
 
+    A multi-node verl sweep must also fit one trial's job on the alive nodes
+    (:func:`klsweep.launchers.multinode.check_cluster`).
+
     Raises:
-        ClusterError: the line of :func:`capacity_problem`.
+        ClusterError: the line of :func:`capacity_problem`, or of ``check_cluster``.
     """
     request = {"cpu": sweep.budget.resources.cpu, "gpu": sweep.budget.resources.gpu}
     problem = capacity_problem(request, _cluster_nodes(), trainer=sweep.trainer)
     if problem:
         raise ClusterError(problem)
+    if multinode.sweep_is_multinode(sweep):
+        multinode.check_cluster(sweep)
 
 
 def _cluster_nodes() -> list[dict[str, float]]:

@@ -33,6 +33,7 @@ from klsweep.analysis.sweep_dir import load, study_of
 from klsweep.analysis.trials_csv import write_trials_csv
 from klsweep.errors import ClusterError, ResultsError
 from klsweep.launchers import ray_address
+from klsweep.launchers.multinode import stop_recorded_jobs
 from klsweep.launchers.storage import require_shared_results
 from klsweep.orchestrate import _ray_session, _repair
 from klsweep.orchestrate.capacity import check_trial_fits
@@ -184,6 +185,8 @@ def _resume(out_dir: Path, sweep: Sweep, record: SweepRecord, saved: SweepRecord
     for change in check_resume(saved.sweep, record.sweep, run_dir=str(out_dir), source=source):
         print(f"resume: {change}", file=sys.stderr)
     _init_ray(sweep, address, out_dir)  # a cluster that cannot hold a trial is refused before sweep.json changes
+    for attempt in stop_recorded_jobs((out_dir / TUNE_DIR).glob("*")):  # what a lost supervisor left running
+        print(f"resume: ended {attempt.parent.name}/{attempt.name}'s multi-node job, still running", file=sys.stderr)
     record = record.model_copy(update={"study_name": saved.study_name, "storage": saved.storage,
                                        "tune_num_samples": saved.tune_num_samples})
     record.write(out_dir)

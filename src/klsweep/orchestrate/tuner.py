@@ -18,6 +18,7 @@ from ray.tune.stopper import CombinedStopper, Stopper
 
 from klsweep.analysis.sweep_dir import storage_from_url
 from klsweep.health import HealthStopper, load_ruleset
+from klsweep.launchers import multinode
 from klsweep.orchestrate.asha import HealthAwareASHA
 from klsweep.orchestrate.confirm_search import ConfirmSearch
 from klsweep.orchestrate.live_trials_csv import TrialsCsv
@@ -90,7 +91,7 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
             search_alg=search,
             scheduler=scheduler,
             num_samples=num_samples,
-            max_concurrent_trials=sweep.budget.max_concurrent,
+            max_concurrent_trials=multinode.max_concurrent(sweep),  # multi-node: what the cluster holds
             reuse_actors=reuse_actors(sweep.trainer),
         ),
         run_config=tune.RunConfig(

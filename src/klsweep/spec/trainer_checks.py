@@ -1,4 +1,5 @@
-"""Checks that depend on the trainer: a verl trial's GPUs, and a tabular sweep's table.
+"""Checks that depend on the trainer: a verl trial's GPUs (on one node, or one job over several), and a tabular
+sweep's table.
 
 Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns.
 """
@@ -16,6 +17,7 @@ from klsweep.spec.key_checks import Problem, label
 from klsweep.spec.schema import Choice, Constant, Sweep
 from klsweep.trainers.tabular import header_mismatch, load_table, read_header, recorded_for
 from klsweep.verl.config import compose
+from klsweep.verl.late_failures import CPUS_PER_GPU
 
 #: The keys that size a verl trial's GPUs: verl's ResourcePoolManager asks Ray for nnodes × n_gpus_per_node.
 _GPU_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
@@ -29,16 +31,18 @@ def _verl_default(key: str) -> Any:
 
 
 def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str]) -> Iterator[Problem]:
-    """Check that a ``trainer: verl`` trial reserves the GPUs its verl asks for, on one node.
+    """Check that a ``trainer: verl`` trial reserves the GPUs its verl asks for.
 
     Takes the fixed overrides, the searched parameters and each searched key's parameter name (``names``).
-    A trial runs on the GPUs Ray reserves for it (``budget.resources.gpu``; the launcher sets
-    ``CUDA_VISIBLE_DEVICES``). Its verl asks its own local Ray for ``trainer.nnodes × trainer.n_gpus_per_node``
-    GPUs (verl's ``ResourcePoolManager``; the default n_gpus_per_node is 8). Fewer reserved than asked fails every
-    trial ("Total available GPUs ... is less than total desired GPUs ..."); more idles them. A fraction of one GPU
-    is fine for a one-GPU trial. Each trial is one process with its own Ray on one node: ``trainer.nnodes`` is 1.
-    Yields an error for each mismatch, or for a searched GPU key; then the CPUs of the trial's own Ray
+    A single-node trial (``trainer.nnodes`` 1) runs on the GPUs Ray reserves for it (``budget.resources.gpu``; the
+    launcher sets ``CUDA_VISIBLE_DEVICES``). Its verl asks its own local Ray for ``trainer.n_gpus_per_node`` GPUs
+    (verl's ``ResourcePoolManager``; the default is 8). Fewer reserved than asked fails every trial ("Total
+    available GPUs ... is less than total desired GPUs ..."); more idles them. A fraction of one GPU is fine for a
+    one-GPU trial. Yields an error for each mismatch, or for a searched GPU key; then the CPUs of the trial's own Ray
     (:func:`_inner_ray_cpus`) and the vLLM memory of trials that share a GPU (:func:`_shared_gpu`).
+
+    A multi-node trial (``trainer.nnodes`` > 1) is one Ray job on the sweep's cluster that reserves its GPUs itself
+    (:mod:`klsweep.launchers.multinode`): its Tune actor holds no GPU (:func:`_multinode`).
     """
     searched = [key for key in _GPU_KEYS if key in params]
     for key in searched:
@@ -52,10 +56,7 @@ def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (nnodes, per_node)):
         return  # not a whole number: no GPU count to compare (verl itself fails on it)
     if nnodes != 1:
-        yield ("overrides", "trainer.nnodes"), (
-            f"trainer.nnodes={nnodes}: klsweep runs each verl trial as one process with its own local Ray on one "
-            "node, so a multi-node trial would wait for GPUs that never join it. Set trainer.nnodes: 1 (the "
-            "default); a Ray cluster spreads trials, not one trial, over nodes (budget.max_concurrent)")
+        yield from _multinode(sweep, fixed, nnodes, per_node)
         return
     gpu = sweep.budget.resources.gpu
     yield from _inner_ray_cpus(sweep, fixed, per_node)
@@ -80,9 +81,33 @@ def verl_resources(sweep: Sweep, fixed: dict, params: dict, names: dict[str, str
         f"sees only the GPUs Ray reserves for it, so {why}. {fix}")
 
 
-#: CPUs verl's own Ray reserves per GPU: each GPU bundle of its placement groups is ``{"CPU": max_colocate_count,
-#: "GPU": 1}`` with ``ResourcePoolManager.max_colocate_count`` 3 (verl/single_controller/ray/base.py).
-CPUS_PER_GPU = 3
+def _multinode(sweep: Sweep, fixed: dict[str, Any], nnodes: int, per_node: int) -> Iterator[Problem]:
+    """A multi-node trial (``trainer.nnodes`` > 1) that reserves GPUs for its Tune actor, or starts its own Ray.
+
+    Its verl is one Ray job on the sweep's cluster that places ``nnodes`` groups of ``per_node`` GPUs itself
+    (:mod:`klsweep.launchers.multinode`). GPUs reserved for the trial's own actor would sit idle and count against
+    the cluster twice. ``ray_kwargs.ray_init.address=local`` would start a one-node Ray instead of joining the
+    cluster, and wait for the other nodes' GPUs for ever."""
+    if nnodes < 1:
+        yield ("overrides", "trainer.nnodes"), f"trainer.nnodes={nnodes}: a verl trial runs on at least 1 node"
+        return
+    gpu = sweep.budget.resources.gpu
+    if gpu != 0:
+        yield ("budget", "resources", "gpu"), (
+            f"budget.resources.gpu is {gpu:g} but a trial of trainer.nnodes={nnodes} is one Ray job on the sweep's "
+            f"cluster, and verl reserves its {nnodes} × {per_node} GPUs itself with one placement group per node: "
+            "GPUs reserved for the trial's own actor would sit idle and count twice. Set budget.resources.gpu: 0 "
+            "(klsweep caps budget.max_concurrent to the trials the cluster holds)")
+    address = _fixed_or_default(fixed, "ray_kwargs.ray_init.address")
+    if address == "local":
+        yield ("overrides", "ray_kwargs.ray_init.address"), (
+            f"ray_kwargs.ray_init.address=local starts a private one-node Ray, but trainer.nnodes={nnodes} needs "
+            "the sweep's cluster: verl would wait for the other nodes' GPUs for ever. Remove the key")
+
+
+def verl_default(key: str) -> Any:
+    """The value of ``key`` in verl's default ``ppo_trainer`` config (None when absent)."""
+    return _verl_default(key)
 #: The share of one GPU the vLLM engines of trials that share it may ask for together: the rest holds each trial's
 #: actor (weights, gradients, optimizer state while vLLM sleeps) and CUDA contexts.
 SHARED_GPU_MEMORY = 0.8

@@ -25,6 +25,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 R = "actor_rollout_ref.rollout."
+#: CPUs verl reserves per GPU: each GPU bundle of its placement groups is ``{"CPU": max_colocate_count, "GPU": 1}``
+#: with ``ResourcePoolManager.max_colocate_count`` 3 (verl/single_controller/ray/base.py).
+CPUS_PER_GPU = 3
 
 #: A key → its value in the composed verl config (None when absent).
 Value = Callable[[str], Any]

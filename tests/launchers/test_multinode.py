@@ -1,0 +1,243 @@
+"""Multi-node verl trials (:mod:`klsweep.launchers.multinode`) on a 3-node Ray cluster on this machine.
+
+``ray.cluster_utils.Cluster`` starts a head and two worker nodes, each with 2 logical GPUs and 16 logical CPUs
+(verl's per-node placement group of 2 GPUs takes 6: 3 per GPU bundle). ``python -m verl.trainer.main_ppo`` is the
+stand-in ``tests/standins/verl_main_ppo.py`` (loaded by ``tests/standins/sitecustomize.py``, on the raylets'
+``PYTHONPATH``). With ``trainer.nnodes`` 2 it joins the cluster through ``RAY_ADDRESS`` and places one worker actor per
+GPU in one placement group per node, as verl's ``single_controller/ray/base.py`` does. Each worker touches a beat file
+while it lives, so the last write of each is when it died. The sweep drivers are real ``sweep run`` / ``sweep resume``
+processes joined with ``--address``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import psutil
+import pytest
+
+from klsweep.errors import ClusterError
+from klsweep.launchers.multinode import check_cluster, trials_that_fit
+from klsweep.spec import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "standins"
+#: Seconds per stand-in step: long enough that two trials started at once would overlap.
+STEP_S = 0.4
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two worker nodes of 2 GPUs and 16 CPUs each; yields the GCS address."""
+    from ray.cluster_utils import Cluster
+
+    env = {"PYTHONPATH": os.pathsep.join([str(STANDINS), str(REPO)]), "RAY_AUTH_MODE": "disabled",
+           "STANDIN_STEP_S": str(STEP_S)}
+    node = {"num_cpus": 16, "num_gpus": 2, "env_vars": env, "dashboard_agent_listen_port": 0}
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        for _ in range(2):
+            cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def _sweep_file(root: Path, *, per_node: int, steps: int, stop_above: float, nnodes: int = 2) -> Path:
+    """A GRPO sweep of two 2-node trials (kl_coef 0.001 and 0.01), a checkpoint every step, and a health rule that
+    stops a trial whose ``actor/kl_loss`` passes ``stop_above`` (the stand-in logs ``0.02 × step / (1 + 100 ×
+    kl_coef)``: 0.0545 at step 3 for 0.001, 0.04 at step 4 for 0.01)."""
+    (root / "data").mkdir(parents=True)
+    (root / "model").mkdir()
+    rows = pd.DataFrame([{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "1 + 1?"}]}] * 64)
+    rows.to_parquet(root / "data" / "train.parquet")
+    rows.head(8).to_parquet(root / "data" / "test.parquet")
+    (root / "model" / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 1024}))
+    path = root / "sweep.yaml"
+    path.write_text(f"""name: multinode
+algorithm: grpo
+trainer: verl
+kl_placement: loss
+overrides:
+  data.train_files: {root}/data/train.parquet
+  data.val_files: {root}/data/test.parquet
+  data.train_batch_size: 16
+  data.max_prompt_length: 128
+  data.max_response_length: 192
+  actor_rollout_ref.model.path: {root}/model
+  +actor_rollout_ref.model.override_config.attn_implementation: sdpa
+  actor_rollout_ref.model.use_remove_padding: false
+  actor_rollout_ref.actor.ppo_mini_batch_size: 16
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 4
+  actor_rollout_ref.rollout.name: vllm
+  actor_rollout_ref.rollout.n: 4
+  actor_rollout_ref.rollout.tensor_model_parallel_size: 1
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu: 4
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu: 4
+  trainer.nnodes: {nnodes}
+  trainer.n_gpus_per_node: {per_node}
+  trainer.test_freq: -1
+  trainer.save_freq: 1
+  trainer.val_before_train: false
+parameters:
+  kl_coef: {{values: [0.001, 0.01]}}
+seed_trials:
+  - {{kl_coef: 0.001}}
+  - {{kl_coef: 0.01}}
+objective: {{metric: critic/score/mean, mode: max}}
+sampler: grid
+budget: {{trials: 2, max_concurrent: 2, max_steps: {steps}, resources: {{cpu: 1, gpu: 0}}}}
+health:
+  preset: none
+  rules:
+    - {{name: kl_high, metric: actor/kl_loss, above: {stop_above}, action: stop, kind: diverged, advice: raise kl}}
+""")
+    return path
+
+
+def _sweep(*args: str, wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    argv = [sys.executable, "-c", "import sys; from klsweep.cli import main; sys.exit(main())", *args, "--quiet"]
+    if wait:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _trials(out: Path) -> dict[float, Path]:
+    """kl_loss_coef → trial directory."""
+    dirs = [d for d in (out / "tune").iterdir() if (d / "params.json").exists()]
+    return {json.loads((d / "params.json").read_text())["actor_rollout_ref.actor.kl_loss_coef"]: d for d in dirs}
+
+
+def _workers(attempt: Path) -> tuple[float, list[dict]]:
+    record = json.loads((attempt / "hydra" / "workers.json").read_text())
+    return record["placed"], record["workers"]
+
+
+def _last_beat(attempt: Path) -> float:
+    return max(p.stat().st_mtime for p in (attempt / "hydra").glob("beat-*"))
+
+
+def _steps(attempt: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (attempt / "metrics.jsonl").read_text().splitlines()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _trial_pids(out: Path) -> list[int]:
+    """Every process a trial of ``out`` started, on any node: the trial's Ray worker, its supervisor, verl's driver
+    (``main_ppo``) and verl's worker actors."""
+    pids = []
+    for attempt in out.glob("tune/*/attempt-*"):
+        pids.append(json.loads((attempt / "spec.json").read_text())["watch_pid"])
+        if (attempt / "supervisor.json").exists():
+            info = json.loads((attempt / "supervisor.json").read_text())
+            pids += [info["supervisor_pid"], info["pid"]]
+        if (attempt / "hydra" / "workers.json").exists():
+            pids += [w["pid"] for w in _workers(attempt)[1]]
+    return pids
+
+
+def _studies(out: Path) -> list[optuna.trial.FrozenTrial]:
+    storage = f"sqlite:///{out / 'study.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    return optuna.load_study(study_name=summary.study_name, storage=storage).trials
+
+
+def test_trials_that_fit_count_whole_placement_groups_per_node():
+    nodes = [{"GPU": 2, "CPU": 16}] * 3
+    assert trials_that_fit(2, 2, 22, nodes)[0] == 1  # 3 groups of 2 GPUs, 2 per trial
+    assert trials_that_fit(2, 1, 16, nodes)[0] == 3  # 6 groups of 1 GPU; 48 CPUs / 16
+    assert trials_that_fit(2, 1, 25, nodes)[0] == 1  # the CPUs bound it
+    assert trials_that_fit(2, 2, 22, [{"GPU": 2, "CPU": 5}] * 3)[0] == 0  # 6 CPUs per group of 2 GPUs
+    count, reason = trials_that_fit(4, 2, 22, nodes)
+    assert count == 0 and "3 node(s)" in reason and "a trial needs 4 such groups on 4 node(s)" in reason
+
+
+def test_a_cluster_that_holds_no_trial_is_refused_before_it_starts(tmp_path):
+    sweep = load_sweep(str(_sweep_file(tmp_path / "4", per_node=2, steps=4, stop_above=1.0, nnodes=4)), [])
+    nodes = [{"GPU": 2, "CPU": 16}] * 3
+    with pytest.raises(ClusterError) as refused:
+        check_cluster(sweep, nodes)
+    assert str(refused.value).startswith("a trial of this sweep spans trainer.nnodes × trainer.n_gpus_per_node = "
+                                         "4 × 2 GPUs, but this Ray cluster cannot hold one: 3 node(s)")
+    assert "Join a cluster with at least 4 nodes of 2 GPUs and 6 CPUs each" in str(refused.value)
+    two = _sweep_file(tmp_path / "2", per_node=2, steps=4, stop_above=1.0)
+    assert check_cluster(load_sweep(str(two), []), nodes) == 1
+
+
+def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_job(cluster, tmp_path):
+    out = tmp_path / "out"
+    result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=4, stop_above=0.05)),
+                    "--address", cluster, "--out", str(out))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    trials = _trials(out)
+    states = {next(iter(t.params.values())): t.state for t in _studies(out)}
+    assert states == {0.001: optuna.trial.TrialState.PRUNED, 0.01: optuna.trial.TrialState.COMPLETE}
+    stopped, healthy = trials[0.001] / "attempt-1", trials[0.01] / "attempt-1"
+    assert _steps(stopped) == [1, 2, 3] and _steps(healthy) == [1, 2, 3, 4]
+    assert json.loads((stopped / "exit.json").read_text())["reason"] == "stopped"
+    for attempt in (stopped, healthy):
+        _, workers = _workers(attempt)
+        assert len(workers) == 4 and len({w["node_id"] for w in workers}) == 2  # 2 nodes × 2 GPUs
+    # one after the other: every worker of the first job was gone before the second job's groups were placed
+    (first, second) = sorted((stopped, healthy), key=lambda a: _workers(a)[0])
+    assert _last_beat(first) < _workers(second)[0]
+    # the health stop ended the stopped trial's job on both nodes within seconds of its tree's end
+    assert _last_beat(stopped) - (stopped / "exit.json").stat().st_mtime < 5.0
+    assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
+
+
+def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_checkpoints(cluster, tmp_path):
+    sweep = _sweep_file(tmp_path / "w", per_node=1, steps=6, stop_above=1.0)  # 1 GPU per node: both fit at once
+    out = tmp_path / "out"
+    driver = _sweep("run", str(sweep), "--address", cluster, "--out", str(out), wait=False)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until both trials have a checkpoint of step 2
+            if out.joinpath("tune").is_dir() and len(trials := _trials(out)) == 2 and all(
+                    (d / "checkpoints" / "global_step_2").is_dir() for d in trials.values()):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the two trials did not both reach step 2")
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        killed = time.monotonic()
+        pids = _trial_pids(out)
+        assert len(pids) == 2 * (3 + 2)  # per trial: its Ray worker, supervisor, main_ppo and 2 verl workers
+        while [p for p in pids if _alive(p)] and time.monotonic() - killed < 30:
+            time.sleep(0.2)
+        assert [p for p in pids if _alive(p)] == [], "a trial's process outlived the killed driver"
+        gone_s = time.monotonic() - killed
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    checkpointed = {coef: int((d / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+                    for coef, d in _trials(out).items()}
+    assert all(step >= 2 for step in checkpointed.values()) and gone_s < 30
+    result = _sweep("resume", str(out), "--address", cluster)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    for coef, trial in _trials(out).items():
+        assert _steps(trial / "attempt-2")[0] == checkpointed[coef] + 1  # verl resumed from its checkpoint
+        assert json.loads((trial / "result.json").read_text().splitlines()[-1])["step"] == 6
+    assert [t.state for t in _studies(out)] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
