@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from klsweep.errors import ClusterError
+from klsweep.launchers import supervisor
 from klsweep.launchers.multinode import check_cluster, trials_that_fit
 from klsweep.spec import load_sweep
 
@@ -37,8 +38,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A head and two worker nodes of 2 GPUs and 16 CPUs each; yields the GCS address."""
+def cluster_nodes():
+    """A head and two worker nodes of 2 GPUs and 16 CPUs each; yields the GCS address and the head's node id."""
     from ray.cluster_utils import Cluster
 
     env = {"PYTHONPATH": os.pathsep.join([str(STANDINS), str(REPO)]), "RAY_AUTH_MODE": "disabled",
@@ -50,9 +51,15 @@ def cluster():
         for _ in range(2):
             cluster.add_node(**node)
         cluster.wait_for_nodes()
-        yield cluster.address
+        yield cluster.address, cluster.head_node.node_id
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(cluster_nodes):
+    """The cluster's GCS address."""
+    return cluster_nodes[0]
 
 
 def _sweep_file(root: Path, *, per_node: int, steps: int, stop_above: float, nnodes: int = 2) -> Path:
@@ -241,3 +248,25 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
         assert json.loads((trial / "result.json").read_text().splitlines()[-1])["step"] == 6
     assert [t.state for t in _studies(out)] == [optuna.trial.TrialState.COMPLETE] * 2
     assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
+
+
+def test_resume_ends_a_job_a_lost_supervisor_left_running(cluster_nodes, tmp_path):
+    address, head = cluster_nodes
+    worker = subprocess.Popen(["sleep", "600"])  # a trial worker still alive: the supervisor does not stop alone
+    run_dir = tmp_path / "trial" / "attempt-1"
+    handle = supervisor.start([sys.executable, "-c", "import time; time.sleep(600)"], env=dict(os.environ),
+                              cwd=tmp_path, run_dir=run_dir, watch_pid=worker.pid, grace_s=1.0)
+    (run_dir / "node.json").write_text(json.dumps({"node_id": head, "ip": "127.0.0.1"}))
+    try:
+        script = ("import sys, ray; from pathlib import Path; from klsweep.launchers.multinode import "
+                  "stop_recorded_jobs; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR'); "
+                  "print([str(d) for d in stop_recorded_jobs([Path(sys.argv[2])])])")
+        done = subprocess.run([sys.executable, "-c", script, address, str(run_dir.parent)], capture_output=True,
+                              text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+        assert done.stdout.strip().splitlines()[-1] == repr([str(run_dir)]), done.stderr[-3000:]
+        assert json.loads((run_dir / "exit.json").read_text())["reason"] == "stopped"
+        assert not _alive(handle.pid) and not _alive(handle.supervisor_pid)
+    finally:
+        worker.kill()
+        worker.wait()
+        handle.stop(wait_s=10)
