@@ -152,9 +152,18 @@ def explain(error: ValidationError, data: Any, lines: Lines, name: str, model: t
         if path in done:
             continue
         done.add(path)
+        kind, message = err["type"], err["msg"].removeprefix("Value error, ")
+        typos, cascade = typo_cascade(model, data, path, kind, message, inline or {})
+        for typo in typos:
+            if typo not in done:
+                done.add(typo)
+                where = next((lines[typo[:n]] for n in range(len(typo), 0, -1) if typo[:n] in lines), f"{name}:1")
+                out.append((typo, f"{where}: {'.'.join(typo)}: unknown field — "
+                                  f"{unknown_field_fix(model, typo, inline)}"))
+        if cascade:
+            continue
         where = next((lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in lines), f"{name}:1")
         dotted = ".".join(path) or "(top level)"
-        kind, message = err["type"], err["msg"].removeprefix("Value error, ")
         if kind == "extra_forbidden":
             out.append((path, f"{where}: {dotted}: unknown field — {unknown_field_fix(model, path, inline)}"))
         elif kind == "missing":
@@ -167,6 +176,33 @@ def explain(error: ValidationError, data: Any, lines: Lines, name: str, model: t
             fix = f" — expected: {expected}" if expected else ""
             out.append((path, f"{where}: {dotted}: {message}{shown}{fix}"))
     return out
+
+
+def typo_cascade(model: type[BaseModel], data: Any, path: tuple[str, ...], kind: str, message: str,
+                 inline: Inline) -> tuple[list[tuple[str, ...]], bool]:
+    """The misspelt fields behind one pydantic error, and whether the error is only their echo.
+
+    A misspelt required field (``acton:`` for ``action:``) also makes pydantic say the field is missing; a model's
+    own check of the mapping (a rule needs ``metric``, ``all`` or ``any``) may fail before the misspelling is
+    reported at all. Takes the error's ``kind`` and ``message`` at ``path`` in ``data`` (read as ``model``).
+    Returns the paths of the unknown fields in the mapping the error concerns whose closest valid field the error
+    names, and True when the error names only those (drop it: the unknown field's line says the fix)."""
+    parent = path[:-1] if kind in ("missing", "extra_forbidden") else path
+    node: Any = data
+    for part in parent:
+        node = node.get(part) if isinstance(node, dict) else (
+            node[int(part)] if isinstance(node, list) and part.isdigit() and int(part) < len(node) else None)
+    if kind == "extra_forbidden" or not isinstance(node, dict):
+        return [], False
+    valid = _fields_at(model, parent, inline)
+    if not valid:
+        return [], False
+    typos = []
+    for key in node:
+        hint = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6) if key not in valid else []
+        if hint and (hint[0] == path[-1] if kind == "missing" else f"'{hint[0]}'" in message):
+            typos.append(parent + (str(key),))
+    return typos, bool(typos)
 
 
 def _data_path(data: Any, loc: tuple, keep_last: bool) -> tuple[str, ...]:

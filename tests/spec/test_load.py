@@ -237,7 +237,7 @@ def test_every_independent_problem_is_reported_in_one_load(sweep_file):
         load_sweep(path)
     fields = [p.split(": ")[1] for p in e.value.problems]
     assert fields == [
-        "budget.max_concurent", "health.rules.0",  # the schema: unknown fields
+        "budget.max_concurent",  # the schema: unknown fields; not also the rule's "needs above or below", an echo
         "health.rules.0.abvoe",
         "overrides.kl_loss_type", "overrides.actor_rollout_ref.actor.entropy_coef", "parameters.kl_loss_coef",
         "seed_trials.0.loss_agg_mod",  # verl keys, then (without the entries above) seed trials and inert knobs
@@ -280,10 +280,38 @@ def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
     rules.write_text("preset: default\nrules:\n  - {name: kl, metric: ref_kl, above: 1, acton: stop}\n")
     with pytest.raises(SweepFileError) as e:
         load_ruleset(rules)
-    typo = next(p for p in e.value.problems if "rules.0.acton" in p)
-    assert typo == (f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: "
-                    "name, match, for, after, action, kind, advice, source, remedy, max_remedies, on_same_finding, "
-                    "all, any, metric, above, below, stat, window, peak_above, early")
+    # the typo alone: not also "rules.0.action: Field required", its echo
+    assert e.value.problems == [
+        f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: name, match, "
+        "for, after, action, kind, advice, source, remedy, max_remedies, on_same_finding, all, any, metric, above, "
+        "below, stat, window, peak_above, early"]
+
+
+def test_a_misspelt_condition_field_is_said_instead_of_its_cascade(tmp_path, sweep_file):
+    """``metrik:`` for ``metric:`` failed the rule's own check first ("needs exactly one of 'metric', 'all' or
+    'any'; found none"), and the misspelling was never named; in a sweep file, ``acton:`` also gave "action: required
+    field is missing" before the useful line."""
+    from klsweep.health import load_ruleset
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("preset: default\nrules:\n  - {name: kl, metrik: ref_kl, above: 1, action: stop}\n")
+    with pytest.raises(SweepFileError) as e:
+        load_ruleset(rules)
+    [problem] = e.value.problems
+    assert problem.startswith(f"{rules}: rules.0.metrik: unknown field (got 'ref_kl') — did you mean 'metric'?")
+
+    for typo, meant in (("acton: stop", "action"), ("metrik: ref_kl", "metric")):
+        rule = "{name: kl, metric: ref_kl, above: 1, action: stop}".replace(f"{meant}: {typo.split()[1]}", typo)
+        path = sweep_file(f"health: {{preset: default, rules: [{rule}]}}\n")
+        [problem] = _problems(path)
+        line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("health:"))
+        field = typo.split(":")[0]
+        assert problem.startswith(f"{path}:{line}: health.rules.0.{field}: unknown field — did you mean '{meant}'?")
+
+
+def test_an_unknown_field_on_the_command_line_is_blamed_on_the_command_line(sweep_file):
+    [problem] = _problems(sweep_file(), ["budget.trialz=4"])
+    assert problem.startswith("command line 'budget.trialz=4': budget.trialz: unknown field — did you mean 'trials'?")
 
 
 def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_space(tmp_path):

@@ -11,28 +11,53 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from klsweep._yaml import unknown_field_fix
+from klsweep._yaml import Inline, typo_cascade, unknown_field_fix
 from klsweep.errors import SweepFileError
 from klsweep.health.rules import PRESETS, BuiltinConfig, HealthConfig, PresetFile, Rule, RuleSet
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def validation_problems(error: ValidationError, where: str) -> list[str]:
+def validation_problems(error: ValidationError, where: str, data: Any = None) -> list[str]:
     """One line per pydantic error: ``"<where>: rules.0.conditions.0: <message> (got <input>)"``; an unknown field
-    gets the closest valid one and the valid fields there (as a rules file writes them: ``for``, ``metric``, ...)."""
-    lines = []
+    gets the closest valid one and the valid fields there (as a rules file writes them: ``for``, ``metric``, ...).
+    Given the validated ``data``, an error that only echoes a misspelt field (``acton:``: "action is missing") is
+    left out for the misspelt field's own line."""
+    lines: dict[str, str] = {}  # field path → its line: a misspelt field is said once
+    inline: Inline = {Rule: ("conditions", ("all", "any"))}
+
+    def unknown(path: tuple[str, ...], got: Any) -> str:
+        shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+        return f"{where}: {'.'.join(path)}: unknown field{shown} — {unknown_field_fix(HealthConfig, path, inline)}"
+
     for e in error.errors():
         path = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
         loc = ".".join(path)
         msg = e["msg"].removeprefix("Value error, ")
+        typos, cascade = typo_cascade(HealthConfig, data, path, e["type"], msg, inline)  # a misspelt field's echo
+        for typo in typos:
+            lines.setdefault(".".join(typo), unknown(typo, _value_at(data, typo)))
+        if cascade:
+            continue
         got = e.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
         if e["type"] == "extra_forbidden":
-            fix = unknown_field_fix(HealthConfig, path, {Rule: ("conditions", ("all", "any"))})
-            msg, shown = "unknown field", f"{shown} — {fix}"
-        lines.append(f"{where}: {loc}: {msg}{shown}" if loc else f"{where}: {msg}")
-    return lines
+            lines.setdefault(loc, unknown(path, got))
+        else:
+            lines.setdefault(loc or f"#{len(lines)}", f"{where}: {loc}: {msg}{shown}" if loc else f"{where}: {msg}")
+    return list(lines.values())
+
+
+def _value_at(data: Any, path: tuple[str, ...]) -> Any:
+    """The value at ``path`` (keys and list indices as strings) in ``data``; None where there is none."""
+    for part in path:
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data
 
 
 @functools.cache
@@ -102,8 +127,8 @@ def load_ruleset(spec: str | Path | HealthConfig | Mapping[str, Any] | list | No
         try:
             return _from_config(HealthConfig.model_validate(data), name=path.name)
         except ValidationError as e:
-            raise SweepFileError(validation_problems(e, str(path))) from None
+            raise SweepFileError(validation_problems(e, str(path), data)) from None
     try:
         return _from_config(HealthConfig.model_validate(spec))
     except ValidationError as e:
-        raise SweepFileError(validation_problems(e, "health")) from None
+        raise SweepFileError(validation_problems(e, "health", spec)) from None
