@@ -79,7 +79,7 @@ def test_a_tabular_sweep_confirms_its_leaders_with_the_tables_runs(ray_local, tm
     winner = max(means, key=lambda n: (means[n], -n))
     name = "the seed preset (trial 0)" if winner == 0 else f"trial {winner}"
     assert f"by mean over seeds, {name} leads: {VAL} mean {means[winner]:.4g}" in printed
-    assert "best trial (the leader by mean over seeds)" in printed and f"trial {winner} (" in printed
+    assert f"winner (the leader by mean over seeds): trial {winner} (" in printed
     assert "confirmation: 4 of 4 runs finished" in subprocess.run(
         [sys.executable, "-m", "klsweep.cli", "status", str(out)], capture_output=True, text=True, timeout=120).stdout
 
