@@ -11,6 +11,7 @@ processes joined with ``--address``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -189,6 +190,26 @@ def test_a_cluster_that_holds_no_trial_is_refused_before_it_starts(tmp_path):
     assert "Join a cluster with at least 4 nodes of 2 GPUs and 6 CPUs each" in str(refused.value)
     two = _sweep_file(tmp_path / "2", per_node=2, steps=4, stop_above=1.0)
     assert check_cluster(load_sweep(str(two), []), nodes) == 1
+
+
+def test_validate_says_what_the_cluster_must_have_and_plan_gives_the_ray_job_submit_line(tmp_path):
+    from klsweep.orchestrate.plan import plan, validate
+
+    path = _sweep_file(tmp_path, per_node=2, steps=4, stop_above=1.0)
+    said = io.StringIO()
+    assert validate(str(path), [], out=said) == 0
+    (line,) = [x for x in said.getvalue().splitlines() if "multi-node trials" in x]
+    for needs in ("trainer.nnodes × trainer.n_gpus_per_node = 2 × 2 GPUs on the sweep's Ray cluster",
+                  "at least 2 nodes with 2 GPUs and 6 CPUs free each for verl's workers",
+                  "9 more CPUs on any node (21 per trial: 3 per GPU × 4 + TransferQueue's controller and 8 storage "
+                  "units) plus budget.resources.cpu for the trial's own actor",
+                  "the results directory (--out) and the data and model paths at the same path on every node"):
+        assert needs in line
+    planned = io.StringIO()
+    assert plan(str(path), [], n=1, out=planned) == 0
+    (command,) = [x.strip() for x in planned.getvalue().splitlines() if "verl.trainer.main_ppo" in x]
+    assert command.startswith("ray job submit --address http://HEAD:8265 -- python3 -m verl.trainer.main_ppo ")
+    assert " trainer.nnodes=2 trainer.n_gpus_per_node=2 " in command
 
 
 def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_job(cluster, tmp_path):

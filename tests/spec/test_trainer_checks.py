@@ -14,8 +14,8 @@ import yaml
 
 from klsweep.errors import SweepFileError
 from klsweep.spec import load_sweep
-from klsweep.spec.trainer_checks import CPUS_PER_GPU
 from klsweep.verl.config import config_dir
+from klsweep.verl.late_failures import CPUS_PER_GPU
 
 REPO = Path(__file__).resolve().parents[2]
 

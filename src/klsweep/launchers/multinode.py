@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import time
 from collections.abc import Iterable, Mapping
@@ -46,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 from klsweep.errors import ClusterError
 from klsweep.launchers import supervisor
 from klsweep.spec.trainer_checks import inner_ray_cpus, verl_default
-from klsweep.verl.config import format_overrides
 from klsweep.verl.late_failures import CPUS_PER_GPU
 
 if TYPE_CHECKING:
@@ -54,8 +52,6 @@ if TYPE_CHECKING:
 
 #: Written into each attempt directory of a multi-node trial: the node its supervisor runs on.
 NODE_FILE = "node.json"
-#: Ray's job submission port on the head node (``ray job submit --address http://HEAD:8265``).
-DASHBOARD_PORT = 8265
 
 
 def nodes_of(overrides: Mapping[str, Any]) -> int:
@@ -169,14 +165,6 @@ def cluster_address() -> str:
     return ray.get_runtime_context().gcs_address
 
 
-def job_submit_command(overrides: Mapping[str, Any], head: str = "HEAD") -> str:
-    """The ``ray job submit`` line that runs one multi-node trial's verl on a cluster by hand (Ray's job API on the
-    head's dashboard port :data:`DASHBOARD_PORT`): ``ray job submit --address http://HEAD:8265 -- python3 -m
-    verl.trainer.main_ppo k=v ...``."""
-    words = ["python3", "-m", "verl.trainer.main_ppo", *format_overrides(overrides)]
-    return f"ray job submit --address http://{head}:{DASHBOARD_PORT} -- " + " ".join(shlex.quote(w) for w in words)
-
-
 def record_node(run_dir: Path) -> None:
     """Write ``run_dir/node.json``: this node's Ray id and address (inside a Ray worker), for
     :func:`stop_recorded_jobs`."""
@@ -247,17 +235,3 @@ def _stop_supervisor(pid: int, spec_path: str) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def requirements(sweep: Sweep) -> str:
-    """What the cluster must have for the sweep's multi-node trials, in one paragraph for ``sweep validate``."""
-    nnodes, per_node = _gpu_shape(sweep)
-    need, parts = inner_ray_cpus(dict(sweep.overrides), nnodes * per_node)
-    concurrent = sweep.budget.max_concurrent
-    return (f"each trial is one Ray job of trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node} GPUs on "
-            f"the sweep's Ray cluster (sweep run --address, launcher ray-cluster/kuberay/slurm): the cluster needs at "
-            f"least {nnodes} nodes with {per_node} GPUs and {CPUS_PER_GPU * per_node} CPUs free each for verl's "
-            f"workers, {need} CPUs per trial in all ({parts}) plus {sweep.budget.resources.cpu:g} for the trial's own "
-            f"actor, and the results directory (--out) mounted at the same path on every node. klsweep runs at most "
-            f"as many trials at once as the cluster holds ({concurrent} asked, budget.max_concurrent) and refuses a "
-            f"cluster that holds none. Total GPUs for {concurrent} at once: {concurrent * nnodes * per_node}")

@@ -17,7 +17,7 @@ from klsweep.spec.key_checks import Problem, label
 from klsweep.spec.schema import Choice, Constant, Sweep
 from klsweep.trainers.tabular import header_mismatch, load_table, read_header, recorded_for
 from klsweep.verl.config import compose
-from klsweep.verl.late_failures import CPUS_PER_GPU
+from klsweep.verl.late_failures import ray_cpus
 
 #: The keys that size a verl trial's GPUs: verl's ResourcePoolManager asks Ray for nnodes × n_gpus_per_node.
 _GPU_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
@@ -114,21 +114,9 @@ SHARED_GPU_MEMORY = 0.8
 
 
 def inner_ray_cpus(fixed: dict[str, Any], gpus: int) -> tuple[int, str]:
-    """The CPUs a verl trial of ``gpus`` GPUs reserves in its own Ray, and how that number is made up.
-
-    :data:`CPUS_PER_GPU` per GPU, plus, for verl's default v1 trainer (``trainer.use_v1``) with TransferQueue's
-    ``SimpleStorage``, its controller and ``transfer_queue.backend.SimpleStorage.num_data_storage_units`` storage
-    units (default 8), one CPU each (``@ray.remote(num_cpus=1)`` in transfer_queue/controller.py and
-    storage/simple_storage.py): 3 per GPU + 9, 33 for 8 GPUs.
-    """
-    need, parts = CPUS_PER_GPU * gpus, f"{CPUS_PER_GPU} per GPU × {gpus}"
-    value = functools.partial(_fixed_or_default, fixed)
-    if value("trainer.use_v1") and value("transfer_queue.backend.storage_backend") == "SimpleStorage":
-        units = value("transfer_queue.backend.SimpleStorage.num_data_storage_units")
-        if isinstance(units, int):
-            need += 1 + units
-            parts += f" + TransferQueue's controller and {units} storage units"
-    return need, parts
+    """The CPUs a verl trial of ``gpus`` GPUs reserves in Ray, and how that number is made up
+    (:func:`klsweep.verl.late_failures.ray_cpus` of the fixed overrides over verl's defaults)."""
+    return ray_cpus(functools.partial(_fixed_or_default, fixed), gpus)
 
 
 def _fixed_or_default(fixed: dict[str, Any], key: str) -> Any:

@@ -145,6 +145,17 @@ def _embedded_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
              verl_command(transferable))]
 
 
+def _verl_reproduce(overrides: Mapping[str, Any]) -> str:
+    """verl's command; for a multi-node trial (``trainer.nnodes`` > 1) the ``ray job submit`` line that runs it on a
+    cluster (:func:`klsweep.verl.late_failures.job_submit_command`)."""
+    nnodes = overrides.get("trainer.nnodes", 1)
+    if isinstance(nnodes, int) and nnodes > 1:
+        from klsweep.verl.late_failures import job_submit_command
+
+        return job_submit_command(overrides)
+    return verl_command(overrides)
+
+
 #: Every trainer by its ``trainer:`` name.
 TRAINERS: dict[str, TrainerKind] = {
     "embedded": TrainerKind(
@@ -154,7 +165,7 @@ TRAINERS: dict[str, TrainerKind] = {
     ),
     "verl": TrainerKind(
         "verl", "python -m verl.trainer.main_ppo, one process per trial (GPU nodes)",
-        module=VERL_MODULE, in_process=None, reproduce=lambda overrides: [("", verl_command(overrides))],
+        module=VERL_MODULE, in_process=None, reproduce=lambda overrides: [("", _verl_reproduce(overrides))],
         runs_verl=True,
     ),
     "replay": TrainerKind(

@@ -12,6 +12,9 @@ verl 0.9.1's source:
 - :func:`epoch_problems`: ``trainer.total_epochs`` ending a trial before ``trainer.total_training_steps``
   (``verl/trainer/ppo/v1/trainer_base.py``).
 - :func:`megatron_problems`: verl's own ``validate_config`` and config dataclasses for a Megatron actor.
+
+And what a multi-node trial (``trainer.nnodes`` > 1) needs of the Ray cluster it runs on, which only the cluster
+can tell: :func:`ray_cpus`, :func:`multinode_requirements`, :func:`job_submit_command`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from klsweep.verl.config import verl_command
 
 R = "actor_rollout_ref.rollout."
 #: CPUs verl reserves per GPU: each GPU bundle of its placement groups is ``{"CPU": max_colocate_count, "GPU": 1}``
@@ -215,3 +220,53 @@ def _named_key(reason: str) -> str:
 
 def _ints(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+#: Ray's job submission port on the head node (``ray job submit --address http://HEAD:8265``).
+DASHBOARD_PORT = 8265
+
+
+def ray_cpus(value: Value, gpus: int) -> tuple[int, str]:
+    """The CPUs a verl run of ``gpus`` GPUs reserves in Ray, and how that number is made up.
+
+    :data:`CPUS_PER_GPU` per GPU, plus, for verl's default v1 trainer (``trainer.use_v1``) with TransferQueue's
+    ``SimpleStorage``, its controller and ``transfer_queue.backend.SimpleStorage.num_data_storage_units`` storage
+    units (default 8), one CPU each (``@ray.remote(num_cpus=1)`` in transfer_queue/controller.py and
+    storage/simple_storage.py): 3 per GPU + 9, 33 for 8 GPUs.
+    """
+    need, parts = CPUS_PER_GPU * gpus, f"{CPUS_PER_GPU} per GPU × {gpus}"
+    if value("trainer.use_v1") and value("transfer_queue.backend.storage_backend") == "SimpleStorage":
+        units = value("transfer_queue.backend.SimpleStorage.num_data_storage_units")
+        if isinstance(units, int):
+            need += 1 + units
+            parts += f" + TransferQueue's controller and {units} storage units"
+    return need, parts
+
+
+def multinode_requirements(value: Value) -> list[str]:
+    """What the Ray cluster must have for a trial of ``trainer.nnodes`` > 1 (none for one node), one line.
+
+    verl places one placement group per node of ``n_gpus_per_node`` bundles ``{"CPU": 3, "GPU": 1}``,
+    ``STRICT_PACK`` (``RayResourcePool.get_placement_groups``, verl/single_controller/ray/base.py), and waits for
+    them with no timeout; its TransferQueue actors go on any node (:func:`ray_cpus`). Every node reads the trial's
+    data and model paths, and klsweep's trial files (metrics, checkpoints) live in the results directory."""
+    nnodes, per_node = value("trainer.nnodes"), value("trainer.n_gpus_per_node")
+    if not _ints(nnodes, per_node) or nnodes <= 1:
+        return []
+    need, parts = ray_cpus(value, nnodes * per_node)
+    extra = need - CPUS_PER_GPU * nnodes * per_node
+    return [f"multi-node trials: each trial is one Ray job of trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × "
+            f"{per_node} GPUs on the sweep's Ray cluster (sweep run --address, or launcher ray-cluster, kuberay, "
+            f"slurm; launchers/README.md). The cluster must have at least {nnodes} nodes with {per_node} GPUs and "
+            f"{CPUS_PER_GPU * per_node} CPUs free each for verl's workers (one placement group per node of {per_node} "
+            f"bundles {{CPU: {CPUS_PER_GPU}, GPU: 1}}, verl/single_controller/ray/base.py), {extra} more CPUs on any "
+            f"node ({need} per trial: {parts}) plus budget.resources.cpu for the trial's own actor, and the results "
+            f"directory (--out) and the data and model paths at the same path on every node. sweep run checks the "
+            f"nodes before any trial starts and runs at most as many trials at once as the cluster holds"]
+
+
+def job_submit_command(overrides: Mapping[str, Any], head: str = "HEAD") -> str:
+    """The ``ray job submit`` line that runs a multi-node trial's verl on a cluster by hand (Ray's job API on the head
+    node's dashboard port, :data:`DASHBOARD_PORT`): ``ray job submit --address http://HEAD:8265 -- python3 -m
+    verl.trainer.main_ppo k=v ...`` (:func:`klsweep.verl.config.verl_command`)."""
+    return f"ray job submit --address http://{head}:{DASHBOARD_PORT} -- {verl_command(overrides)}"

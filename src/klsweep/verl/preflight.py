@@ -14,6 +14,9 @@ the closest valid key. It then checks:
 - what fails a verl trial late (:mod:`klsweep.verl.late_failures`): a rollout engine wider than the trial's GPUs,
   ``max_model_len`` below prompt + response, ``~`` or relative paths, ``trainer.total_epochs`` ending the trial
   before its steps, and for a Megatron actor verl's own ``validate_config``;
+- for a multi-node trial (``trainer.nnodes`` > 1), what the Ray cluster must have
+  (:func:`klsweep.verl.late_failures.multinode_requirements`: nodes, GPUs and CPUs per node, shared paths), as a
+  warning: only ``sweep run`` sees the cluster;
 - the installed verl version.
 
 Cost: ~10 ms per config after the first. The first takes ~1 s, and ~8 s more when a trial uses the adaptive KL
@@ -32,7 +35,14 @@ from typing import Any
 
 from klsweep.errors import OverrideError, PreflightError
 from klsweep.verl.config import check_values, compose, default_keys, engine_of
-from klsweep.verl.late_failures import epoch_problems, megatron_problems, path_problems, paths_of, rollout_problems
+from klsweep.verl.late_failures import (
+    epoch_problems,
+    megatron_problems,
+    multinode_requirements,
+    path_problems,
+    paths_of,
+    rollout_problems,
+)
 from klsweep.verl.managed import checkpoint_cadence_warnings, managed_key_problems
 from klsweep.verl.numerics import numeric_problems
 
@@ -108,6 +118,7 @@ def preflight(
         warnings += [at(k, m) for k, m in epoch_warnings]
         missing = [at(k, m) for k, m in missing_files(overrides, here=files_here)]
         (problems if files_here else warnings).extend(missing)
+        warnings += [at("trainer.nnodes", m) for m in multinode_requirements(value)]
     problems += [at(k, m) for k, m in managed_key_problems(overrides, runs_verl=runs_verl, launcher_keys=False)]
     if runs_verl and not problems and engine_of(overrides) == "megatron":  # verl stops at its first refusal
         uses_reference = bool(value(A + "actor.use_kl_loss") or value("algorithm.use_kl_in_reward"))
