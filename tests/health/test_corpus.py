@@ -78,15 +78,38 @@ def test_the_gpg_length_blowup_is_stopped_for_its_length_not_at_the_math_dip():
 
 
 def test_7b_entropy_far_below_its_start_with_validation_rising_is_not_stopped():
-    """The GRPO reference (Qwen2-7B) and the GPG Megatron run end at a fifth of their starting entropy while
-    validation holds near its best: absolute entropy floors stopped such runs; the scale-free rules do not."""
-    for run_id in ("grpo_qwen2_7b_gsm8k", "gpg_qwen2_7b_megatron_gsm8k"):
+    """The GRPO reference (Qwen2-7B), the GPG Megatron run and the deepseek-7B GRPO Megatron run end at a fifth to a
+    quarter of their starting entropy while validation holds near its best: absolute entropy floors stopped such
+    runs; the scale-free rules do not."""
+    for run_id in ("grpo_qwen2_7b_gsm8k", "gpg_qwen2_7b_megatron_gsm8k", "grpo_deepseek7b_megatron_gsm8k_math"):
         entry = next(e for e in CORPUS if e["id"] == run_id)
         reports = _trace(entry["file"]).reports
         entropy = [hit[1] for _, m in reports if (hit := first_present(m, ALIASES["entropy"]))]
         assert entropy[-1] / statistics.median(entropy[:20]) < 0.3
         summary = _summary(entry, "conservative")
         assert summary["verdict"] != "stopped"
+
+
+def test_deepseek7b_grpo_megatron_transcript_matches_its_summary_and_is_left_alone():
+    """verl-data's deepseek-llm-7b-chat GRPO Megatron run (GSM8K + MATH): every step line transcribed (steps 0-210);
+    the last one agrees with the run summary W&B printed at the end, the step-0 line with the initial validation
+    metrics. GSM8K validation 0.319 -> 0.700 while MATH stays low (0.147 -> 0.197): no preset stops or warns."""
+    entry = next(e for e in CORPUS if e["id"] == "grpo_deepseek7b_megatron_gsm8k_math")
+    rows = dict(_trace(entry["file"]).reports)
+    assert sorted(rows) == list(range(211))
+    wandb_summary = {"actor/entropy_loss": 0.07022, "actor/kl_loss": 0.06638, "critic/score/mean": 0.68418,
+                     "response_length/mean": 179.33926, "response_length/clip_ratio": 0.00684,
+                     "val/test_score/openai/gsm8k": 0.69295,
+                     "val/test_score/DigitalLearningGmbH/MATH-lighteval": 0.19576}
+    for key, value in wandb_summary.items():
+        assert rows[210][key] == round(value, 3), key
+    assert rows[0] == {"val/test_score/openai/gsm8k": round(0.3191811978771797, 3),
+                       "val/test_score/DigitalLearningGmbH/MATH-lighteval": round(0.1465172137710168, 3)}
+    validated = [s for s in rows if "val/test_score/openai/gsm8k" in rows[s]]
+    assert validated == list(range(0, 211, 5))
+    for preset in ("default", "conservative", "aggressive"):
+        summary = _summary(entry, preset)
+        assert summary["verdict"] == "healthy", (preset, summary["fired"])
 
 
 def _rising_entropy(score_falls: bool):
