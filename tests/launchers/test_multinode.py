@@ -212,6 +212,28 @@ def test_validate_says_what_the_cluster_must_have_and_plan_gives_the_ray_job_sub
     assert " trainer.nnodes=2 trainer.n_gpus_per_node=2 " in command
 
 
+def test_the_kuberay_multinode_profile_runs_the_example_multinode_sweep_two_trials_at_once():
+    import shlex
+
+    import yaml
+
+    from klsweep.cli import _parser
+    from klsweep.orchestrate.plan import validate
+
+    job = yaml.safe_load((REPO / "launchers" / "kuberay-multinode.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    args = _parser().parse_args(shlex.split(job["spec"]["entrypoint"])[1:])
+    assert (args.launcher, args.address) == ("kuberay", "auto") and args.out.startswith("/shared/")
+    sweep_file = REPO / args.sweep_file.removeprefix("/klsweep/")
+    assert sweep_file == REPO / "launchers" / "verl_multinode_grpo.yaml"
+    assert validate(str(sweep_file), [], out=io.StringIO()) == 0
+    sweep = load_sweep(str(sweep_file), [])
+    (worker,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+    pods = [{"GPU": float(limits["nvidia.com/gpu"]), "CPU": float(limits["cpu"])}] * worker["replicas"]
+    assert check_cluster(sweep, pods) == sweep.budget.max_concurrent == 2  # the head pod has no CPU for trials
+
+
 def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_job(cluster, tmp_path):
     out = tmp_path / "out"
     result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=4, stop_above=0.05)),

@@ -9,9 +9,11 @@ profile         Ray the sweep driver joins       set up with
 ``slurm``       the allocation's Ray (``auto``)  ``sbatch launchers/slurm.sbatch SWEEP_FILE`` (head + workers)
 ==============  ===============================  ==========================================================
 
-On every profile each trial is one process on one node (``klsweep.launchers.process``): a verl trial starts its
-own Ray there (``+ray_kwargs.ray_init.address=local``) on the GPUs Tune gave the trial, so a trial's
-``trainer.nnodes`` must be 1; the cluster spreads trials, not one trial, over nodes.
+On every profile a single-node trial is one process on one node (``klsweep.launchers.process``): a verl trial starts
+its own Ray there (``+ray_kwargs.ray_init.address=local``) on the GPUs Tune gave the trial. A verl trial with
+``trainer.nnodes`` > 1 is one Ray job on the profile's cluster that places its GPUs over several nodes itself
+(:mod:`klsweep.launchers.multinode`); on ``local`` that is the private Ray of one machine, which holds such a trial
+only when it has the GPUs of all its nodes.
 """
 
 from __future__ import annotations
