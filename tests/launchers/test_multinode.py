@@ -28,6 +28,7 @@ import pytest
 from klsweep.errors import ClusterError
 from klsweep.launchers import supervisor
 from klsweep.launchers.multinode import check_cluster, trials_that_fit
+from klsweep.launchers.process import trial_command
 from klsweep.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,6 +179,16 @@ def test_trials_that_fit_count_whole_placement_groups_per_node():
     assert trials_that_fit(2, 2, 22, [{"GPU": 2, "CPU": 5}] * 3)[0] == 0  # 6 CPUs per group of 2 GPUs
     count, reason = trials_that_fit(4, 2, 22, nodes)
     assert count == 0 and "3 node(s)" in reason and "a trial needs 4 such groups on 4 node(s)" in reason
+
+
+def test_a_multinode_command_joins_the_cluster_instead_of_starting_its_own_ray(tmp_path):
+    base = {"PATH": "/usr/bin", "RAY_ADDRESS": "elsewhere:1", "RAY_JOB_ID": "01000000"}
+    argv, env = trial_command({"trainer.nnodes": 2}, trainer="verl", trial_dir=tmp_path, base_env=base,
+                              ray_address="10.0.0.1:6379")
+    assert env["RAY_ADDRESS"] == "10.0.0.1:6379" and "RAY_JOB_ID" not in env
+    assert not any("ray_init.address" in a for a in argv)
+    argv, env = trial_command({"trainer.nnodes": 1}, trainer="verl", trial_dir=tmp_path, base_env=base)
+    assert "RAY_ADDRESS" not in env and "+ray_kwargs.ray_init.address=local" in argv
 
 
 def test_a_cluster_that_holds_no_trial_is_refused_before_it_starts(tmp_path):

@@ -12,6 +12,11 @@ sweep thus continues an interrupted trial from there instead of from step 0, val
 A process trainer's trial (``trainer: verl``) is one supervised process tree
 (:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``. When Tune stops such a
 trial, its actor gives back the trial's resources only once that tree is gone (:class:`EndsWithItsProcess`).
+
+A verl trial with ``trainer.nnodes`` > 1 is the same supervised process, joined to the sweep's cluster as a Ray job of
+its own that places its GPUs over several nodes (:mod:`klsweep.launchers.multinode`). This function starts no Ray
+task or actor for it: work nested in a Tune trial is scheduled in the trial's placement group and can hang there
+(ray-project/ray#25239). Stopping the trial ends the job on every node.
 """
 
 from __future__ import annotations
