@@ -45,8 +45,17 @@ def test_every_run_names_its_source_and_verdict():
             assert entry["kind"] and entry["not_before"] <= entry["by"], entry["id"]
 
 
-@pytest.mark.parametrize("preset", ["default", "conservative", "aggressive"])
-@pytest.mark.parametrize("entry", [e for e in CORPUS if e["verdict"] == "healthy"], ids=lambda e: e["id"])
+def _healthy_cases():
+    """(entry, preset) for every healthy run and preset; a pair the corpus lists in ``false_stop_presets`` (a rule
+    defect found on that run and not fixed yet) is a strict xfail: it fails the suite once the defect is fixed."""
+    for entry in (e for e in CORPUS if e["verdict"] == "healthy"):
+        for preset in ("default", "conservative", "aggressive"):
+            marks = ([pytest.mark.xfail(strict=True, reason=f"known false stop of {preset}, see corpus.yaml")]
+                     if preset in entry.get("false_stop_presets", ()) else [])
+            yield pytest.param(entry, preset, marks=marks, id=f"{entry['id']}-{preset}")
+
+
+@pytest.mark.parametrize(("entry", "preset"), list(_healthy_cases()))
 def test_healthy_real_runs_are_not_stopped(entry, preset):
     summary = _summary(entry, preset)
     assert summary["verdict"] != "stopped", summary["stop_reason"]
@@ -110,6 +119,32 @@ def test_deepseek7b_grpo_megatron_transcript_matches_its_summary_and_is_left_alo
     for preset in ("default", "conservative", "aggressive"):
         summary = _summary(entry, preset)
         assert summary["verdict"] == "healthy", (preset, summary["fired"])
+
+
+def test_72b_lora_run_with_solved_batches_is_stopped_as_no_signal_a_known_false_stop():
+    """verl's GRPO-LoRA baseline at 72B: at 94-98 % training accuracy some batches have every group unanimous, so
+    every advantage is 0 (steps 31, 38, 39, 75, 81) while validation holds at 0.95-0.96. ``no_signal_for: 2`` stops
+    the run at step 39 (steps 38-39) in ``default`` and ``conservative``: a false stop; ``aggressive`` (4 steps)
+    leaves it alone. The last transcribed line agrees with the run summary W&B printed at the end of the log."""
+    entry = next(e for e in CORPUS if e["id"] == "grpo_lora_qwen25_72b_gsm8k")
+    rows = dict(_trace(entry["file"]).reports)
+    wandb_summary = {"actor/entropy_loss": 0.17688, "actor/kl_loss": 0.05339, "critic/score/mean": 0.91562,
+                     "actor/grad_norm": 0.00358, "response_length/mean": 264.58749,
+                     "val-core/openai/gsm8k/reward/mean@1": 0.95982}
+    for key, value in wandb_summary.items():
+        assert rows[116][key] == round(value, 3), key
+    solved = [s for s in sorted(rows)
+              if s and rows[s]["critic/advantages/max"] == rows[s]["critic/advantages/min"] == 0]
+    assert solved == [31, 38, 39, 75, 81] and min(rows[s]["critic/score/mean"] for s in solved) > 0.9
+    assert min(m["val-core/openai/gsm8k/reward/mean@1"] for s, m in rows.items() if s and s >= 20
+               and "val-core/openai/gsm8k/reward/mean@1" in m) > 0.95
+    entropy = [rows[s]["actor/entropy_loss"] for s in sorted(rows) if s]
+    assert entropy[-1] / statistics.median(entropy[:20]) > 1.6  # entropy rises while validation holds
+    for preset in ("default", "conservative"):
+        summary = _summary(entry, preset)
+        assert (summary["stop_step"], summary["reason"]["rule"]) == (39, "builtin.no_signal"), preset
+        assert preset in entry["false_stop_presets"]
+    assert _summary(entry, "aggressive")["verdict"] == "healthy"
 
 
 def _rising_entropy(score_falls: bool):
