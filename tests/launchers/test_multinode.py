@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -304,22 +305,48 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
     assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
 
 
-def test_resume_ends_a_job_a_lost_supervisor_left_running(cluster_nodes, tmp_path):
+#: A driver on the cluster (as ``sweep resume`` and ``sweep run`` are): ends the jobs recorded under argv[2], then
+#: checks the data and model paths of the sweep file argv[3] on every node; prints both as one JSON line.
+ON_CLUSTER = """
+import json, sys, ray
+from pathlib import Path
+from klsweep.errors import ClusterError
+from klsweep.launchers.multinode import check_paths, stop_recorded_jobs
+from klsweep.spec import load_sweep
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+stopped = [str(d) for d in stop_recorded_jobs([Path(sys.argv[2])])]
+try:
+    check_paths(load_sweep(sys.argv[3], []))
+    refused = None
+except ClusterError as e:
+    refused = str(e)
+print(json.dumps({"stopped": stopped, "refused": refused}))
+"""
+
+
+def test_a_job_a_lost_supervisor_left_running_is_ended_and_a_path_a_node_lacks_is_refused(cluster_nodes, tmp_path):
     address, head = cluster_nodes
     worker = subprocess.Popen(["sleep", "600"])  # a trial worker still alive: the supervisor does not stop alone
     run_dir = tmp_path / "trial" / "attempt-1"
     handle = supervisor.start([sys.executable, "-c", "import time; time.sleep(600)"], env=dict(os.environ),
                               cwd=tmp_path, run_dir=run_dir, watch_pid=worker.pid, grace_s=1.0)
     (run_dir / "node.json").write_text(json.dumps({"node_id": head, "ip": "127.0.0.1"}))
+    sweep = _sweep_file(tmp_path / "w", per_node=2, steps=4, stop_above=1.0)
+    (tmp_path / "w" / "model" / "config.json").unlink()
+    (tmp_path / "w" / "model").rmdir()  # no node has the model
     try:
-        script = ("import sys, ray; from pathlib import Path; from klsweep.launchers.multinode import "
-                  "stop_recorded_jobs; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR'); "
-                  "print([str(d) for d in stop_recorded_jobs([Path(sys.argv[2])])])")
-        done = subprocess.run([sys.executable, "-c", script, address, str(run_dir.parent)], capture_output=True,
-                              text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-        assert done.stdout.strip().splitlines()[-1] == repr([str(run_dir)]), done.stderr[-3000:]
+        done = subprocess.run([sys.executable, "-c", ON_CLUSTER, address, str(run_dir.parent), str(sweep)],
+                              capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        assert said["stopped"] == [str(run_dir)]
         assert json.loads((run_dir / "exit.json").read_text())["reason"] == "stopped"
         assert not _alive(handle.pid) and not _alive(handle.supervisor_pid)
+        assert said["refused"].startswith("a multi-node trial reads its data and model on every node it spans, but "
+                                          f"these paths are missing on nodes of this Ray cluster: {tmp_path}/w/model "
+                                          "on ")
+        assert re.search(r"/w/model on ([\d.]+), \1, \1\. Put them on storage every node mounts", said["refused"])
     finally:
         worker.kill()
         worker.wait()

@@ -29,7 +29,7 @@ each attempt records its node in ``node.json`` (:func:`stop_recorded_jobs`).
 **Capacity.** Tune sees no GPU in such a trial, so it cannot tell that two of them would wait on each other's
 placement groups for ever. :func:`trials_that_fit` counts how many fit the cluster's nodes (``ray.nodes()``);
 :func:`check_cluster` refuses a sweep of which not even one fits, with the reason, and :func:`max_concurrent` caps
-the sweep's concurrent trials to that number.
+the sweep's concurrent trials to that number. :func:`check_paths` refuses data and model paths a node lacks.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from klsweep.errors import ClusterError
 from klsweep.launchers import supervisor
 from klsweep.spec.trainer_checks import inner_ray_cpus, verl_default
-from klsweep.verl.late_failures import CPUS_PER_GPU
+from klsweep.verl.late_failures import CPUS_PER_GPU, PATH_KEYS, paths_of
 
 if TYPE_CHECKING:
     from klsweep.spec.schema import Sweep
@@ -143,6 +143,53 @@ def check_cluster(sweep: Sweep, nodes: Iterable[Mapping[str, float]] | None = No
             f"Join a cluster with at least {nnodes} nodes of {per_node} GPUs and {CPUS_PER_GPU * per_node} CPUs "
             "each (--address, launchers/README.md), or lower trainer.nnodes / trainer.n_gpus_per_node")
     return count
+
+
+def local_paths(sweep: Sweep) -> list[str]:
+    """The absolute local data and model paths of the sweep's trials (``data.train_files``, ``data.val_files``,
+    ``actor_rollout_ref.model.path``, ``critic.model.path``; not URLs, Hub ids or relative paths)."""
+    return [path for key in PATH_KEYS for path in paths_of(sweep.overrides, key)
+            if "://" not in path and os.path.isabs(path)]
+
+
+def nodes_missing(paths: list[str]) -> dict[str, list[str]]:
+    """``{path: [node IP, ...]}``: the alive nodes of the connected cluster where each path does not exist, read by
+    a zero-CPU task pinned to each node (``NodeAffinitySchedulingStrategy``); paths every node sees are left out."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not paths:
+        return {}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    probe = ray.remote(num_cpus=0)(_missing)
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(paths)
+            for n in nodes]
+    missing: dict[str, list[str]] = {}
+    for node, gone in zip(nodes, ray.get(refs)):
+        for path in gone:
+            missing.setdefault(path, []).append(node["NodeManagerAddress"])
+    return missing
+
+
+def _missing(paths: list[str]) -> list[str]:
+    return [p for p in paths if not os.path.exists(p)]
+
+
+def check_paths(sweep: Sweep) -> None:
+    """Refuse a multi-node sweep whose data or model paths some node of the cluster does not see.
+
+    verl's workers on every node of a trial load the model, and its driver reads the data wherever it runs: a node
+    without them fails every trial placed there, after its GPUs were reserved.
+
+    Raises:
+        ClusterError: each path with the nodes that lack it, and the fix.
+    """
+    missing = nodes_missing(local_paths(sweep))
+    if missing:
+        listed = "; ".join(f"{path} on {', '.join(nodes)}" for path, nodes in missing.items())
+        raise ClusterError(f"a multi-node trial reads its data and model on every node it spans, but these paths are "
+                           f"missing on nodes of this Ray cluster: {listed}. Put them on storage every node mounts "
+                           f"at the same path (NFS, a ReadWriteMany volume), or give paths that exist everywhere")
 
 
 def max_concurrent(sweep: Sweep) -> int:

@@ -63,8 +63,8 @@ def capacity_problem(request: Mapping[str, float], nodes: Iterable[Mapping[str, 
 def check_trial_fits(sweep: Sweep) -> None:
     """Refuse a sweep whose trials no node of the connected Ray cluster can hold (see the module docstring).
 
-    A multi-node verl sweep must also fit one trial's job on the alive nodes
-    (:func:`klsweep.launchers.multinode.check_cluster`).
+    A multi-node verl sweep must also fit one trial's job on the alive nodes, whose every node must see its data
+    and model paths (:func:`klsweep.launchers.multinode.check_cluster`, ``check_paths``).
 
     Raises:
         ClusterError: the line of :func:`capacity_problem`, or of ``check_cluster``.
@@ -75,6 +75,7 @@ def check_trial_fits(sweep: Sweep) -> None:
         raise ClusterError(problem)
     if multinode.sweep_is_multinode(sweep):
         multinode.check_cluster(sweep)
+        multinode.check_paths(sweep)
 
 
 def _cluster_nodes() -> list[dict[str, float]]:
