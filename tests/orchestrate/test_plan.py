@@ -125,8 +125,8 @@ def _validate(path, text: str) -> tuple[int, str]:
 
 def test_validate_reports_every_problem_and_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
-    code, printed = _validate(bad, "name: bad\nalgorithm: grpo\nobjective: {metric: m, mode: max}\nparameters:\n"
-                                   "  target_kl: {min: 0.01, max: 0.1}\n  kl_coef: {values: [-0.1]}\n")
+    code, printed = _validate(bad, "name: bad\nalgorithm: grpo\nobjective: {metric: critic/score/mean, mode: max}\n"
+                                   "parameters:\n  target_kl: {min: 0.01, max: 0.1}\n  kl_coef: {values: [-0.1]}\n")
     assert code == 2
     errors = [line for line in printed.splitlines() if line.startswith("  error: ")]
     assert len(errors) == 2 and all(f"{bad}:" in e for e in errors)

@@ -41,3 +41,47 @@ def test_drgrpo_own_values_and_a_comparison_that_includes_them_pass(sweep_file):
                                           algorithm="drgrpo"))
     assert f"parameters.loss_agg_mode: loss_agg_mode ({A}loss_agg_mode) in ['token-mean', 'token-sum'] under " \
            "algorithm: drgrpo" in only_others
+
+
+def test_an_objective_the_trainer_never_logs_fails_validate_with_the_names_it_logs(sweep_file):
+    """``metric: reward`` passed validate; every trial then ran its whole budget before it was marked FAIL."""
+    header = "name: t\nalgorithm: grpo\n"
+    path = sweep_file(header + "objective: {metric: reward, mode: max}\n", header=False)
+    (problem,) = _problems(path)
+    assert problem.startswith(f"{path}:3: objective.metric: the embedded trainer never logs 'reward'")
+    assert "Did you mean 'critic/rewards/mean' or 'actor/reward_kl_penalty'?" in problem
+    assert "val-core/arith/acc/mean@1, critic/score/mean" in problem  # what it does log
+    listed = sweep_file(header + "objective:\n  - {metric: critic/score/mean, mode: max}\n"
+                                 "  - {metric: critic/scor/mean, mode: min}\n", header=False)
+    (problem,) = _problems(listed)
+    assert problem.startswith(f"{listed}:5: objective.1.metric: the embedded trainer never logs 'critic/scor/mean'")
+    assert "Did you mean 'critic/score/mean'?" in problem
+    # verl names every metric section/name: a bare name is never logged; a name with a section may be its own
+    verl = ("trainer: verl\nbudget: {resources: {gpu: 1}}\noverrides: {trainer.n_gpus_per_node: 1}\n"
+            "objective: {metric: %s, mode: max}\n")
+    (problem,) = [p for p in _problems(sweep_file(header + verl % "reward", header=False)) if "objective." in p]
+    assert "the verl trainer logs verl's metric names, all of them section/name: never 'reward'" in problem
+    try:
+        load_sweep(sweep_file(header + verl % "val-aux/gsm8k/reward/mean@4", header=False))
+    except SweepFileError as e:
+        assert not [p for p in e.problems if "objective." in p]
+
+
+def test_the_embedded_metric_names_are_what_the_embedded_trainer_logs():
+    """:data:`EMBEDDED_METRICS` against two steps of the embedded trainer (validating each step): PPO with the KL
+    in the reward and GRPO with the KL in the loss, the two kinds of shipped embedded sweeps."""
+    from klsweep.spec.checks import EMBEDDED_METRICS
+    from klsweep.spec.space import seed_params, trial_overrides
+    from klsweep.trainers import trainer_kind
+    from tests.conftest import REPO
+
+    logged: set[str] = set()
+    for name in ("conservative", "grpo_kl"):
+        sweep = load_sweep(REPO / "sweeps" / f"{name}.yaml", ["budget.max_steps=2"])
+        seeds = seed_params(sweep)
+        overrides = trial_overrides(sweep, seeds[0] if seeds else {})
+        kind = trainer_kind(sweep.trainer)
+        trainer = kind.in_process(sweep, {**kind.defaults(overrides), **overrides, "trainer.test_freq": 1})
+        for _ in range(2):
+            logged |= set(trainer.train_step())
+    assert logged == EMBEDDED_METRICS

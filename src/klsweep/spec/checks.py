@@ -22,7 +22,7 @@ from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS
 from klsweep.verl.liveness import inert_reason
 from klsweep.verl.managed import managed_key_problems
-from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
+from klsweep.verl.metrics import ALIASES, KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS, VAL_SCORE
 
 #: Keys whose value decides whether other knobs are live; a `when` or a search over them opens scenarios.
 _SWITCHES = ("algorithm.kl_ctrl.type", presets.ACTOR + "loss_agg_mode", presets.ACTOR + "clip_ratio_low",
@@ -46,7 +46,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     - GRPO with rollout.n < 2;
     - ``algorithm: drgrpo`` with a fixed (or only searched) value that is not DrGRPO's;
     - for ``trainer: verl``: ``budget.resources.gpu`` that differs from the GPUs a trial's verl uses
-      (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials.
+      (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials;
+    - an objective metric the trainer never logs (every trial would run its whole budget, then fail).
 
     Sampler options are checked where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.
 
@@ -115,6 +116,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                        f"actor_rollout_ref.rollout.n={n}: GRPO's advantage compares the rollout.n responses of a "
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
     errors.extend(_not_drgrpo(sweep, params, resolved))
+    errors.extend(_unlogged_objectives(sweep))
     if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
@@ -263,3 +265,57 @@ def _not_drgrpo(sweep: Sweep, params: dict, names: dict[str, str]) -> Iterator[P
 
 def _values(p) -> list[Any]:
     return p.values if isinstance(p, Choice) else [p.value]
+
+
+#: Every metric the embedded trainer logs, under verl's names (``EmbeddedTrainer.train_step``: PPO with its critic
+#: and GRPO, the KL in the reward or in the loss; tests/spec/test_checks.py runs both and compares).
+EMBEDDED_METRICS = frozenset({
+    "actor/entropy", "actor/grad_norm", "actor/kl_coef", "actor/kl_loss", "actor/lr", "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower", "actor/pg_loss", "actor/ppo_kl", "actor/reward_kl_penalty",
+    "actor/reward_kl_penalty_coeff", "critic/advantages/max", "critic/advantages/mean", "critic/advantages/min",
+    "critic/grad_norm", "critic/lr", "critic/returns/max", "critic/returns/mean", "critic/returns/min",
+    "critic/rewards/max", "critic/rewards/mean", "critic/rewards/min", "critic/score/max", "critic/score/mean",
+    "critic/score/min", "critic/values/max", "critic/values/mean", "critic/values/min", "critic/vf_clipfrac",
+    "critic/vf_explained_var", "critic/vf_loss", "embedded/gold_score/mean", "embedded/val_response_length/mean",
+    "prompt_length/clip_ratio", "prompt_length/max", "prompt_length/mean", "prompt_length/min",
+    "response/aborted_ratio", "response_length/clip_ratio", "response_length/max", "response_length/mean",
+    "response_length/min", "response_length_non_aborted/clip_ratio", "response_length_non_aborted/max",
+    "response_length_non_aborted/mean", "response_length_non_aborted/min", "timing_s/step",
+    "val-core/arith/acc/mean@1",
+})
+#: What an objective usually is, under verl's names (verl/trainer/ppo/metric_utils.py ``compute_data_metrics``,
+#: ``process_validation_metrics``; verl/workers/utils/losses.py): offered when an objective is never logged.
+_COMMON_OBJECTIVES = ("critic/score/mean", "critic/rewards/mean", "actor/entropy", "actor/kl_loss",
+                      "actor/reward_kl_penalty", "response_length/mean")
+
+
+def _unlogged_objectives(sweep: Sweep) -> Iterator[Problem]:
+    """An objective metric no trial would ever report: every trial would run its whole budget and then fail.
+
+    verl names every metric ``section/name`` (``critic/score/mean``), so a name without ``/`` is never logged; the
+    embedded trainer logs :data:`EMBEDDED_METRICS`. The health rules' aliases (``ref_kl``) and validation names of
+    another trainer have their own message (``klsweep.orchestrate.plan``), and are left to it."""
+    kind = trainer_kind(sweep.trainer)
+    if kind.name not in ("embedded", "verl", "tabular"):
+        return  # a replayed log holds its own names
+    written = getattr(sweep, "_where", None) or {}
+    listed = ("objective", "0") in written or len(sweep.objectives) > 1
+    for i, objective in enumerate(sweep.objectives):
+        metric = objective.metric
+        if metric in ALIASES or metric == VAL_SCORE or metric.startswith(("val-core/", "val/", "test_score/")):
+            continue
+        if kind.name == "embedded" and metric not in EMBEDDED_METRICS:
+            names = sorted(EMBEDDED_METRICS)
+            logs = f"the embedded trainer never logs {metric!r}"
+        elif "/" not in metric:
+            names = [kind.validation_metric or "val-core/<data_source>/<reward key>/mean@<n>", *_COMMON_OBJECTIVES]
+            logs = f"the {kind.name} trainer logs verl's metric names, all of them section/name: never {metric!r}"
+        else:
+            continue
+        offered = [kind.validation_metric or names[0], *_COMMON_OBJECTIVES]
+        close = ([n for n in offered if metric.lower() in n.lower() and "<" not in n]
+                 or difflib.get_close_matches(metric, names, n=1, cutoff=0.5))
+        fix = (f"Did you mean {' or '.join(map(repr, close))}? " if close else "") + \
+            f"Objectives it logs: {', '.join(offered)}"
+        yield ((("objective", i, "metric") if listed else ("objective", "metric")),
+               f"{logs}: every trial would run its whole budget, then fail. {fix}")
