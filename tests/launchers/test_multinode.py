@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -246,11 +247,40 @@ def test_the_kuberay_multinode_profile_runs_the_example_multinode_sweep_two_tria
     assert check_cluster(sweep, pods) == sweep.budget.max_concurrent == 2  # the head pod has no CPU for trials
 
 
+def test_a_study_a_driver_was_killed_writing_is_resumable(tmp_path):
+    """A SIGKILL in the middle of an Optuna write leaves a hot journal; ``sweep resume`` checks the study first."""
+    from klsweep.analysis.study_file import study_problem
+    from klsweep.results import SweepRecord
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.enqueue_trial({"x": 1.0})
+    killed = ("import os, signal, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); db.execute('PRAGMA cache_size=1');"
+              " db.execute('BEGIN IMMEDIATE'); db.executemany('INSERT INTO study_user_attributes (study_id, key, "
+              "value_json) VALUES (1, ?, 0)', [(str(i),) for i in range(3000)]); os.kill(os.getpid(), signal.SIGKILL)")
+    subprocess.run([sys.executable, "-c", killed, str(tmp_path / "study.db")])
+    assert (tmp_path / "study.db-journal").is_file()
+    with pytest.raises(sqlite3.OperationalError, match="attempt to write a readonly database"):
+        db = sqlite3.connect(f"file:{tmp_path / 'study.db'}?mode=ro", uri=True)
+        try:
+            db.execute("PRAGMA quick_check")  # what a read-only check met
+        finally:
+            db.close()
+    record = SweepRecord(name="s", sweep_file=str(tmp_path / "s.yaml"), study_name="s", storage=storage,
+                         objectives=[], sweep={})
+    assert study_problem(record, tmp_path) is None
+    assert not (tmp_path / "study.db-journal").exists()
+    loaded = optuna.load_study(study_name="s", storage=storage)
+    assert len(loaded.trials) == 1 and loaded.user_attrs == {}  # the killed transaction rolled back
+
+
 def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_job(cluster, tmp_path):
     out = tmp_path / "out"
     result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=4, stop_above=0.05)),
                     "--address", cluster, "--out", str(out))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "multi-node trials: this Ray cluster holds 1 at once; budget.max_concurrent 2 is capped to 1" in \
+        result.stderr
     trials = _trials(out)
     states = {next(iter(t.params.values())): t.state for t in _studies(out)}
     assert states == {0.001: optuna.trial.TrialState.PRUNED, 0.01: optuna.trial.TrialState.COMPLETE}

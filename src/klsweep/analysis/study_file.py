@@ -46,7 +46,9 @@ def study_problem(record: SweepRecord, run_dir: str | Path) -> str | None:
     """What is wrong with the sweep's SQLite study file, or None when the study is there and readable (or the
     storage is not SQLite, which Optuna checks itself).
 
-    Opens the file read-only: never creates or changes it. Returns "missing", "empty" (no bytes, no tables or no
+    Opens the file read-only: never creates it, and changes it only to roll back a transaction a killed writer left
+    in a hot journal (``study.db-journal``), as SQLite does on Optuna's own next open: a read-only connection cannot,
+    and fails with "attempt to write a readonly database". Returns "missing", "empty" (no bytes, no tables or no
     study of this name) or "corrupt: <sqlite's reason>".
     """
     file = sqlite_file(record, run_dir)
@@ -57,6 +59,12 @@ def study_problem(record: SweepRecord, run_dir: str | Path) -> str | None:
     if file.stat().st_size == 0:
         return "empty"
     try:
+        if Path(f"{file}-journal").is_file():  # a driver SIGKILLed mid-write: roll back its transaction
+            db = sqlite3.connect(file)
+            try:
+                db.execute("PRAGMA quick_check").fetchone()
+            finally:
+                db.close()
         with sqlite3.connect(f"file:{file}?mode=ro", uri=True) as db:
             check = db.execute("PRAGMA quick_check").fetchone()
             if check and check[0] != "ok":
