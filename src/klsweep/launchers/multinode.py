@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -193,11 +194,16 @@ def check_paths(sweep: Sweep) -> None:
 
 
 def max_concurrent(sweep: Sweep) -> int:
-    """The sweep's ``budget.max_concurrent``, capped to :func:`check_cluster` for a multi-node sweep (Ray up)."""
+    """The sweep's ``budget.max_concurrent``, capped to :func:`check_cluster` for a multi-node sweep (Ray up); a cap
+    is said on stderr."""
     wanted = sweep.budget.max_concurrent
     if not sweep_is_multinode(sweep):
         return wanted
-    return min(wanted, check_cluster(sweep))
+    fit = check_cluster(sweep)
+    if fit < wanted:
+        print(f"multi-node trials: this Ray cluster holds {fit} at once; budget.max_concurrent {wanted} is capped to "
+              f"{fit}", file=sys.stderr)
+    return min(wanted, fit)
 
 
 def job_env(env: Mapping[str, str], address: str) -> dict[str, str]:
