@@ -292,7 +292,7 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
     # it logs the sweep's objective (score), so the finished trial is the best one and keeps its last checkpoint
     sweep = embedded.model_copy(update={"trainer": "verl", "overrides": {
         **embedded.overrides, "kl_rise": 0.5, "trainer.save_freq": 2, "score": 0.5,
-        "score_metric": embedded.objectives[0].metric}})
+        "score_metric": embedded.objectives[0].metric, "lockstep": 1}})  # verl's steps never outrun the driver
     scheduler = RemedyScheduler(sweep)
     stopper = HealthStopper(load_ruleset(sweep.health), run_config_of=functools.partial(overrides_of, sweep),
                             remedies=scheduler)
