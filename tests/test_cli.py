@@ -123,3 +123,95 @@ def test_help_is_plain_text_and_every_resume_option_is_explained(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--address ADDRESS Ray cluster address (default: the launch profile's" in text
     assert "--quiet no live table" in text
+
+
+def _without_write_override() -> None:
+    """Run in the child before exec: as root, drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the capability
+    bounding set (prctl PR_CAPBSET_DROP, linux/prctl.h 24; capability numbers 1 and 2, linux/capability.h), so
+    the program it starts obeys file permissions as any user does. A user's process obeys them already."""
+    import ctypes
+
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):
+        if libc.prctl(24, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _read_only_sweep(tmp_path):
+    """A finished sweep directory (tests/analysis/conftest) whose files and folders nobody may write."""
+    from tests.analysis.conftest import make_sweep
+
+    out = make_sweep(tmp_path / "copied", 4, objectives=[{"metric": "critic/score/mean", "mode": "max"}])
+    for path in [out, *out.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    return out
+
+
+def _sweep(*argv, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "klsweep.cli", *argv], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_without_write_override, **kwargs)
+
+
+def test_a_read_only_sweep_directory_is_said_in_one_line(tmp_path):
+    """``sweep report`` on a read-only copy of a sweep ended in a PermissionError traceback (exit 1): one line
+    that names the folder and the fix, exit 2; ``sweep status`` reads it as it is."""
+    out = _read_only_sweep(tmp_path)
+    try:
+        report = _sweep("report", str(out))
+        assert report.returncode == 2 and "Traceback" not in report.stderr, report.stderr
+        [line] = report.stderr.splitlines()
+        assert line.startswith(f"sweep report: error: cannot write the report to {out / 'report'}")
+        assert "Permission denied" in line and f"sweep report {out} --out DIR" in line
+        assert not (out / "report").exists()
+        assert _sweep("report", str(out), "--out", str(tmp_path / "elsewhere")).returncode == 0
+        assert (tmp_path / "elsewhere" / "report.html").is_file()
+        status = _sweep("status", str(out))
+        assert status.returncode == 0 and "copied: 4 finished" in status.stdout, status.stderr
+    finally:
+        for path in [out, *out.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+
+
+def test_the_dashboard_serves_a_read_only_study_without_saving_its_figure(tmp_path):
+    """optuna-dashboard on a read-only study.db: saving the KL frontier figure into the study failed with a
+    StorageInternalError traceback; it is a warning, and the study is served."""
+    out = _read_only_sweep(tmp_path)
+    server = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "dashboard", str(out), "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_without_write_override)
+    try:
+        url = server.stdout.readline()
+        assert "http://127.0.0.1:" in url and "/dashboard/" in url, server.stderr.read()
+    finally:
+        server.send_signal(signal.SIGINT)
+        stderr = server.communicate(timeout=60)[1]
+        for path in [out, *out.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert "Traceback" not in stderr
+    assert "warning: the KL frontier figure was not saved into the study" in stderr
+    assert "attempt to write a readonly database" in stderr
+
+
+def test_a_results_folder_under_a_file_and_a_port_past_65535_are_one_line(tmp_path, capsys):
+    """A path under a file cannot be a folder for any user, root included: the same one-line error as a read-only
+    folder, exit 2, for `run --out` and `report --out`. ``--port 70000`` ended in an OverflowError traceback."""
+    from tests.analysis.conftest import make_sweep
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert main(["run", sweep_file(tmp_path), "--out", str(a_file / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"sweep run: error: cannot use {a_file / 'out'}: Not a directory." in err and "Traceback" not in err
+    out = make_sweep(tmp_path / "s", 2, objectives=[{"metric": "critic/score/mean", "mode": "max"}])
+    assert main(["report", str(out), "--out", str(a_file / "report")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"sweep report: error: cannot write the report to {a_file / 'report'}: Not a directory")
+
+    with pytest.raises(SystemExit) as e:
+        main(["dashboard", str(out), "--port", "70000"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "sweep dashboard: error: argument --port: 70000 is not a port: ports run from 1 to 65535 (the default is "
+        "8080)")

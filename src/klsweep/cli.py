@@ -5,7 +5,8 @@
 - 0 on success;
 - 1 for a stop verdict or a failed sweep;
 - 2 for bad input: a :class:`~klsweep.errors.KlsweepError`, printed as one message without a traceback
-  (``--debug`` shows it);
+  (``--debug`` shows it), or a path that cannot be used (an ``OSError`` naming a file: a read-only folder, a path
+  under a file, a full disk), said in one line;
 - 3 for an inconclusive ``health check``: no rule that can stop a run could judge the log.
 
 Heavy modules (Ray, Optuna, torch, verl) are imported inside each command, never at start-up.
@@ -99,6 +100,17 @@ def _cmd_health_check(args: argparse.Namespace) -> int:
                         full_config=trial_log_overrides)
 
 
+def _port(text: str) -> int:
+    """A TCP port given on the command line: 0 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give a number from 1 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: ports run from 1 to 65535 (the default is 8080)")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
@@ -154,7 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     d = add("dashboard", _cmd_dashboard)
     d.add_argument("run_dir")
     d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, help="port to serve on (default 8080, or a free port when 8080 is in use)")
+    d.add_argument("--port", type=_port,
+                   help="port to serve on (default 8080, or a free port when 8080 is in use; 0: any free port)")
 
     h = sub.add_parser("health", help="health rules: check a log against a rule set")
     hs = h.add_subparsers(dest="health_command", required=True)
@@ -186,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"sweep {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.filename is None or args.debug:  # not a path of the user's: a bug to see whole
+            raise
+        # a folder that cannot be written (read-only, a path under a file, a full disk): the path and the fix
+        print(f"sweep {args.command}: error: cannot use {e.filename}: {e.strerror or e}. Give a folder you can write "
+              "(--out DIR where the command takes one); --debug shows where it failed", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # `sweep run`/`resume` say more once their results directory holds a sweep
         print(f"sweep {args.command}: interrupted (Ctrl-C)", file=sys.stderr)

@@ -18,7 +18,9 @@ import socket
 import sys
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from optuna.exceptions import StorageInternalError
 from optuna_dashboard import save_plotly_graph_object, wsgi
+from sqlalchemy.exc import SQLAlchemyError
 
 from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.plots import frontier_figure
@@ -51,7 +53,8 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
     Args:
         run_dir: the sweep directory.
         host: the address to bind (``127.0.0.1``: this machine only).
-        port: the port to bind; ``None`` tries :data:`DEFAULT_PORT` and, when it is in use, any free port (said).
+        port: the port to bind (0: any free one); ``None`` tries :data:`DEFAULT_PORT` and, when it is in use, any
+            free port (said).
 
     Raises:
         ResultsError: ``run_dir`` is not a sweep directory.
@@ -61,7 +64,8 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
     app = wsgi(storage_from_url(record.storage_url(run_dir)))
     server_class = _Server.for_host(host)
     try:
-        server = make_server(host, port or DEFAULT_PORT, app, server_class=server_class, handler_class=_QuietHandler)
+        server = make_server(host, DEFAULT_PORT if port is None else port, app, server_class=server_class,
+                             handler_class=_QuietHandler)
     except OSError as e:
         if port is not None:
             raise KlsweepError(
@@ -72,7 +76,7 @@ def serve(run_dir: str, *, host: str = "127.0.0.1", port: int | None = None) -> 
               f"{server.server_port} instead", file=sys.stderr)
     summary = save_frontier(run_dir, record)  # once the port is ours: a refused start writes nothing
     if summary is not None:
-        print(f"{summary} (the figure is in the dashboard's study page)", file=sys.stderr)
+        print(summary, file=sys.stderr)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {host}: anyone who can reach this address can read the study", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
@@ -90,16 +94,25 @@ def save_frontier(run_dir: str, record: SweepRecord) -> str | None:
     """Save the sweep's KL frontier figure into its study (optuna-dashboard's custom plotly figures, id
     :data:`FRONTIER_GRAPH_ID`); a sweep that cannot be fitted yet gets the figure that says why.
 
+    A study that cannot be written (a read-only study.db) keeps the figure it had, and a warning says so.
+
     Returns:
-        The frontier's one-line summary, or ``None`` when the study does not exist yet (no trial started).
+        The frontier's one-line summary, saying where the figure is when it was saved; ``None`` when the study does
+        not exist yet (no trial started).
     """
     try:
         study = study_of(run_dir, record)
     except StudyNotCreated:
         return None
     result = sweep_frontier(run_dir)
-    save_plotly_graph_object(study, frontier_figure(result), graph_object_id=FRONTIER_GRAPH_ID)
-    return result.summary()
+    try:
+        save_plotly_graph_object(study, frontier_figure(result), graph_object_id=FRONTIER_GRAPH_ID)
+    except (StorageInternalError, SQLAlchemyError, OSError) as e:  # a read-only study.db: serve it as it is
+        cause = str(getattr(e, "__cause__", None) or e).splitlines()[0][:120]
+        print(f"warning: the KL frontier figure was not saved into the study ({cause}); a read-only study.db? The "
+              f"dashboard shows the study without it: `sweep report {run_dir} --out DIR` draws it", file=sys.stderr)
+        return result.summary()
+    return f"{result.summary()} (the figure is in the dashboard's study page)"
 
 
 def _free_port(host: str, server_class: type[WSGIServer]) -> int:

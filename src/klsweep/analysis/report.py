@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
         0 (the report and, unless ``pngs=False``, every PNG were written).
 
     Raises:
-        ResultsError: ``run_dir`` is not a sweep directory, or its study holds no trial yet.
+        ResultsError: ``run_dir`` is not a sweep directory, or its study holds no trial yet, or ``out`` cannot be
+            written (a read-only sweep directory: the message says to pass ``--out``).
     """
     run_dir = Path(run_dir)
     record = SweepRecord.read(run_dir)
@@ -64,6 +66,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     df = load(run_dir)
     if df.empty:
         raise ResultsError(f"{run_dir}: the study {info['study_name']!r} holds no trial yet; nothing to report")
+    out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
+    _writable(out_dir, run_dir, given=out is not None)
     sweep = info.get("sweep", {})
     budget = sweep.get("budget", {})
     max_steps = int(budget.get("max_steps") or pd.to_numeric(df.get("steps"), errors="coerce").max() or 0)
@@ -106,18 +110,34 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     }
     figures = {name: plotly_figure(views[name])
                for name in ("front", "frontier", "curves", "importance", "knobs", "slice")}
-    out_dir = Path(out) if out is not None else run_dir / REPORT_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
     page = _page(info, df, front, front_table, counts, stops, accounting, figures, max_steps, gpu, ruleset,
                  frontier.summary(), remedies, confirmed, views["front"].scales,
                  _winner_block(Sweep.model_validate(record.sweep), df))
-    _atomic_write(out_dir / REPORT, page)
-    if not pngs:
-        print(f"report: {out_dir / REPORT}")
-        return 0
-    write_pngs(views, out_dir)
-    print(f"report: {out_dir / REPORT} and {len(views)} PNGs")
+    try:
+        _atomic_write(out_dir / REPORT, page)
+        if pngs:
+            write_pngs(views, out_dir)
+    except OSError as e:  # the disk filled up, or the folder was taken away meanwhile
+        raise ResultsError(f"cannot write the report to {out_dir}: {e.strerror or e} ({e.filename}). Free space "
+                           "there or pass --out DIR") from None
+    print(f"report: {out_dir / REPORT}" + ("" if not pngs else f" and {len(views)} PNGs"))
     return 0
+
+
+def _writable(out_dir: Path, run_dir: Path, *, given: bool) -> None:
+    """Create ``out_dir`` and write a probe file in it: a read-only sweep directory (a copy from a cluster, a
+    read-only mount) is said in one line before any figure is drawn.
+
+    Raises:
+        ResultsError: the folder cannot be created or written; the fix is another folder (``--out``)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        where = "" if given else " (the sweep directory's report/ folder)"
+        raise ResultsError(f"cannot write the report to {out_dir}{where}: {e.strerror or e} ({e.filename}). "
+                           f"Pass a folder you can write: sweep report {run_dir} --out DIR") from None
 
 
 def _winner_block(sweep: Sweep, df: pd.DataFrame) -> str:
