@@ -215,3 +215,32 @@ def test_a_results_folder_under_a_file_and_a_port_past_65535_are_one_line(tmp_pa
     assert capsys.readouterr().err.splitlines()[-1] == (
         "sweep dashboard: error: argument --port: 70000 is not a port: ports run from 1 to 65535 (the default is "
         "8080)")
+
+
+def test_health_check_of_a_restarted_trials_progress_csv_agrees_with_its_result_json(tmp_path, capsys):
+    """A remedy restarted the trial from step 7's checkpoint after step 12: Tune's progress.csv keeps the abandoned
+    steps 8-12 (where the KL blew up), result.json only the run that continued (healthy). Both files get one
+    verdict, HEALTHY; the progress.csv's output says which reports it left out."""
+    import json
+
+    def row(step: int, kl: float) -> dict:
+        return {"step": step, "training_iteration": step, "actor/kl_loss": kl, "actor/pg_loss": 0.01,
+                "actor/entropy": 0.5, "critic/score/mean": 0.4}
+
+    abandoned = [row(s, 0.01 if s <= 7 else 0.9) for s in range(1, 13)]  # > 0.5 for 3 steps: kl_blowup stops
+    went_on = [row(s, 0.01) for s in range(8, 21)]
+    columns = list(abandoned[0])
+    progress = tmp_path / "progress.csv"
+    progress.write_text(",".join(columns) + "\n" + "".join(
+        ",".join(str(r[c]) for c in columns) + "\n" for r in abandoned + went_on))
+    result = tmp_path / "result.json"
+    result.write_text("".join(json.dumps(r) + "\n" for r in abandoned[:7] + went_on))
+
+    assert main(["health", "check", str(result), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "healthy"
+    assert main(["health", "check", str(progress)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: HEALTHY" in out
+    assert ("note: the log goes back to step 8 after step 12 (a restart from a checkpoint: a remedy's, or a resumed "
+            "run's): its 5 abandoned reports of steps 8-12 are left out") in out
+    assert "20 reports (steps 1-20)" in out  # 7 before the restart point and 13 after it

@@ -9,11 +9,13 @@ Verdicts and exit codes (``docs/health-rules.md``):
 - A log that cannot be read, or a W&B export of several runs without ``--run``: 2 (the CLI).
 
 Every verdict says how many rules and checks judged the log. It also says whether the run's config turns on a KL
-mechanism that the log has no KL metric for.
+mechanism that the log has no KL metric for. A log whose step goes back (a restart from a checkpoint) is judged as
+the run that continued, as the trial's ``result.json`` holds it, and says so (:func:`continued`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,31 @@ def coverage(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def continued(trace: Trace) -> tuple[Trace, list[str]]:
+    """The run as it continued, and a sentence per restart that dropped reports.
+
+    A log whose step goes back holds reports a restart abandoned: a remedy restarted the trial from an earlier
+    checkpoint, or a resumed run repeated the steps after its last checkpoint. Tune's ``progress.csv`` keeps them;
+    ``result.json`` keeps only the run that continued (:class:`klsweep.orchestrate.result_json.ResultsFromCheckpoint`).
+    Where a report's step is lower than the one before it, the earlier reports from that step on are dropped, so
+    both files of a trial get one verdict. Reports without a step are kept as they are."""
+    kept: list[tuple[int | None, dict[str, Any]]] = []
+    notes = []
+    last: int | None = None
+    for step, metrics in trace.reports:
+        if step is not None and last is not None and step < last:
+            dropped = sum(1 for s, _ in kept if s is not None and s >= step)
+            kept = [(s, m) for s, m in kept if s is None or s < step]
+            notes.append(f"the log goes back to step {step} after step {last} (a restart from a checkpoint: a "
+                         f"remedy's, or a resumed run's): its {dropped} abandoned reports of steps {step}-{last} are "
+                         "left out, as in the trial's result.json; judged is the run that continued")
+        kept.append((step, metrics))
+        last = step if step is not None else last
+    if not notes:
+        return trace, []
+    return dataclasses.replace(trace, reports=kept), notes
+
+
 def _steps(first: Any, last: Any) -> str:
     return f"step {first}" if first == last else f"steps {first}-{last}"
 
@@ -120,8 +147,8 @@ def health_check(
         trace: verl jsonl, verl console log, W&B CSV export, or Ray Tune progress.csv/result.json.
         preset: a preset name (default ``default``); ignored when ``rules`` is given.
         rules: a YAML rules file (a ``health:`` value).
-        as_json: print one JSON object instead of text (the engine's summary, with ``verdict`` as below and the
-            counts of :func:`coverage`).
+        as_json: print one JSON object instead of text (the engine's summary, with ``verdict`` as below, the
+            counts of :func:`coverage` and ``restarts``: :func:`continued`'s sentences).
         run: the run to judge in a W&B export holding several.
         full_config: completes the log's own config (:func:`klsweep.health.readers.read_trace`).
 
@@ -135,9 +162,9 @@ def health_check(
         SweepFileError: unknown preset or invalid rules file (the CLI exits 2).
     """
     ruleset = load_ruleset(rules if rules is not None else (preset or "default"))
-    t = read_trace(trace, run=run, full_config=full_config)
+    t, restarts = continued(read_trace(trace, run=run, full_config=full_config))
     timeline, summary = backtest(t, ruleset)
-    summary = {**summary, **coverage(t, summary)}
+    summary = {**summary, **coverage(t, summary), "restarts": restarts}
     if as_json:
         out = {
             "trace": str(t.path),
@@ -182,6 +209,7 @@ def _text(t: Trace, ruleset, timeline: list[dict[str, Any]], summary: dict[str, 
         + (", values rounded to 3 decimals" if t.rounded else "")
         + (", run config from the log" if t.config else ", no run config (rules that need it are not applicable)"),
         *_skipped_text(t),
+        *(f"note: {text}" for text in s["restarts"]),
         f"rule set: {ruleset.name} ({len(ruleset.rules)} rules + built-in checks)",
         "",
         "timeline:" if timeline else "timeline: no rule fired",
