@@ -200,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"sweep {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # before OSError, its base: `sweep ... | head` closed the pipe; end quietly as `cat` does
+        # Python's advice (docs.python.org/3/library/signal.html, "Note on SIGPIPE"): point stdout at devnull so the
+        # interpreter's flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command ended by a closed pipe
     except OSError as e:
         if e.filename is None or args.debug:  # not a path of the user's: a bug to see whole
             raise
@@ -210,11 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # `sweep run`/`resume` say more once their results directory holds a sweep
         print(f"sweep {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `sweep ... | head` closed the pipe: as `cat | head`, end quietly
-        # Python's advice (docs.python.org/3/library/signal.html, "Note on SIGPIPE"): point stdout at devnull so the
-        # interpreter's flush at exit does not raise again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141  # 128 + SIGPIPE, as a shell reports a command ended by a closed pipe
 
 
 if __name__ == "__main__":
