@@ -244,3 +244,35 @@ def test_health_check_of_a_restarted_trials_progress_csv_agrees_with_its_result_
     assert ("note: the log goes back to step 8 after step 12 (a restart from a checkpoint: a remedy's, or a resumed "
             "run's): its 5 abandoned reports of steps 8-12 are left out") in out
     assert "20 reports (steps 1-20)" in out  # 7 before the restart point and 13 after it
+
+
+def test_wandb_online_with_a_key_but_no_route_logs_offline_and_says_so(tmp_path, monkeypatch, capsys):
+    """W&B online, a key, no route to W&B: the sweep took 7 times as long and wrote no W&B data, silently. A probe
+    of W&B's server (here a closed port on 127.0.0.1, refused at once) switches the sweep to offline in seconds,
+    and says so; a server that answers keeps it online."""
+    import time
+
+    from klsweep.orchestrate.wandb_logging import PROBE_TIMEOUT_S, wandb_callback
+    from klsweep.spec import load_sweep
+
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)  # a key of W&B's length: wandb.login(verify=False) accepts it
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the callback sets it for offline runs: restored after
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    sweep = load_sweep(sweep_file(tmp_path, wandb={"mode": "online"}))
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        assert wandb_callback(sweep, tmp_path).kwargs["mode"] == "online"
+    assert "cannot be reached" not in capsys.readouterr().err
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        started = time.monotonic()
+        callback = wandb_callback(sweep, tmp_path)
+        took = time.monotonic() - started
+    assert callback.kwargs["mode"] == "offline" and took < PROBE_TIMEOUT_S + 5
+    err = capsys.readouterr().err
+    assert f"warning: wandb.mode is online but W&B at {url} cannot be reached from this machine" in err
+    assert f"the sweep logs offline to {tmp_path / 'wandb'}" in err and "wandb sync" in err

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import sys
+import threading
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -212,6 +215,10 @@ class VerlWandbCallback(WandbLoggerCallback):
 def wandb_callback(sweep: Sweep, out_dir: Path) -> VerlWandbCallback | None:
     """The W&B callback of ``sweep.wandb``, or None with a warning when ``mode: online`` has no credentials.
 
+    ``mode: online`` with credentials but no route to W&B's server (:func:`unreachable`, within
+    :data:`PROBE_TIMEOUT_S` seconds) logs offline instead, and says so: online, every trial would wait on W&B and
+    none of its data would reach it.
+
     The project defaults to the sweep name; the group is the sweep name; the tags are the sweep name, algorithm and
     trainer. W&B never stops a sweep.
 
@@ -224,11 +231,54 @@ def wandb_callback(sweep: Sweep, out_dir: Path) -> VerlWandbCallback | None:
               "the sweep runs without W&B; use wandb.mode: offline to log locally and `wandb sync` later",
               file=sys.stderr)
         return None
-    kwargs = {"project": sweep.wandb.project or sweep.name, "group": sweep.name, "mode": sweep.wandb.mode,
+    mode = sweep.wandb.mode
+    if mode == "online":
+        url = _base_url()
+        why = unreachable(url)
+        if why is not None:  # each trial's run would wait on W&B, slowly, and reach nothing
+            mode = "offline"
+            where = Path(os.environ.get("WANDB_DIR") or out_dir) / "wandb"
+            print(f"warning: wandb.mode is online but W&B at {url} cannot be reached from this machine ({why}): "
+                  f"the sweep logs offline to {where}; upload the runs later with `wandb sync {where}/offline-run-*`",
+                  file=sys.stderr)
+    kwargs = {"project": sweep.wandb.project or sweep.name, "group": sweep.name, "mode": mode,
               "dir": os.environ.get("WANDB_DIR") or str(out_dir), "tags": [sweep.name, sweep.algorithm, sweep.trainer]}
     if sweep.wandb.entity:
         kwargs["entity"] = sweep.wandb.entity
     return VerlWandbCallback(functools.partial(overrides_of, sweep), list(parameters(sweep)), **kwargs)
+
+
+#: Seconds an online sweep waits for W&B's server (name lookup and TCP connection) before it logs offline.
+PROBE_TIMEOUT_S = 3.0
+
+
+def unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why W&B's server at ``url`` cannot be reached from here, or None when a TCP connection to its host and port
+    opens within ``timeout`` seconds (the name lookup included: it runs in a thread that is not waited for)."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    outcome: dict[str, str] = {}
+
+    def connect() -> None:
+        try:
+            socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+            outcome["ok"] = ""
+        except OSError as e:
+            outcome["error"] = e.strerror or str(e) or type(e).__name__
+
+    probe = threading.Thread(target=connect, name="wandb-probe", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    if "ok" in outcome:
+        return None
+    return outcome.get("error") or f"no answer within {timeout:g} s"
+
+
+def _base_url() -> str:
+    """W&B's server: ``WANDB_BASE_URL``, else the one wandb's settings hold (``wandb login --host``)."""
+    import wandb
+
+    return os.environ.get("WANDB_BASE_URL") or str(wandb.setup().settings.base_url)
 
 
 def _has_credentials() -> bool:
