@@ -5,9 +5,11 @@ with ``seed=S`` asked one trial at a time, each trial served its recorded run
 (:class:`klsweep.trainers.tabular.TabularTrainer`) step by step. The arms differ in sampler and stopper:
 
 * ``klsweep``: the file's sampler and seed trials, its health rules (:class:`klsweep.health.HealthEngine`, as the
-  sweep's stopper judges) and its ``stopping`` (the objective stopper, the median of the trials that finished
-  healthy: :class:`klsweep.orchestrate.median_stop.MedianRule`); a stopped trial is told PRUNED.
-  ``klsweep-rules``: the health rules alone; ``klsweep+median``: with ``stopping: {median: on}``.
+  sweep's stopper judges) and its ``stopping`` (the objective stopper; the paths of the trials the rules stopped:
+  :class:`klsweep.orchestrate.fate_stop.FateRule`; the median of the trials that finished healthy:
+  :class:`klsweep.orchestrate.median_stop.MedianRule`); a stopped trial is told PRUNED.
+  ``klsweep-rules``: the health rules alone; ``klsweep+median``: ``stopping: {median: on}`` alone (the files
+  before ``fate``).
 * ``klsweep+asha`` / ``klsweep+asha-stock``: the same with ``scheduler: asha`` (grace 10, reduction factor 3):
   :class:`klsweep.orchestrate.asha.HealthAwareASHA`, or Ray Tune's stock ``ASHAScheduler`` as klsweep used it before.
   Both are Ray's real scheduler objects, driven with each validation step's result.
@@ -59,6 +61,7 @@ from reference import reference  # noqa: E402
 
 from klsweep.health import HealthEngine, load_ruleset  # noqa: E402
 from klsweep.orchestrate.asha import HealthAwareASHA  # noqa: E402
+from klsweep.orchestrate.fate_stop import FateRule, signal_readers  # noqa: E402
 from klsweep.orchestrate.median_stop import MedianRule  # noqa: E402
 from klsweep.orchestrate.objective_stop import ObjectiveRule  # noqa: E402
 from klsweep.orchestrate.samplers import build_sampler  # noqa: E402
@@ -122,7 +125,7 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
     """One sweep of the table's file with ``seed=seed`` and ``trials`` trials under ``arm``; per trial: ``point``
     (grid index), ``total`` and ``used`` steps, ``stopped`` (by whom, or None), ``final`` (the objective's last value
     of the full recorded run, times the objective's sign: higher is better), ``first`` (its first validation step),
-    ``reason`` (a median stop's text, else None)."""
+    ``reason`` (a median or fate stop's text, else None)."""
     header = load_table(str(table)).header
     args = [f"seed={seed}", f"budget.trials={trials}", *arm.stopping]
     sweep = load_sweep(REPO / header["source"], args)
@@ -145,6 +148,9 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
                           settings) if settings else None
     median = MedianRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
                         sweep.stopping.median) if arm.health and sweep.stopping.median else None
+    fate = FateRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
+                    signal_readers(sweep.stopping.fate.signals, sweep.placement),
+                    sweep.stopping.fate) if arm.health and sweep.stopping.fate else None
     table_ = load_table(str(table))
     out = []
     for _ in range(trials):
@@ -162,6 +168,12 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
             step = trainer.global_step
             if engine is not None and engine.update(step, metrics).stop:
                 used, stopped = step, "health"
+                if fate is not None:
+                    fate.record(str(trial.number), step, metrics)
+                    fate.fail(str(trial.number))
+                break
+            if fate is not None and (reason := fate.update(str(trial.number), step, metrics)):
+                used, stopped = step, "fate"
                 break
             if judge is not None and judge.update(str(trial.number), step, metrics):
                 used, stopped = step, "objective"
@@ -182,9 +194,11 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
                 break
         if median is not None and stopped is None:
             median.finish(str(trial.number))
+        if fate is not None:
+            fate.finish(str(trial.number)) if stopped is None else fate.forget(str(trial.number))
         if asha is not None:
             end = {**last, HEALTH: "stopped" if stopped == "health" else "healthy",
-                   STOP_KIND: "objective" if stopped == "objective" else ""}
+                   STOP_KIND: "objective" if stopped in ("objective", "fate") else ""}
             asha.on_trial_complete(None, handle, end) if last else asha.on_trial_remove(None, handle)
         final = next((m[objective.metric] for _, m in reversed(trainer.reports) if objective.metric in m), math.nan)
         first = next((s for s, m in trainer.reports if objective.metric in m), trainer.total_steps)

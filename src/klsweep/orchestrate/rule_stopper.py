@@ -4,6 +4,7 @@
 ``training_iteration``), results a remedy was planned on (``remedy_note`` set) left unjudged, and a stop written into
 the result as ``stop_reason`` (the rule's text) and ``stop_kind`` ``objective``. The searcher then records the trial
 PRUNED with that reason, as it does a health stop. A subclass says how one result is judged (:meth:`judge`).
+:class:`StopperChain` asks a sweep's stoppers in order and tells the others of a stop.
 """
 
 from __future__ import annotations
@@ -35,6 +36,32 @@ class RuleStopper(Stopper):
         result[STOP_REASON], result[STOP_KIND] = reason, STOP_KIND_OBJECTIVE
         return True
 
+    def stopped(self, trial_id: str, result: dict) -> None:
+        """Another stopper of the chain stopped the trial on ``result``; a rule that learns from it overrides this."""
+
     def stop_all(self) -> bool:
         """Judged per trial: never stops the whole experiment."""
         return False
+
+
+class StopperChain(Stopper):
+    """Ray Tune's ``CombinedStopper`` (the stoppers asked in order, the first True stops the trial), except that
+    the other :class:`RuleStopper` s of the chain then hear of the stop (:meth:`RuleStopper.stopped`) with the
+    result that ended it: a rule can learn from the trials the health rules stop."""
+
+    def __init__(self, *stoppers: Stopper):
+        self.stoppers = stoppers
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        """True when a stopper stops the trial; the stoppers after it are not asked, as in ``CombinedStopper``."""
+        for stopper in self.stoppers:
+            if stopper(trial_id, result):
+                for other in self.stoppers:
+                    if other is not stopper and isinstance(other, RuleStopper):
+                        other.stopped(trial_id, result)
+                return True
+        return False
+
+    def stop_all(self) -> bool:
+        """True when any stopper stops the whole experiment."""
+        return any(stopper.stop_all() for stopper in self.stoppers)

@@ -14,13 +14,14 @@ import optuna
 from ray import tune
 from ray.tune import Callback
 from ray.tune.schedulers import TrialScheduler
-from ray.tune.stopper import CombinedStopper, Stopper
+from ray.tune.stopper import Stopper
 
 from klsweep.analysis.sweep_dir import storage_from_url
 from klsweep.health import HealthStopper, load_ruleset
 from klsweep.launchers import multinode
 from klsweep.orchestrate.asha import HealthAwareASHA
 from klsweep.orchestrate.confirm_search import ConfirmSearch
+from klsweep.orchestrate.fate_stop import FateStopper
 from klsweep.orchestrate.live_trials_csv import TrialsCsv
 from klsweep.orchestrate.median_stop import MedianStopper
 from klsweep.orchestrate.objective_stop import ObjectiveStopper
@@ -28,6 +29,7 @@ from klsweep.orchestrate.progress import SweepProgress
 from klsweep.orchestrate.remedy import overrides_of, remedies_on
 from klsweep.orchestrate.remedy_tune import KeepRestartPoints, RemedyScheduler, checkpoint_config
 from klsweep.orchestrate.result_json import ResultsFromCheckpoint
+from klsweep.orchestrate.rule_stopper import StopperChain
 from klsweep.orchestrate.samplers import build_sampler
 from klsweep.orchestrate.searcher import KlsweepSearch
 from klsweep.orchestrate.trainable import run_trial
@@ -65,14 +67,19 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
     else:  # under ASHA, or with health: {remedies: false}, a rule with a remedy stops as any other
         stopper = HealthStopper(ruleset, run_config_of=functools.partial(trial_overrides, sweep))
-    # then stop trials their peers beat by more than the noise (not a confirmation run: it runs to the end)
-    if sweep.stopping.objective is not None and confirm is None:
-        stopper = CombinedStopper(stopper, ObjectiveStopper([(o.metric, o.mode) for o in sweep.objectives],
-                                                            sweep.budget.max_steps, sweep.stopping.objective))
-    # and trials below the median of those that finished healthy
-    if sweep.stopping.median is not None and confirm is None:
-        stopper = CombinedStopper(stopper, MedianStopper([(o.metric, o.mode) for o in sweep.objectives],
-                                                         sweep.budget.max_steps, sweep.stopping.median))
+    stoppers = [stopper]
+    objectives = [(o.metric, o.mode) for o in sweep.objectives]
+    if confirm is None:  # a confirmation run runs to the end
+        # then trials heading where the health rules stopped others (it hears of those stops through the chain)
+        if sweep.stopping.fate is not None:
+            stoppers.append(FateStopper(objectives, sweep.budget.max_steps, sweep.placement, sweep.stopping.fate))
+        # trials their peers beat by more than the noise
+        if sweep.stopping.objective is not None:
+            stoppers.append(ObjectiveStopper(objectives, sweep.budget.max_steps, sweep.stopping.objective))
+        # and trials below the median of those that finished healthy
+        if sweep.stopping.median is not None:
+            stoppers.append(MedianStopper(objectives, sweep.budget.max_steps, sweep.stopping.median))
+    stopper = StopperChain(*stoppers)
     callbacks: list[Callback] = [
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet,
                       params=[*parameters(sweep), *([SEED_KEY] if confirm is not None else [])]),  # a re-run's seed

@@ -269,8 +269,27 @@ class MedianStop(BaseModel):
     min_finished: int = Field(3, ge=1, description="trials that must have finished healthy before any is stopped")
 
 
+class FateStop(BaseModel):
+    """``stopping.fate``: stop a trial whose path is past every trial that finished healthy and at least as far as the
+    trials the health rules stopped, before its validation shows it (the rule and its calibration:
+    :mod:`klsweep.orchestrate.fate_stop`). ``fate: on`` takes every default."""
+
+    model_config = _MODEL
+
+    signals: list[Literal["kl", "proxy_gap"]] = Field(
+        ["kl", "proxy_gap"], min_length=1, description="paths compared, each where a trial logs it, every one past "
+        "to stop: kl (the reference KL of the sweep's KL placement), proxy_gap (training score − gold score)")
+    margin: float = Field(0.1, ge=0, allow_inf_nan=False, description="how far above the highest path of the trials "
+                          "that finished healthy (before any did: the stopped trials' median path) a trial's path "
+                          "must be, as a fraction of that value")
+    grace: float = Field(0.1, ge=0, lt=1, description="fraction of budget.max_steps every trial runs")
+    window: int = Field(3, ge=1, description="steps averaged into a path's value at a step")
+    min_finished: int = Field(0, ge=0, description="trials that must have finished healthy before any is stopped")
+
+
 class Stopping(BaseModel):
-    """Early stopping besides the health rules (``health:``): ``objective`` and ``median`` (each off unless given)."""
+    """Early stopping besides the health rules (``health:``): ``objective``, ``median`` and ``fate`` (each off unless
+    given)."""
 
     model_config = _MODEL
 
@@ -280,8 +299,11 @@ class Stopping(BaseModel):
     median: MedianStop | None = Field(
         None, description="stop trials below the median of the trials that finished healthy: on | off | {margin, "
         "min_finished}")
+    fate: FateStop | None = Field(
+        None, description="stop trials heading where the health rules stopped others: on | off | {signals, margin, "
+        "grace, window, min_finished}")
 
-    @field_validator("objective", "median", mode="before")
+    @field_validator("objective", "median", "fate", mode="before")
     @classmethod
     def _switch(cls, value: Any) -> Any:
         if value is True or value == "on":

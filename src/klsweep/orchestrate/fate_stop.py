@@ -1,0 +1,215 @@
+"""Stopping on a run's fate: ``stopping: {fate: on}``. Stop a trial heading where the health rules stopped others.
+
+A run that will reward-hack scores as well as a healthy one at its first validations; the health rules see it only
+once its validation falls (steps 40-60 of 80 on the embedded task). Its reference KL and the gap between its training
+(proxy) score and its gold score grow from the first steps, and on the same sweep seed they order runs by fate: the
+runs that end healthy stay below the runs that end reward-hacked. So this rule compares paths, step by step, with
+the trials whose fate the sweep already knows:
+
+* a trial's *path* at step s is the mean of a signal over its last ``window`` steps: ``kl`` (the reference KL of the
+  sweep's placement: ``actor/reward_kl_penalty`` or ``critic/kl`` for KL in the reward, ``actor/kl_loss`` for KL in
+  the loss) and ``proxy_gap`` (``critic/score/mean`` − ``embedded/gold_score/mean``, where the trainer logs both);
+* a trial is stopped at step s when, on every signal it logs, its path is more than ``margin`` (a fraction) above
+  the path of every trial that finished healthy and at or above the path of a trial the health rules stopped, both at
+  step s. It needs ``min_finished`` finished healthy trials and one health-stopped trial that reached step s, and
+  ``grace`` of the budget run; a trial is never stopped at its last step (a finished trial is a result);
+* leaders are never stopped: a trial whose last validation is at least the best finished healthy trial's at the
+  same step, on any objective, runs on. So does a trial whose path stays within the margin of a finished healthy
+  one: the finished trials bound the paths that end well.
+
+With the seed trial a known failure (the presets reward-hack on the embedded task), this judges from the second or
+third trial of a sweep. Calibrated on the tabular benchmark (``benchmarks/peers.py``, sweep seeds 0-19; figures on
+held-out seeds in BENCHMARKS.md). :class:`FateRule` is the rule on plain numbers, :class:`FateStopper` its Ray Tune
+stopper; a stop is recorded PRUNED with ``stop_kind`` ``objective``, as the other stoppers' are.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from klsweep.health.signals import first_present
+from klsweep.orchestrate.rule_stopper import RuleStopper
+from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_KIND_OBJECTIVE
+from klsweep.spec.schema import FateStop
+from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
+
+#: The embedded trainer's training (proxy) score and gold score of the same batch (``trainers/embedded/trainer.py``).
+PROXY, GOLD = "critic/score/mean", "embedded/gold_score/mean"
+Reader = Callable[[Mapping[str, Any]], "tuple[str, float] | None"]
+
+
+def signal_readers(names: Sequence[str], placement: str) -> dict[str, Reader]:
+    """Each signal name's reader of one report: (what it read, value) or None when not logged.
+
+    ``kl`` reads the reference KL of ``placement`` (``reward``, ``loss``, ``both``: the loss's first); with
+    ``none`` the sweep has no reference KL and ``kl`` is left out.
+    """
+    keys = {"reward": KL_IN_REWARD_METRICS, "loss": KL_IN_LOSS_METRICS,
+            "both": (*KL_IN_LOSS_METRICS, *KL_IN_REWARD_METRICS)}.get(placement)
+    readers: dict[str, Reader] = {}
+    for name in names:
+        if name == "kl" and keys:
+            readers[name] = functools.partial(_first, keys=keys)
+        elif name == "proxy_gap":
+            readers[name] = _proxy_gap
+    return readers
+
+
+def _first(metrics: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, float] | None:
+    return first_present(metrics, keys)
+
+
+def _proxy_gap(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
+    proxy, gold = first_present(metrics, (PROXY,)), first_present(metrics, (GOLD,))
+    return None if proxy is None or gold is None else (f"{PROXY} − {GOLD}", proxy[1] - gold[1])
+
+
+class FateRule:
+    """Decides at each step whether a trial's paths are past every finished healthy trial's and at a failed one's.
+
+    Args:
+        objectives: ``(metric, mode)`` pairs, mode ``max`` or ``min`` (for the leaders' guard).
+        total_steps: a trial's step budget; a trial that reaches it is finished.
+        readers: signal name → reader of a report (:func:`signal_readers`).
+        settings: the sweep file's ``stopping.fate`` (:class:`~klsweep.spec.schema.FateStop`); default: its defaults.
+
+    Raises:
+        ValueError: no objective, a mode other than max/min, or no signal reader.
+    """
+
+    def __init__(self, objectives: Sequence[tuple[str, str]], total_steps: int, readers: Mapping[str, Reader],
+                 settings: FateStop | None = None):
+        if not objectives or any(mode not in ("max", "min") for _, mode in objectives):
+            raise ValueError(f"objectives must be (metric, max|min) pairs, got {list(objectives)!r}")
+        if not readers:
+            raise ValueError("FateRule needs at least one signal: this sweep logs none of them (kl needs a KL "
+                             "placement, proxy_gap a trainer that logs a gold score); turn stopping.fate off")
+        self.objectives = [(metric, 1.0 if mode == "max" else -1.0) for metric, mode in objectives]
+        self.total_steps = total_steps
+        self.readers = dict(readers)
+        self.settings = settings or FateStop()
+        self.paths: dict[str, dict[float, dict[str, float]]] = {}  # trial → step → signal → value
+        self.scores: dict[str, dict[float, list[float]]] = {}  # trial → validation step → signed objectives
+        self.keys: dict[str, str] = {}  # signal → the metric it read, for the stop reason
+        self.finished: list[str] = []
+        self.failed: list[str] = []
+
+    def record(self, trial_id: str, step: float, values: Mapping[str, Any]) -> None:
+        """Keep the trial's signals and objectives at ``step``; a step before its last (a restart) drops the later."""
+        path = self.paths.setdefault(trial_id, {})
+        scores = self.scores.setdefault(trial_id, {})
+        for old in (path, scores):
+            for later in [s for s in old if s > step]:
+                del old[later]
+        path[step] = {}
+        for name, read in self.readers.items():
+            hit = read(values)
+            if hit is not None and math.isfinite(hit[1]):
+                self.keys[name], path[step][name] = hit
+        signed = [values.get(metric) for metric, _ in self.objectives]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in signed):
+            scores[step] = [sign * float(v) for (_, sign), v in zip(self.objectives, signed)]  # type: ignore[arg-type]
+
+    def finish(self, trial_id: str) -> None:
+        """The trial ran its budget and ended healthy: its paths bound the paths that end well."""
+        if trial_id in self.paths and trial_id not in self.finished:
+            self.finished.append(trial_id)
+
+    def fail(self, trial_id: str) -> None:
+        """The health rules stopped the trial: its paths up to its stop show where a failing run goes."""
+        if trial_id in self.paths and trial_id not in self.failed:
+            self.failed.append(trial_id)
+
+    def forget(self, trial_id: str) -> None:
+        """The trial ended otherwise (another stopper, an error): it is no evidence either way."""
+        if trial_id not in self.finished and trial_id not in self.failed:
+            self.paths.pop(trial_id, None)
+            self.scores.pop(trial_id, None)
+
+    def _path(self, trial_id: str, signal: str, step: float) -> float | None:
+        """The mean of the trial's ``signal`` over its steps in (step − window, step], if it reached ``step``."""
+        path = self.paths.get(trial_id, {})
+        if not path or max(path) < step:
+            return None
+        values = [v[signal] for s, v in path.items() if step - self.settings.window < s <= step and signal in v]
+        return statistics.fmean(values) if values else None
+
+    def update(self, trial_id: str, step: float, values: Mapping[str, Any]) -> str | None:
+        """Record the trial's report at ``step``; the stop reason, or None."""
+        self.record(trial_id, step, values)
+        s = self.settings
+        if step < s.grace * self.total_steps or step >= self.total_steps:
+            return None
+        if len([t for t in self.finished if max(self.paths[t]) >= step]) < s.min_finished or self._leads(trial_id):
+            return None
+        parts = []
+        for name in self.readers:
+            mine = self._path(trial_id, name, step)
+            if mine is None:
+                continue
+            healthy = [v for t in self.finished if (v := self._path(t, name, step)) is not None]
+            failed = {t: v for t in self.failed if (v := self._path(t, name, step)) is not None}
+            if not failed or (s.min_finished and not healthy):
+                return None
+            low = statistics.median(failed.values())
+            top = max(healthy, default=low)  # before any trial finished, the failed path itself by the margin
+            if mine <= top + s.margin * abs(top) or mine < low:
+                return None
+            bound = (f"the {top:.4g} of the {len(healthy)} trials that finished healthy and at or above the median "
+                     f"{low:.4g}" if healthy else f"the median {low:.4g}")
+            parts.append(f"{self.keys[name]} {mine:.4g} is more than {s.margin:.0%} above {bound} of the "
+                         f"{len(failed)} trials the health rules stopped")
+        if not parts:
+            return None
+        return (f"fate at step {step:g} (mean of the last {s.window} steps): {'; '.join(parts)}: it is heading where "
+                "the stopped trials went")
+
+    def _leads(self, trial_id: str) -> bool:
+        """Whether the trial's last validation is at least the best finished healthy one's at that step, on some
+        objective."""
+        scores = self.scores.get(trial_id)
+        if not scores:
+            return False
+        step = max(scores)
+        peers = [self.scores[t][step] for t in self.finished if step in self.scores.get(t, {})]
+        if not peers:
+            return self.settings.min_finished > 0  # no finished trial validated at that step: nothing shows it behind
+        return any(mine >= max(p[i] for p in peers) for i, mine in enumerate(scores[step]))
+
+
+class FateStopper(RuleStopper):
+    """Ray Tune stopper of :class:`FateRule`; hears of the trials the health rules stop through :meth:`stopped`
+    (:class:`~klsweep.orchestrate.rule_stopper.StopperChain`).
+
+    Args:
+        objectives: ``(metric, mode)`` pairs of the sweep.
+        total_steps: the sweep's ``budget.max_steps``.
+        placement: the sweep's KL placement (``Sweep.placement``).
+        settings: the sweep file's ``stopping.fate``.
+    """
+
+    def __init__(self, objectives: Sequence[tuple[str, str]], total_steps: int, placement: str,
+                 settings: FateStop | None = None):
+        settings = settings or FateStop()
+        self.rule = FateRule(objectives, total_steps, signal_readers(settings.signals, placement), settings)
+
+    def judge(self, trial_id: str, step: float, result: dict) -> str | None:
+        """Record the result; the stop reason or None. A result at the budget finishes the trial healthy."""
+        reason = self.rule.update(trial_id, step, result)
+        if step >= self.rule.total_steps:
+            self.rule.finish(trial_id)
+        return reason
+
+    def stopped(self, trial_id: str, result: dict) -> None:
+        """Another stopper stopped the trial on ``result``: a health stop makes it a known failure."""
+        if result.get(HEALTH) == "stopped" and result.get(STOP_KIND) != STOP_KIND_OBJECTIVE:
+            step = result.get(STEP, result.get("training_iteration"))
+            if isinstance(step, (int, float)):
+                self.rule.record(trial_id, step, result)
+            self.rule.fail(trial_id)
+        else:
+            self.rule.forget(trial_id)
