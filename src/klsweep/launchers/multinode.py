@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import ClusterError
 from klsweep.launchers import supervisor
-from klsweep.spec.trainer_checks import inner_ray_cpus, verl_default
 from klsweep.verl.late_failures import CPUS_PER_GPU, PATH_KEYS, paths_of
 
 if TYPE_CHECKING:
@@ -68,6 +67,8 @@ def is_multinode(overrides: Mapping[str, Any]) -> bool:
 
 def _gpu_shape(sweep: Sweep) -> tuple[int, int]:
     """``(trainer.nnodes, trainer.n_gpus_per_node)`` of the sweep's trials (verl's defaults where unset)."""
+    from klsweep.spec.trainer_checks import verl_default  # on use: klsweep.spec is slow to import (pydantic)
+
     nnodes, per_node = (sweep.overrides.get(k, verl_default(k)) for k in ("trainer.nnodes", "trainer.n_gpus_per_node"))
     return int(nnodes), int(per_node)
 
@@ -113,6 +114,8 @@ def cpus_per_trial(sweep: Sweep) -> float:
     """The CPUs one multi-node trial reserves on the cluster: verl's bundles and TransferQueue's actors
     (:func:`klsweep.spec.trainer_checks.inner_ray_cpus` of all its GPUs) plus the trial's own actor
     (``budget.resources.cpu``)."""
+    from klsweep.spec.trainer_checks import inner_ray_cpus  # on use, as in _gpu_shape
+
     nnodes, per_node = _gpu_shape(sweep)
     need, _ = inner_ray_cpus(dict(sweep.overrides), nnodes * per_node)
     return need + sweep.budget.resources.cpu
