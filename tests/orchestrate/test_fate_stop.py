@@ -29,27 +29,34 @@ def _rule(**settings) -> FateRule:
     return FateRule([(VAL, "max")], 20, signal_readers(["kl"], "reward"), FateStop(**knobs))
 
 
-def _run(rule: FateRule, trial: str, kl: dict[int, float], val: dict[int, float] | None = None) -> list[str | None]:
-    return [rule.update(trial, step, {KL: value, **({VAL: val[step]} if val and step in val else {})})
+def _run(rule: FateRule, trial: str, kl: dict[int, float], val: float | dict[int, float] = 0.5) -> list[str | None]:
+    """Feed ``kl`` step by step, with the validation ``val`` (one value at every step, or per step)."""
+    vals = val if isinstance(val, dict) else dict.fromkeys(kl, val)
+    return [rule.update(trial, step, {KL: value, **({VAL: vals[step]} if step in vals else {})})
             for step, value in kl.items()]
+
+
+def _at(kl: float, val: float | None = 0.5) -> dict:
+    return {KL: kl} if val is None else {KL: kl, VAL: val}
 
 
 def test_a_trial_is_stopped_past_every_finished_trial_by_the_margin_and_at_the_failed_median():
     rule = _rule()
-    _run(rule, "ok", {5: 0.10, 10: 0.10, 20: 0.10}, {10: 0.6, 20: 0.6})
+    _run(rule, "ok", {1: 0.10, 5: 0.10, 10: 0.10, 20: 0.10}, 0.6)
     rule.finish("ok")
     assert _run(rule, "early", {5: 0.5}) == [None]  # no trial the health rules stopped yet
     _run(rule, "sick", {5: 0.20, 10: 0.30})
     rule.fail("sick")
-    assert rule.update("within", 5, {KL: 0.109}) is None  # within 10 % of the finished trial's 0.10
-    assert rule.update("below", 5, {KL: 0.15}) is None  # past the finished trial, below the failed one's 0.20
-    assert rule.update("before", 1, {KL: 0.9}) is None  # before the grace (10 % of 20 steps = step 2)
-    reason = rule.update("hot", 5, {KL: 0.25})
+    assert rule.update("within", 5, _at(0.109)) is None  # within 10 % of the finished trial's 0.10
+    assert rule.update("below", 5, _at(0.15)) is None  # past the finished trial, below the failed one's 0.20
+    assert rule.update("before", 1, _at(0.9)) is None  # before the grace (10 % of 20 steps = step 2)
+    assert rule.update("unvalidated", 5, _at(0.9, None)) is None  # no validation yet: nothing to record it with
+    reason = rule.update("hot", 5, _at(0.25))
     assert reason == ("fate at step 5 (mean of the last 1 steps): actor/reward_kl_penalty 0.25 is more than 10% "
                       "above the 0.1 of the 1 trials that finished healthy and at or above the median 0.2 of the 1 "
                       "trials the health rules stopped: it is heading where the stopped trials went")
-    assert rule.update("hot", 20, {KL: 0.9}) is None  # never at the last step: a finished trial is a result
-    assert rule.update("far", 15, {KL: 0.9}) is None  # the failed trial never reached step 15: no evidence there
+    assert rule.update("hot", 20, _at(0.9)) is None  # never at the last step: a finished trial is a result
+    assert rule.update("far", 15, _at(0.9)) is None  # the failed trial never reached step 15: no evidence there
 
 
 def test_a_trial_leading_its_finished_peers_on_validation_is_never_stopped():
@@ -58,8 +65,9 @@ def test_a_trial_leading_its_finished_peers_on_validation_is_never_stopped():
     rule.finish("ok")
     _run(rule, "sick", {5: 0.30, 10: 0.30})
     rule.fail("sick")
-    assert _run(rule, "leader", {10: 0.5}, {10: 0.61}) == [None]  # its validation is above the finished trial's
-    assert _run(rule, "behind", {10: 0.5}, {10: 0.59})[0] is not None
+    assert _run(rule, "leader", {10: 0.5}, 0.61) == [None]  # its validation is above the finished trial's
+    assert _run(rule, "behind", {10: 0.5}, 0.59)[0] is not None
+    assert _run(rule, "unseen", {5: 0.5}, 0.1) == [None]  # no finished trial validated at step 5: not shown behind
 
 
 def test_before_any_trial_finished_the_failed_median_itself_must_be_passed_by_the_margin():
@@ -67,21 +75,21 @@ def test_before_any_trial_finished_the_failed_median_itself_must_be_passed_by_th
     for trial, kl in (("a", 0.2), ("b", 0.4), ("c", 0.9)):
         _run(rule, trial, {5: kl})
         rule.fail(trial)
-    assert rule.update("same", 5, {KL: 0.43}) is None  # the median 0.4, not 10 % past it
+    assert rule.update("same", 5, _at(0.43)) is None  # the median 0.4, not 10 % past it
     assert "more than 10% above the median 0.4 of the 3 trials the health rules stopped" in rule.update(
-        "past", 5, {KL: 0.45})
-    assert _rule(min_finished=1).update("past", 5, {KL: 0.45}) is None  # needs a finished trial
+        "past", 5, _at(0.45))
+    assert _rule(min_finished=1).update("past", 5, _at(0.45)) is None  # needs a finished trial
 
 
 def test_the_window_averages_a_path_and_a_restart_drops_its_later_steps():
     rule = _rule(window=3)
-    _run(rule, "ok", {3: 0.1, 4: 0.1, 5: 0.1, 20: 0.1})
+    _run(rule, "ok", {3: 0.1, 4: 0.1, 5: 0.1, 20: 0.1}, 0.6)
     rule.finish("ok")
     _run(rule, "sick", {3: 0.3, 4: 0.3, 5: 0.3})
     rule.fail("sick")
     # (0.1 + 0.1 + 0.7) / 3 = 0.3: at the failed path
     assert _run(rule, "t", {3: 0.1, 4: 0.1, 5: 0.7})[-1] is not None
-    assert rule.update("t", 4, {KL: 0.1}) is None  # restarted from step 4: step 5's 0.7 is gone
+    assert rule.update("t", 4, _at(0.1)) is None  # restarted from step 4: step 5's 0.7 is gone
     assert rule.paths["t"].keys() == {3, 4}
 
 
@@ -89,11 +97,11 @@ def test_every_signal_a_trial_logs_must_be_past():
     rule = FateRule([(VAL, "max")], 20, signal_readers(["kl", "proxy_gap"], "reward"),
                     FateStop(margin=0.0, grace=0.0, window=1, min_finished=1))
     for trial, kl, gap, end in (("ok", 0.1, 0.1, rule.finish), ("sick", 0.3, 0.3, rule.fail)):
-        rule.update(trial, 5, {KL: kl, PROXY: 1.0, GOLD: 1.0 - gap})
+        rule.update(trial, 5, {KL: kl, PROXY: 1.0, GOLD: 1.0 - gap, VAL: 0.6})
         end(trial)
-    assert rule.update("kl only", 5, {KL: 0.5, PROXY: 1.0, GOLD: 0.9}) is None  # its gap 0.1 is not past
+    assert rule.update("kl only", 5, {KL: 0.5, PROXY: 1.0, GOLD: 0.9, VAL: 0.5}) is None  # its gap 0.1 is not past
     assert "critic/score/mean − embedded/gold_score/mean 0.5" in rule.update(
-        "both", 5, {KL: 0.5, PROXY: 1.0, GOLD: 0.5})
+        "both", 5, {KL: 0.5, PROXY: 1.0, GOLD: 0.5, VAL: 0.5})
 
 
 def test_signals_follow_the_kl_placement_and_a_sweep_without_any_is_refused():
@@ -129,11 +137,11 @@ def test_the_chain_tells_the_fate_stopper_of_health_stops_and_a_fate_stop_is_rec
     median = MedianStopper([(VAL, "max")], 4, MedianStop(min_finished=5))
     chain = StopperChain(_Health(), fate, median)
     for step in (1, 2, 3, 4):
-        assert not chain("ok", {"training_iteration": step, KL: 0.1})
+        assert not chain("ok", {"training_iteration": step, KL: 0.1, VAL: 0.6})
     assert not chain("sick", {"training_iteration": 1, KL: 0.3})
     assert chain("sick", {"training_iteration": 2, KL: 0.3})  # the health stop: fate learns of it
     assert fate.rule.failed == ["sick"] and fate.rule.finished == ["ok"]
-    result = {"training_iteration": 2, KL: 0.4}
+    result = {"training_iteration": 2, KL: 0.4, VAL: 0.5}
     assert chain("hot", result)
     assert result[STOP_KIND] == STOP_KIND_OBJECTIVE and result[STOP_REASON].startswith("fate at step 2")
     assert not chain.stop_all()

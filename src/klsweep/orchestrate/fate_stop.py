@@ -10,9 +10,11 @@ the trials whose fate the sweep already knows:
   sweep's placement: ``actor/reward_kl_penalty`` or ``critic/kl`` for KL in the reward, ``actor/kl_loss`` for KL in
   the loss) and ``proxy_gap`` (``critic/score/mean`` − ``embedded/gold_score/mean``, where the trainer logs both);
 * a trial is stopped at step s when, on every signal it logs, its path is more than ``margin`` (a fraction) above
-  the path of every trial that finished healthy and at or above the path of a trial the health rules stopped, both at
-  step s. It needs ``min_finished`` finished healthy trials and one health-stopped trial that reached step s, and
-  ``grace`` of the budget run; a trial is never stopped at its last step (a finished trial is a result);
+  the path of every trial that finished healthy and at or above the median path of the trials the health rules
+  stopped, both at step s; while no trial has finished healthy, more than ``margin`` above that median. It needs a
+  health-stopped trial that reached step s (and ``min_finished`` finished healthy ones, 0 by default), ``grace`` of
+  the budget run and the trial's first validation (a stop is recorded with the trial's last objective value); a
+  trial is never stopped at its last step (a finished trial is a result);
 * leaders are never stopped: a trial whose last validation is at least the best finished healthy trial's at the
   same step, on any objective, runs on. So does a trial whose path stays within the margin of a finished healthy
   one: the finished trials bound the paths that end well.
@@ -142,8 +144,8 @@ class FateRule:
         """Record the trial's report at ``step``; the stop reason, or None."""
         self.record(trial_id, step, values)
         s = self.settings
-        if step < s.grace * self.total_steps or step >= self.total_steps:
-            return None
+        if step < s.grace * self.total_steps or step >= self.total_steps or not self.scores.get(trial_id):
+            return None  # judged from its first validation on: the searcher records a stop with its last value
         if len([t for t in self.finished if max(self.paths[t]) >= step]) < s.min_finished or self._leads(trial_id):
             return None
         parts = []
