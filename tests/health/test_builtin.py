@@ -126,20 +126,38 @@ def test_kl_on_with_coefficient_zero_is_not_dead_kl_and_its_share_is_zero():
 
 
 # ---- no learning signal (rllm-org/rllm#54) -------------------------------------------------------------------------
-def test_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
-    stream = [
-        (
-            s,
-            _healthy(
-                s, **{"critic/advantages/max": 0.0, "critic/advantages/min": 0.0, "actor/kl_loss": 0.007 + 0.003 * s}
-            ),
-        )
-        for s in range(1, 11)
+def _zero_advantages(score_min, score_max, steps=10):
+    return [
+        (s, _healthy(s, **{"critic/advantages/max": 0.0, "critic/advantages/min": 0.0,
+                           "actor/kl_loss": 0.007 + 0.003 * s,
+                           "critic/score/min": score_min, "critic/score/max": score_max}))
+        for s in range(1, steps + 1)
     ]
+
+
+def test_zero_advantages_for_ten_steps_stop_as_no_signal_not_divergence():
+    stream = _zero_advantages(0.0, 0.0)  # every answer scored 0, as in rllm#54
     for preset, step in (("default", 2), ("conservative", 2), ("aggressive", 4)):  # no_signal_for: 2, 2, 4
         _, v = _feed(stream, KL_LOSS, preset=preset)
         assert v[-1].reason.kind == "no_signal" and v[-1].reason.rule == "builtin.no_signal"
         assert v[-1].reason.step == step
+        assert sum(x.stop for x in v) == len(v) - step + 1
+
+
+def test_zero_advantages_while_scores_differ_warn_then_stop_after_uniform_groups_for():
+    """Each group scored its answers alike (prompts solved or out of reach) while the batch spans 0..1: verl's 72B
+    GRPO-LoRA baseline shows it at steps 38-39 and is healthy, so it warns from ``no_signal_for`` steps and stops only
+    at ``uniform_groups_for`` (5) steps."""
+    stream = _zero_advantages(0.0, 1.0)
+    for preset, warn_from in (("default", 2), ("conservative", 2), ("aggressive", 4)):
+        _, v = _feed(stream, KL_LOSS, preset=preset)
+        assert [x.stop for x in v] == [False] * 4 + [True] * 6
+        assert v[4].reason.kind == "no_signal" and v[4].reason.step == 5
+        assert "scores differ" in v[4].reason.message
+        warned = [s for s, x in zip(range(1, 5), v) if any(e.rule == "builtin.no_signal" for e in x.events)]
+        assert warned == list(range(warn_from, 5))
+    _, v = _feed(stream, KL_LOSS, preset={"preset": "default", "builtin": {"uniform_groups_for": 0}})
+    assert not any(x.stop for x in v)
 
 
 def test_score_max_zero_is_no_signal_and_a_recovery_resets_the_streak():

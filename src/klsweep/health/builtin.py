@@ -11,7 +11,9 @@
 - ``builtin.no_signal``: every advantage 0 (or, when no advantage is logged, every score 0) → stop as no_signal
   (rllm#54), not as divergence. A batch scoring 0 with non-zero advantages (a critic's baseline) still trains.
   Every advantage is 0 when ``critic/advantages/max`` and ``/min`` are 0: verl whitens or group-normalises
-  advantages to mean 0, so max == 0 means all 0.
+  advantages to mean 0, so max == 0 means all 0. When the batch's scores differ (``critic/score/max`` > ``/min``),
+  zero advantages mean each group scored its answers alike: its prompts are solved or out of reach. A healthy run
+  near its ceiling shows that for a step or two, so it warns, and stops only after ``uniform_groups_for`` steps.
 - ``builtin.no_update``: ``actor/grad_norm`` or ``actor/lr`` exactly 0 while the policy is flat → misconfigured:
   the policy never moves (ms-swift#5890). Flat means the reference KL ~0, or, with no KL logged, the entropy
   unchanged. Checked before ``kl_dead``: a KL of 0 with a frozen policy is a symptom, not the cause.
@@ -199,10 +201,12 @@ class NonfiniteMetric(BuiltinCheck):
 class NoSignal(BuiltinCheck):
     name = "builtin.no_signal"
 
-    def __init__(self, steps: int):
+    def __init__(self, steps: int, uniform_groups_steps: int):
         super().__init__()
         self.steps = steps
-        self.streak = Streak()
+        self.uniform_groups_steps = uniform_groups_steps
+        self.streak = Streak()  # every advantage (or score) 0, the batch's scores alike
+        self.uniform = Streak()  # every advantage 0, whatever the scores
 
     def check(self, step, metrics, values):
         adv = self._finite(metrics, ADVANTAGE_METRICS)
@@ -211,20 +215,34 @@ class NoSignal(BuiltinCheck):
             return None
         self.judged = True
         adv_zero = bool(adv) and all(abs(v) < ZERO for v in adv.values())
+        spread = len(score) == 2 and score["critic/score/max"] - score["critic/score/min"] >= ZERO
         # scores of 0 with non-zero advantages still move the policy (PPO's critic baseline, KL in the reward: verl's
         # 0.5B PPO baseline has batches scoring 0 at steps 7, 11 and 12): the scores judge only without advantages
         score_zero = not adv and "critic/score/max" in score and all(abs(v) < ZERO for v in score.values())
-        held = self.streak.update(step, adv_zero or score_zero)
-        if held < self.steps:
-            return None
+        held = self.streak.update(step, (adv_zero and not spread) or score_zero)
+        groups = self.uniform.update(step, adv_zero)
         seen = {**adv, **score}
-        what = "every advantage is 0" if adv_zero else "every score is 0"
+        values_text = ", ".join(f"{k} = {v:g}" for k, v in seen.items())
+        if held >= self.steps:
+            what = "every advantage is 0" if adv_zero else "every score is 0"
+            return self._finding(
+                step, "no_signal", seen,
+                advice="check the reward function and data; use an easier task or a larger rollout.n (more chances "
+                "of a non-zero group)",
+                message=f"{what} ({values_text}) for {held} steps ({steps_text(self.streak.start or step, step)}): "
+                "the policy gradient is 0",
+            )
+        if groups < self.steps or not adv_zero:
+            return None
+        stop = 0 < self.uniform_groups_steps <= groups
         return self._finding(
             step, "no_signal", seen,
-            advice="check the reward function and data; use an easier task or a larger rollout.n (more chances of "
-            "a non-zero group)",
-            message=f"{what} ({', '.join(f'{k} = {v:g}' for k, v in seen.items())}) for {held} steps "
-            f"({steps_text(self.streak.start or step, step)}): the policy gradient is 0",
+            advice="use harder or more varied prompts, or a larger rollout.n" if stop else "",
+            message=f"every advantage is 0 while the batch's scores differ ({values_text}) for {groups} steps "
+            f"({steps_text(self.uniform.start or step, step)}): each group scored its answers alike, its prompts "
+            "solved or out of reach, so the policy gradient is 0"
+            + ("" if stop else f"; a stop once it lasts {self.uniform_groups_steps} steps"),
+            action="stop" if stop else "warn",
         )
 
     def why_not_applicable(self):
@@ -419,7 +437,7 @@ def builtin_checks(config: BuiltinConfig, signals: Signals, rounded: bool) -> li
         checks.append(KlExplosion(signals, config.kl_explosion))
     checks.append(KlNegative(signals, config.negative_kl_tolerance))
     if config.no_signal_for > 0:
-        checks.append(NoSignal(config.no_signal_for))
+        checks.append(NoSignal(config.no_signal_for, config.uniform_groups_for))
     if config.no_update_for > 0:  # before kl_dead: a frozen policy's KL of 0 is a symptom, not a KL misconfiguration
         checks.append(NoUpdate(signals, config.no_update_for, rounded))
     if config.kl_dead_for > 0:

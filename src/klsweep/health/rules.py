@@ -219,6 +219,14 @@ class BuiltinConfig(BaseModel):
     no_signal_for: int = Field(
         2, ge=0, description="stop as no_signal once all advantages (or scores) have been 0 for this many steps"
     )
+    uniform_groups_for: int = Field(
+        5,
+        ge=0,
+        description="stop as no_signal once all advantages have been 0 for this many steps while the batch's scores "
+        "differ (critic/score/max > min): each group scored its answers alike, its prompts solved or out of reach. "
+        "Healthy runs near their ceiling show it for a step or two (verl's 72B GRPO-LoRA baseline: steps 38-39); "
+        "0: warn only",
+    )
     no_update_for: int = Field(
         3,
         ge=0,
