@@ -43,6 +43,34 @@ def trace(name: str) -> Path:
     return path
 
 
+#: The suite's own session fixtures each xdist worker sets up for itself: cheap next to what they let tests share.
+PER_WORKER_FIXTURES = frozenset({"ray_local"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Runs the modules that hold ``slow`` tests first, and keeps the tests of an expensive shared fixture together.
+
+    The suite runs on pytest-xdist workers (``-n 4 --dist loadgroup``, pyproject.toml), each taking the next test
+    when it is free: the long tests start first and the short ones fill the gaps at the end. A module's tests stay
+    together and in file order. A test that uses one of the suite's module or session fixtures (a finished sweep, a
+    Ray cluster, the GPU smoke run) gets that fixture's ``xdist_group`` (per module for a module fixture), so the
+    fixture is set up once, not once per worker. Runs before xdist reads the groups (``tryfirst``)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: a module's tests stay together, in file order
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        for name in item.fixturenames:
+            defs = info.name2fixturedefs.get(name)
+            if (not defs or name in PER_WORKER_FIXTURES or defs[-1].scope not in ("module", "package", "session")
+                    or not defs[-1].func.__module__.startswith("tests.")):  # pytest's and plugins' own fixtures
+                continue
+            group = name if defs[-1].scope != "module" else f"{item.module.__name__}.{name}"
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """One private local Ray for the session (never joins another cluster; never `ray stop`)."""

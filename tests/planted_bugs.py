@@ -4,7 +4,7 @@ The suite is made faster from time to time; this script shows that it lost no po
 repository's ``src/``, ``tests/`` and what the tests read (:data:`COPIED`) into a temporary directory, applies the bug
 there (the ``old`` snippet must occur exactly once in the file), and runs::
 
-    python -m pytest -x -q -p no:cacheprovider <the bug's node ids>
+    python -m pytest -x -q -n 0 -p no:cacheprovider <the bug's node ids>
 
 in that copy with ``PYTHONPATH=<copy>/src:<copy>`` (Ray workers inherit it). The bug is CAUGHT when at least one test
 FAILED on it (read from pytest's JUnit XML); an error in collection, a fixture or an import proves nothing
@@ -203,7 +203,9 @@ def run_pytest(root: Path, node_ids: list[str], exitfirst: bool = True) -> tuple
     """Run pytest on ``node_ids`` in the copy at ``root``: (failed tests with their message, errors, output tail)."""
     junit = root / "junit.xml"
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *node_ids]
+    # -n 0: one process, not pyproject's xdist workers (a few tests each: four workers' start-up would dominate)
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", f"--junitxml={junit}",
+               *node_ids]
     if exitfirst:
         command.insert(3, "-x")
     # its own session, so that a timeout ends pytest and whatever it started (Ray's processes), and nothing else
