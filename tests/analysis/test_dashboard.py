@@ -168,4 +168,13 @@ def test_dashboard_serves_the_kl_frontier_figure(tmp_path):
     assert markers["fitted peak"][0][0] == pytest.approx(2.718281828 ** 2, rel=1e-6)
     line = sweep_frontier(out, n_boot=20).summary()
     assert line.startswith("KL frontier (Gao RL form, 5 trials): KL* = 7.39 nats/sequence")
-    assert line in figure["layout"]["title"]["subtitle"]["text"] and line in stderr
+    assert line in stderr
+    # made for the dashboard's card, a 450 px high div (optuna-dashboard's bundle.js, `user-defined-plot`): the
+    # notes on hover, the legend under the plot, the x axis titled; it was 520 px, its axis cut off and its legend
+    # over the plot
+    layout = figure["layout"]
+    [notes] = [a for a in layout["annotations"] if a.get("hovertext")]
+    assert line in notes["hovertext"].replace("<br>", " ")
+    assert layout["height"] == 450 and "subtitle" not in layout["title"]
+    assert layout["legend"]["orientation"] == "h" and layout["legend"]["y"] < 0
+    assert layout["xaxis"]["title"]["text"] == "per-sequence KL to the reference policy (nats)"

@@ -92,6 +92,11 @@ def test_frontier_png_and_plotly_draw_the_same_fit_points_and_stops(synthetic_sw
     drawn = sorted((float(x), float(y)) for c in ax.collections for x, y in c.get_offsets())
     shown = sorted((x, y) for t in frontier_figure(result).data if t.mode == "markers" for x, y in zip(t.x, t.y))
     assert drawn == shown and len(drawn) == 8  # 5 feasible, 1 stopped, the reference at d = 0 and the peak
+    # the report's figure: KL*'s label hangs inside the plot (it overlapped the subtitle above it), the legend
+    # under the plot (it covered the plot)
+    layout = frontier_figure(result).layout
+    [kl_star] = [a for a in layout.annotations if a.text.startswith("KL* = ")]
+    assert kl_star.yanchor == "top" and layout.legend.orientation == "h" and layout.legend.y < 0
     [path] = write_pngs({"frontier": data}, tmp_path, width=900)
     pixels = imread(path)
     assert pixels.shape[1] == 900 and 0.005 < (pixels[..., :3].mean(axis=2) < 0.9).mean() < 0.9  # decoded, drawn

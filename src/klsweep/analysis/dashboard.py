@@ -106,7 +106,7 @@ def save_frontier(run_dir: str, record: SweepRecord) -> str | None:
         return None
     result = sweep_frontier(run_dir)
     try:
-        save_plotly_graph_object(study, frontier_figure(result), graph_object_id=FRONTIER_GRAPH_ID)
+        save_plotly_graph_object(study, frontier_figure(result, card=True), graph_object_id=FRONTIER_GRAPH_ID)
     except (StorageInternalError, SQLAlchemyError, OSError) as e:  # a read-only study.db: serve it as it is
         cause = str(getattr(e, "__cause__", None) or e).splitlines()[0][:120]
         print(f"warning: the KL frontier figure was not saved into the study ({cause}); a read-only study.db? The "

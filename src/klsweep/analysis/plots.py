@@ -160,33 +160,54 @@ def _curves(data: CurvesData) -> go.Figure:
     return fig
 
 
-def frontier_figure(result: SweepFrontier) -> go.Figure:
+#: Height of a custom figure's card in optuna-dashboard (its ``user-defined-plot`` div, optuna-dashboard 0.20).
+DASHBOARD_HEIGHT = 450
+
+
+def frontier_figure(result: SweepFrontier, *, card: bool = False) -> go.Figure:
     """The KL frontier of :func:`klsweep.analysis.frontier.sweep_frontier`, as
     :func:`klsweep.analysis.frontier_figure.frontier_data` describes it.
 
     It draws feasible trials, stopped ones apart (hover: trial, knobs, stop reason), and both Gao forms (the best
     solid). It adds the reference score at ``d = 0``, KL* with its interval as a band, and the peak.
-    Attainment surfaces over training seeds appear when a config ran with several."""
-    return _frontier(frontier_data(result))
+    Attainment surfaces over training seeds appear when a config ran with several. The legend is under the plot,
+    never over it; KL*'s label hangs inside the plot, under the subtitle.
+
+    ``card``: for optuna-dashboard's figure card (:data:`DASHBOARD_HEIGHT` pixels high, half the page wide): the
+    notes go from the subtitle into a hover label (``notes``), so that the axes and legend fit the card."""
+    return _frontier(frontier_data(result), card=card)
 
 
-def _frontier(data: FrontierData) -> go.Figure:
+def _frontier(data: FrontierData, card: bool = False) -> go.Figure:
     fig = go.Figure()
-    subtitle = "<br>".join(_wrap(n) for n in data.notes)
-    fig.update_layout(title=dict(text=data.title, subtitle=dict(text=subtitle)), template="plotly_white",
-                      xaxis_title=data.x_label, yaxis_title=data.y_label,
-                      margin=dict(t=90 + 18 * (subtitle.count("<br>") + 1)),
-                      height=520 + 18 * (subtitle.count("<br>") + 1))
+    legend = dict(orientation="h", x=0, xanchor="left", y=-0.16 if not card else -0.3, yanchor="top",
+                  font=dict(size=11))
+    if card:  # short labels; the legend's details and the notes on hover
+        fig.update_layout(title=dict(text=data.title, font=dict(size=13), x=0.01, xanchor="left"),
+                          template="plotly_white", xaxis_title=data.x_label.split(" = ")[0],
+                          yaxis_title=data.y_label, legend={**legend, "y": -0.28, "font": dict(size=10)},
+                          height=DASHBOARD_HEIGHT, margin=dict(t=58, b=125, l=60, r=20))
+        if data.notes:
+            fig.add_annotation(text="notes (hover here)", hovertext="<br>".join(_wrap(n, 80) for n in data.notes),
+                               showarrow=False, x=0, y=1.01, xref="paper", yref="paper", xanchor="left",
+                               yanchor="bottom", font=dict(size=11, color="#1f77b4"))
+    else:
+        subtitle = "<br>".join(_wrap(n) for n in data.notes)
+        lines = subtitle.count("<br>") + 1
+        fig.update_layout(title=dict(text=data.title, subtitle=dict(text=subtitle)), template="plotly_white",
+                          xaxis_title=data.x_label, yaxis_title=data.y_label, legend=legend,
+                          margin=dict(t=100 + 18 * lines, b=150), height=630 + 18 * lines)
     if data.message is not None:
         return _message(fig, data.message)
     if data.kl_star is not None:
         kl_star, low, high = data.kl_star
         fig.add_vrect(x0=low, x1=high, fillcolor="rgba(31,119,180,0.12)", line_width=0)
         if kl_star <= data.x_max:
-            fig.add_vline(x=kl_star, line=dict(dash="dot", color="#1f77b4"),
-                          annotation_text=f"KL* = {kl_star:.3g}", annotation_position="top")
+            fig.add_vline(x=kl_star, line=dict(dash="dot", color="#1f77b4"), annotation_text=f"KL* = {kl_star:.3g}",
+                          annotation_position="top right", annotation=dict(yanchor="top"))
     for name, x, y, dashed in data.curves:
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name.split(", ")[0] if card else name,
+                                 hovertemplate=f"{name}<extra></extra>",
                                  line=dict(color="#1f77b4", dash="dash" if dashed else "solid", width=2)))
     for p in data.surfaces:
         fig.add_trace(go.Scatter(x=[*p.x, data.x_max], y=[*p.y, p.y[-1]] if p.y else [], mode="lines", name=p.name,
