@@ -50,9 +50,10 @@ def test_leaders_are_the_best_healthy_search_trials_and_the_preset_joins_them(tm
 
 
 def test_leaders_of_a_pareto_sweep_are_the_front_first(tmp_path):
+    kl = "actor/reward_kl_penalty"
     sweep = _sweep(tmp_path, {"top": 3, "seeds": 1}, objectives=[{"metric": VAL, "mode": "max"},
-                                                                  {"metric": "kl", "mode": "min"}])
-    df = _frame(SEARCH).assign(**{"value/kl": [0.1, 0.5, 0.0, None, 0.05, 0.2]})
+                                                                  {"metric": kl, "mode": "min"}])
+    df = _frame(SEARCH).assign(**{f"value/{kl}": [0.1, 0.5, 0.0, None, 0.05, 0.2]})
     # feasible: 0 (0.5, 0.1), 1 (0.7, 0.5), 4 (0.6, 0.05), 5 (0.7, 0.2); 5 dominates 1, 4 dominates 0
     # front = {4, 5}, by accuracy 5 then 4; then the rest by accuracy: 1
     assert leaders(sweep, df, 3) == [5, 4, 1]

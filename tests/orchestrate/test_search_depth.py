@@ -79,7 +79,7 @@ def scored(config):
     """A trivial function trainable: 2 steps, an objective that peaks at kl_coef = 0.01 and a KL that falls with it."""
     for step in (1, 2):
         coef = config["algorithm.kl_ctrl.kl_coef"]
-        tune.report({"val": -abs(coef - 0.01) * step, "kl": 1.0 / (1.0 + 100 * coef)})
+        tune.report({VAL: -abs(coef - 0.01) * step, KL: 1.0 / (1.0 + 100 * coef)})
 
 
 SAMPLER_SPACES = {
@@ -96,7 +96,7 @@ SAMPLER_SPACES = {
 @pytest.mark.parametrize("name", list(SAMPLER_SPACES))
 def test_every_sampler_runs_through_klsweep_search(ray_local, tmp_path, name):
     multi = name == "nsga2"
-    val, kl = {"metric": "val", "mode": "max"}, {"metric": "kl", "mode": "min"}
+    val, kl = {"metric": VAL, "mode": "max"}, {"metric": KL, "mode": "min"}  # names the embedded trainer logs
     objective = [val, kl] if multi else val
     sweep = load_sweep(sweep_file(tmp_path, parameters=SAMPLER_SPACES[name], sampler=name, objective=objective,
                                   budget={"trials": 4}, health="none"))
@@ -107,7 +107,7 @@ def test_every_sampler_runs_through_klsweep_search(ray_local, tmp_path, name):
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
     sampler = build_sampler(sweep)
     searcher = KlsweepSearch(
-        space=define_space(sweep), metric=["val", "kl"] if multi else "val", mode=["max", "min"] if multi else "max",
+        space=define_space(sweep), metric=[VAL, KL] if multi else VAL, mode=["max", "min"] if multi else "max",
         sampler=sampler, study_name="s", storage=storage, overrides_of=functools.partial(trial_overrides, sweep),
         total_steps=2,
     )
