@@ -51,12 +51,17 @@ def study(run_dir) -> optuna.Study:
     return optuna.load_study(study_name="walk", storage=f"sqlite:///{run_dir / 'study.db'}")
 
 
-def reported_steps(run_dir) -> list[int]:
-    """Steps at which the study holds a validation score of its running trial (the driver told Optuna)."""
-    try:
-        trials = study(run_dir).get_trials(states=(optuna.trial.TrialState.RUNNING,))
-    except Exception:  # study.db or the study not created yet
-        return []
+def reported_steps(run_dir, opened: dict) -> list[int]:
+    """Steps at which the study holds a validation score of its running trial (the driver told Optuna).
+
+    The study is loaded once, into ``opened``, and read again on each call: loading it on every poll takes long
+    enough on a loaded machine for a trial of 40 steps (a few seconds) to start and end unseen."""
+    if "study" not in opened:
+        try:
+            opened["study"] = study(run_dir)
+        except Exception:  # study.db or the study not created yet
+            return []
+    trials = opened["study"].get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     return sorted(step for t in trials for step in t.intermediate_values)
 
 
@@ -81,12 +86,12 @@ def between(line: str, before: str, after: str) -> bool:
     return int(low[1]) <= finished <= int(high[1]) and finished + running + waiting == TRIALS
 
 
-def wait_for_step(driver, run_dir, step: int) -> None:
+def wait_for_step(driver, run_dir, step: int, opened: dict) -> None:
     deadline = time.monotonic() + 300
-    while not [s for s in reported_steps(run_dir) if s >= step]:
+    while not [s for s in reported_steps(run_dir, opened) if s >= step]:
         assert driver.poll() is None, driver.communicate()
         assert time.monotonic() < deadline, f"no trial reached step {step}"
-        time.sleep(0.1)
+        time.sleep(0.02)
 
 
 def test_first_day(tmp_path):
@@ -96,29 +101,38 @@ def test_first_day(tmp_path):
     run_dir = tmp_path / "runs" / "walk"
     driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", "walk.yaml"], cwd=tmp_path, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    opened: dict = {}  # the study, loaded once the driver has created it
+    status = None
     try:
-        wait_for_step(driver, run_dir, 2)
+        wait_for_step(driver, run_dir, 2, opened)
         before = counts(run_dir)
-        status = sweep(tmp_path, "status", "runs/walk")
-        after = counts(run_dir)
-        assert status.returncode == 0
-        lines = status.stdout.splitlines()
-        # the study as it was at some moment of the call: between `before` and `after`, possibly in between them
-        # (a trial just finished and the next not yet asked: "1 finished, 0 running, 2 not started")
-        assert between(lines[0], before, after), (lines[0], before, after)
-        header = next(line for line in lines if line.startswith("trial"))
-        assert [c.strip() for c in header.split("┃")][:3] == ["trial", "state", "kl_coef"]
-        if " 1 running" in lines[0]:
-            assert "if its `sweep run` is no longer running, continue it with: sweep resume runs/walk" in lines
-        assert (run_dir / "trials.csv").is_file()  # kept current while the sweep runs
-
-        wait_for_step(driver, run_dir, 4)  # the driver has taken the running trial's step-2 checkpoint
+        # `sweep status` from a second terminal while the sweep runs; on a loaded machine it takes longer than a
+        # trial of 40 steps, so the Ctrl-C below does not wait for it
+        status = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "status", "runs/walk"], cwd=tmp_path, env=ENV,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_step(driver, run_dir, 4, opened)  # the driver has taken the running trial's step-2 checkpoint
         os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole process group
         stdout, stderr = driver.communicate(timeout=300)
+        status_out, status_err = status.communicate(timeout=300)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
+        if status is not None and status.poll() is None:
+            status.kill()
+            status.wait()
+    after = counts(run_dir)
+    assert status.returncode == 0 and "Traceback" not in status_out + status_err, status_out + status_err
+    lines = status_out.splitlines()
+    # the study as it was at some moment of the call: between `before` and `after`, possibly in between them
+    # (a trial just finished and the next not yet asked: "1 finished, 0 running, 2 not started")
+    assert between(lines[0], before, after), (lines[0], before, after)
+    header = next(line for line in lines if line.startswith("trial"))
+    assert [c.strip() for c in header.split("┃")][:3] == ["trial", "state", "kl_coef"]
+    if " 1 running" in lines[0]:
+        assert "if its `sweep run` is no longer running, continue it with: sweep resume runs/walk" in lines
+    assert (run_dir / "trials.csv").is_file()  # kept current while the sweep runs
+
     assert driver.returncode == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr
     assert stdout.splitlines()[-1] == "continue with: sweep resume runs/walk"
