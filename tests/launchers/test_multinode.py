@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -31,6 +32,7 @@ from klsweep.errors import ClusterError
 from klsweep.launchers import supervisor
 from klsweep.launchers.multinode import check_cluster, trials_that_fit
 from klsweep.launchers.process import trial_command
+from klsweep.launchers.resume import repair_tracker
 from klsweep.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,9 +69,9 @@ def cluster(cluster_nodes):
 
 
 def _sweep_file(root: Path, *, per_node: int, steps: int, stop_above: float, nnodes: int = 2) -> Path:
-    """A GRPO sweep of two 2-node trials (kl_coef 0.001 and 0.01), a checkpoint every step, and a health rule that
+    """A GRPO sweep of two 2-node trials (kl_coef 0.001 and 0.1), a checkpoint every step, and a health rule that
     stops a trial whose ``actor/kl_loss`` passes ``stop_above`` (the stand-in logs ``0.02 × step / (1 + 100 ×
-    kl_coef)``: 0.0545 at step 3 for 0.001, 0.04 at step 4 for 0.01)."""
+    kl_coef)``: 0.036 at step 2 for 0.001, 0.018 at step 10 for 0.1)."""
     (root / "data").mkdir(parents=True)
     (root / "model").mkdir()
     rows = pd.DataFrame([{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "1 + 1?"}]}] * 64)
@@ -103,10 +105,10 @@ overrides:
   trainer.save_freq: 1
   trainer.val_before_train: false
 parameters:
-  kl_coef: {{values: [0.001, 0.01]}}
+  kl_coef: {{values: [0.001, 0.1]}}
 seed_trials:
   - {{kl_coef: 0.001}}
-  - {{kl_coef: 0.01}}
+  - {{kl_coef: 0.1}}
 objective: {{metric: critic/score/mean, mode: max}}
 sampler: grid
 budget: {{trials: 2, max_concurrent: 2, max_steps: {steps}, resources: {{cpu: 1, gpu: 0}}}}
@@ -144,6 +146,14 @@ def _last_beat(attempt: Path) -> float:
 
 def _steps(attempt: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (attempt / "metrics.jsonl").read_text().splitlines()]
+
+
+def _resume_step(checkpoints: Path) -> int:
+    """The step verl resumes from: its tracker's, or, when a stop cut the tracker's write short (empty), the newest
+    checkpoint that holds its actor."""
+    text = (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip()
+    return int(text) if text else max(int(c.parent.name.removeprefix("global_step_"))
+                                      for c in checkpoints.glob("global_step_*/actor"))
 
 
 def _alive(pid: int) -> bool:
@@ -247,6 +257,20 @@ def test_the_kuberay_multinode_profile_runs_the_example_multinode_sweep_two_tria
     assert check_cluster(sweep, pods) == sweep.budget.max_concurrent == 2  # the head pod has no CPU for trials
 
 
+def test_a_tracker_a_stopped_verl_left_empty_is_pointed_at_its_newest_checkpoint(tmp_path):
+    for step in (2, 3):
+        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (tmp_path / "global_step_4").mkdir()  # a save cut short before its actor: not a checkpoint
+    tracker = tmp_path / "latest_checkpointed_iteration.txt"
+    tracker.write_text("")
+    assert repair_tracker(tmp_path) == 3 and tracker.read_text() == "3"
+    assert repair_tracker(tmp_path) is None and tracker.read_text() == "3"  # a readable tracker is left alone
+    for step in (2, 3):
+        shutil.rmtree(tmp_path / f"global_step_{step}")
+    tracker.write_text("")
+    assert repair_tracker(tmp_path) is None and not tracker.exists()  # no checkpoint: the trial starts at step 1
+
+
 def test_a_study_a_driver_was_killed_writing_is_resumable(tmp_path):
     """A SIGKILL in the middle of an Optuna write leaves a hot journal; ``sweep resume`` checks the study first."""
     from klsweep.analysis.study_file import study_problem
@@ -276,16 +300,17 @@ def test_a_study_a_driver_was_killed_writing_is_resumable(tmp_path):
 
 def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_job(cluster, tmp_path):
     out = tmp_path / "out"
-    result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=4, stop_above=0.05)),
+    result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=10, stop_above=0.03)),
                     "--address", cluster, "--out", str(out))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "multi-node trials: this Ray cluster holds 1 at once; budget.max_concurrent 2 is capped to 1" in \
         result.stderr
     trials = _trials(out)
     states = {next(iter(t.params.values())): t.state for t in _studies(out)}
-    assert states == {0.001: optuna.trial.TrialState.PRUNED, 0.01: optuna.trial.TrialState.COMPLETE}
-    stopped, healthy = trials[0.001] / "attempt-1", trials[0.01] / "attempt-1"
-    assert _steps(stopped) == [1, 2, 3] and _steps(healthy) == [1, 2, 3, 4]
+    assert states == {0.001: optuna.trial.TrialState.PRUNED, 0.1: optuna.trial.TrialState.COMPLETE}
+    stopped, healthy = trials[0.001] / "attempt-1", trials[0.1] / "attempt-1"
+    # stopped at step 2 (steps may pass before the stop lands: the process does not wait for Tune), the other ran 10
+    assert _steps(stopped)[:2] == [1, 2] and len(_steps(stopped)) < 10 and _steps(healthy) == list(range(1, 11))
     assert json.loads((stopped / "exit.json").read_text())["reason"] == "stopped"
     for attempt in (stopped, healthy):
         _, workers = _workers(attempt)
@@ -294,7 +319,9 @@ def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_jo
     (first, second) = sorted((stopped, healthy), key=lambda a: _workers(a)[0])
     assert _last_beat(first) < _workers(second)[0]
     # the health stop ended the stopped trial's job on both nodes within seconds of its tree's end
-    assert _last_beat(stopped) - (stopped / "exit.json").stat().st_mtime < 5.0
+    ended_s = _last_beat(stopped) - (stopped / "exit.json").stat().st_mtime
+    print(f"health stop: the job's last worker beat {ended_s:+.1f} s from the end of its tree")
+    assert ended_s < 5.0
     assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
 
 
@@ -320,11 +347,11 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
             time.sleep(0.2)
         assert [p for p in pids if _alive(p)] == [], "a trial's process outlived the killed driver"
         gone_s = time.monotonic() - killed
+        print(f"driver SIGKILL: every process of both trials gone within {gone_s:.1f} s")
     finally:
         if driver.poll() is None:
             driver.kill()
-    checkpointed = {coef: int((d / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
-                    for coef, d in _trials(out).items()}
+    checkpointed = {coef: _resume_step(d / "checkpoints") for coef, d in _trials(out).items()}
     assert all(step >= 2 for step in checkpointed.values()) and gone_s < 30
     result = _sweep("resume", str(out), "--address", cluster)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

@@ -168,10 +168,12 @@ def rendezvous(count):
 
 
 def latest_step(checkpoints):
+    """The tracker's step, read as verl's ``find_latest_ckpt_path`` reads it (``int(f.read().decode())``,
+    verl/utils/checkpoint/checkpoint_manager.py): 0 without a tracker, ValueError for an empty one."""
     try:
-        with open(os.path.join(checkpoints, "latest_checkpointed_iteration.txt")) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
+        with open(os.path.join(checkpoints, "latest_checkpointed_iteration.txt"), "rb") as f:
+            return int(f.read().decode())
+    except FileNotFoundError:
         return 0
 
 

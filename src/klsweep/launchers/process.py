@@ -43,6 +43,7 @@ from klsweep.launchers.resume import (
     CHECKPOINTS_KEPT,
     SAVE_FREQ_KEY,
     logged_steps,
+    repair_tracker,
     resume_overrides,
     rewind,
 )
@@ -280,6 +281,7 @@ def run_process_trial(
         if rewound and retry == 0:
             resumed = {**overrides, **rewound}
         elif runs_verl(trainer):
+            repair_tracker(trial_dir / "checkpoints")  # a tracker a stopped verl left empty fails every start
             resumed = {**overrides, **resume_overrides(trial_dir, overrides)}
         else:
             resumed = dict(overrides)

@@ -62,6 +62,36 @@ def checkpointed_step(checkpoint_dir: Path) -> int:
     return step if (Path(checkpoint_dir) / f"global_step_{step}").is_dir() else 0
 
 
+def repair_tracker(checkpoint_dir: Path) -> int | None:
+    """Point an unreadable checkpoint tracker at the newest checkpoint; the step it now names, or None if untouched.
+
+    verl writes ``latest_checkpointed_iteration.txt`` with a plain ``open(..., "w")`` after a save
+    (``_save_checkpoint`` in verl/trainer/ppo/v1/trainer_base.py), and reads it back with ``int(f.read())``
+    (``find_latest_ckpt_path`` in verl/utils/checkpoint/checkpoint_manager.py). A process stopped between the two
+    leaves the file empty, and every later start of the trial fails on it. The save before the tracker write is
+    whole, so the newest ``global_step_N`` that still holds its actor (:func:`has_checkpoint`) is the one to name.
+    Without one, the tracker is removed: the trial starts again at step 1.
+    """
+    tracker = Path(checkpoint_dir) / TRACKER
+    try:
+        int(tracker.read_text().strip())
+        return None
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        pass
+    steps = [int(d.name[len("global_step_"):]) for d in Path(checkpoint_dir).glob("global_step_*")
+             if d.name[len("global_step_"):].isdigit()]
+    steps = [s for s in steps if has_checkpoint(checkpoint_dir, s)]
+    if not steps:
+        tracker.unlink()
+        return None
+    tmp = Path(checkpoint_dir) / (TRACKER + ".tmp")
+    tmp.write_text(str(max(steps)))
+    tmp.replace(tracker)
+    return max(steps)
+
+
 def logged_steps(trial_dir: Path) -> dict[int, dict[str, Any]]:
     """Every step the trial's earlier attempts logged (``attempt-*/metrics.jsonl``), the latest attempt's line winning
     where two logged the same step: ``{step: data}``. NaN where verl's file logger wrote ``null``."""
