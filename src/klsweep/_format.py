@@ -47,6 +47,8 @@ def param_labels(keys: list[str]) -> dict[str, str]:
 _GAP = 3
 #: The narrowest a wrapping text column (health, remedies) is squeezed to before a column is left out.
 _TEXT_MIN = 14
+#: The narrowest it gets once every column that may be left out is (its words fold).
+_TEXT_FLOOR = 4
 _LABEL_BREAKS = re.compile(r"(?<=[/_\-.@ ])")
 
 
@@ -57,7 +59,8 @@ def fit_table(headers: list[str], rows: list[list[str]], width: int, *, drop: tu
     Every column but those in ``wrap`` is as wide as its widest cell; a label wider than that breaks after ``/``,
     ``_``, ``-``, ``.`` or ``@``. The ``wrap`` columns (free text) wrap into the width left, at least
     :data:`_TEXT_MIN` each. When the table is still too wide, the columns named in ``drop`` are left out in that
-    order, and the caption says which. Returns a rich Table with no outer edge; ``caption`` is printed under it."""
+    order, and the caption says which; then the text columns narrow to :data:`_TEXT_FLOOR`. Returns a rich Table
+    with no outer edge; ``caption`` is printed under it."""
     drop_order = [headers.index(h) for h in drop if h in headers]
     need = [_column_width(h, [r[i] for r in rows]) for i, h in enumerate(headers)]
     floor = [min(n, _TEXT_MIN) if h in wrap else n for h, n in zip(headers, need)]
@@ -68,6 +71,12 @@ def fit_table(headers: list[str], rows: list[list[str]], width: int, *, drop: tu
         shown.remove(i)
         left_out.append(headers[i])
     spare = width - sum(floor[i] for i in shown) - _GAP * (len(shown) - 1)
+    for i in shown:  # still too wide: the text columns wrap narrower (words fold), never a number
+        if spare < 0 and headers[i] in wrap:
+            give = min(-spare, floor[i] - _TEXT_FLOOR)
+            if give > 0:
+                floor[i] -= give
+                spare += give
     for i in shown:  # room left: labels on one line where it suffices
         if headers[i] not in wrap and spare > 0 and len(headers[i]) > need[i]:
             grow = min(spare, len(headers[i]) - need[i])
