@@ -132,3 +132,39 @@ def test_the_live_table_keeps_every_number_whole_at_80_columns():
     assert cells[:5] == ["193c7_00000", "RUNNING", "0.001235", "0.03012", "5000"]
     assert "0.3911" in cells and "0.6094" in cells and "…" not in console.file.getvalue()
     assert "47" not in cells  # score, entropy and step left out first (the caption says so)
+
+
+def test_the_winner_block_carries_the_confirmation_verdict(tmp_path):
+    """With budget.confirm run to its end, the winner is the leader by mean over seeds, and the block says whether
+    the runner-up is within noise (leaders.verdicts), computed here by hand: 2 SE of the gap of two means."""
+    import math
+
+    def constant(score):
+        return lambda params, step: {SCORE: score, "actor/kl_loss": 0.01, "actor/entropy": 1.0}
+
+    scores = {0: [0.60, 0.62], 1: [0.64, 0.70]}  # trial: [search run (seed 0), re-run (seed 1)]
+    specs = []
+    for number, kl in ((0, 0.001), (1, 0.01)):
+        specs.append({"params": {KL_COEF: kl, "data.seed": 0}, "steps": 4, "health": "healthy", "stop_reason": "",
+                      "metrics": constant(scores[number][0])})
+    for number, kl in ((0, 0.001), (1, 0.01)):
+        specs.append({"params": {KL_COEF: kl, "data.seed": 1}, "steps": 4, "health": "healthy", "stop_reason": "",
+                      "metrics": constant(scores[number][1]), "confirm_of": number})
+    out = make_sweep(tmp_path / "conf", specs, objectives=[{"metric": SCORE, "mode": "max"}], max_steps=4)
+    info = json.loads((out / "sweep.json").read_text())
+    info["sweep"].update(parameters={KL_COEF: {"values": [0.001, 0.01]}}, budget={
+        **info["sweep"]["budget"], "trials": 2, "confirm": {"top": 2, "seeds": 1}})
+    (out / "sweep.json").write_text(json.dumps(info))
+
+    console = _terminal(80)
+    status(str(out), console=console)
+    lines = _plain_lines(console)
+    start = next(i for i, line in enumerate(lines) if line.startswith("winner"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("python3 -m "))
+    block = " ".join(line.strip() for line in lines[start:end])
+    assert block.startswith("winner (the leader by mean over seeds): trial 1 (t00001)")
+    sd = [math.sqrt(sum((x - sum(v) / 2) ** 2 for x in v)) for v in scores.values()]  # n - 1 = 1
+    bound = 2 * math.sqrt(sd[0] ** 2 / 2 + sd[1] ** 2 / 2)
+    gap = sum(scores[1]) / 2 - sum(scores[0]) / 2
+    assert gap <= bound  # 0.06 <= 2 SE 0.0632: within noise
+    assert f"the runner-up, trial 0: within noise (gap {gap:.4g} ≤ 2 SE = {bound:.4g})" in block
