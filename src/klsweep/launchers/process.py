@@ -16,6 +16,7 @@ Layout of a trial directory (in the sweep's results directory, :func:`klsweep.la
     attempt-1/            one per start of the trial (a retry or a resume makes attempt-2, ...)
       metrics.jsonl       $VERL_FILE_LOGGER_PATH
       stdout.log stderr.log supervisor.log spec.json supervisor.json exit.json
+      node.json           a multi-node trial's: the node its supervisor runs on (klsweep.launchers.multinode)
       hydra/              hydra.run.dir (verl)
     checkpoints/          trainer.default_local_dir (verl): shared by the attempts, so a retried trial resumes
                           from its own last checkpoint (verl's trainer.resume_mode=auto) and never from another's
