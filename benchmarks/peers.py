@@ -29,7 +29,11 @@ over all sweeps (mean with a bootstrap 95 % interval, rates with Wilson 95 % int
   and reporting the best;
 * unhealthy: the share of answers whose config is not healthy in every seed of the table (it reward-hacks or
   collapses);
-* best stopped: among sweeps in which some trial was served the true best config, those that stopped it.
+* best stopped: among sweeps in which some trial was served the true best config, those that stopped it;
+* to within noise: trial-steps until the first trial that ran its whole budget healthy at a grid point within seed
+  noise of the true best (healthy in every seed, mean ≥ best mean − best seed sd: ``search_efficiency.py``'s
+  measure); a sweep that never gets there counts all its steps (a lower bound). The last line of each trial count
+  gives random ÷ klsweep of its mean (bootstrap 95 % interval).
 
 The clairvoyant line: on the ``klsweep`` arm's trials, every trial whose full run ends in the lower half of its
 sweep's range stopped at its first validation.
@@ -55,6 +59,7 @@ import optuna
 from _bench import REPO, machine
 from early_stop_savings import bootstrap_mean, wilson
 from ray.tune.schedulers import ASHAScheduler
+from search_efficiency import ratio_interval
 
 sys.path.insert(0, str(REPO / "benchmarks" / "tabular"))
 from reference import reference  # noqa: E402
@@ -249,21 +254,26 @@ def main(argv: list[str] | None = None) -> int:
     tables = args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz"))
     seeds = range(args.first_seed, args.first_seed + args.sweeps)
     print(f"machine: {machine()}; {len(tables)} tables × seeds {seeds.start}-{seeds.stop - 1} × trials {args.trials}")
-    refs = {}
+    refs, good = {}, {}
     for table in tables:
         ref = reference(table)
         sign = 1.0 if ref["mode"] == "max" else -1.0
         refs[table] = (sign * ref["best"]["mean"], [sign * p["mean"] for p in ref["points"]],
                        [p["healthy"] for p in ref["points"]], ref["points"].index(ref["best"]))
+        spread = ref["best"]["std"] if math.isfinite(ref["best"]["std"]) else 0.0
+        good[table] = {i for i, p in enumerate(ref["points"])
+                       if p["healthy"] and sign * p["mean"] >= sign * ref["best"]["mean"] - spread}
     for trials in args.trials:
         print(f"\n{trials} trials per sweep")
-        print("| arm | saved | regret | no answer | unhealthy answer | best stopped | s |")
-        print("|---|---|---|---|---|---|---|")
+        print("| arm | saved | regret | no answer | unhealthy answer | best stopped | to within noise | s |")
+        print("|---|---|---|---|---|---|---|---|")
+        to_good: dict[str, list[float]] = {}
         floors: list[float] = []
         clairvoyant: list[float] = []
         for name in args.arms:
             start = time.perf_counter()
             saved, regret, no_answer, unhealthy, answers, best_tried, best_stopped = [], [], 0, 0, 0, 0, 0
+            costs = to_good.setdefault(name, [])
             for table in tables:
                 best, means, healthy, best_point = refs[table]
                 for seed in seeds:
@@ -276,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                         answers += 1
                         regret.append(best - means[answer["point"]])
                         unhealthy += not healthy[answer["point"]]
+                    costs.append(_steps_to(sweep, good[table]))
                     tried = [t for t in sweep if t["point"] == best_point]
                     best_tried += bool(tried)
                     best_stopped += any(t["stopped"] for t in tried)
@@ -287,13 +298,28 @@ def main(argv: list[str] | None = None) -> int:
                                                              else t["used"]) for t in sweep)
                                            / sum(t["total"] for t in sweep))
             print(f"| {name} | {_interval(saved)} | {_interval(regret)} | {_rate(no_answer, len(saved))} | "
-                  f"{_rate(unhealthy, answers)} | {_rate(best_stopped, best_tried)} | "
+                  f"{_rate(unhealthy, answers)} | {_rate(best_stopped, best_tried)} | {_interval(costs)} | "
                   f"{time.perf_counter() - start:.0f} |", flush=True)
         if floors:
             print(f"regret floor (every grid point once in the sweep's seed, the best reported): {_interval(floors)}")
             print(f"clairvoyant on klsweep's trials (lower half stopped at its first validation): "
                   f"saved {_interval(clairvoyant)}")
+        if "klsweep" in to_good and "random" in to_good:
+            lo, hi = ratio_interval(to_good["random"], to_good["klsweep"])
+            ratio = statistics.fmean(to_good["random"]) / statistics.fmean(to_good["klsweep"])
+            print(f"trial-steps to a within-noise config, random ÷ klsweep: {ratio:.2f} [{lo:.2f}, {hi:.2f}]")
     return 0
+
+
+def _steps_to(sweep: list[dict], good: set[int]) -> float:
+    """Trial-steps until the first trial that ran its whole budget at a point of ``good``; all the sweep's steps
+    when none did."""
+    used = 0
+    for t in sweep:
+        used += t["used"]
+        if t["stopped"] is None and t["point"] in good:
+            break
+    return used
 
 
 def _floor_point(table: Path, seed: int) -> int:
