@@ -300,7 +300,9 @@ def test_a_study_a_driver_was_killed_writing_is_resumable(tmp_path):
 
 def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_job(cluster, tmp_path):
     out = tmp_path / "out"
-    result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=10, stop_above=0.03)),
+    # kl_coef 0.001 passes kl_loss 0.06 at step 4 of 30: a stop that lands late under load (26 steps, 10 s, of
+    # margin) still lands before the trial could end on its own; kl_coef 0.1 stays below it (0.055 at step 30)
+    result = _sweep("run", str(_sweep_file(tmp_path / "w", per_node=2, steps=30, stop_above=0.06)),
                     "--address", cluster, "--out", str(out))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "multi-node trials: this Ray cluster holds 1 at once; budget.max_concurrent 2 is capped to 1" in \
@@ -309,8 +311,8 @@ def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_jo
     states = {next(iter(t.params.values())): t.state for t in _studies(out)}
     assert states == {0.001: optuna.trial.TrialState.PRUNED, 0.1: optuna.trial.TrialState.COMPLETE}
     stopped, healthy = trials[0.001] / "attempt-1", trials[0.1] / "attempt-1"
-    # stopped at step 2 (steps may pass before the stop lands: the process does not wait for Tune), the other ran 10
-    assert _steps(stopped)[:2] == [1, 2] and len(_steps(stopped)) < 10 and _steps(healthy) == list(range(1, 11))
+    # stopped at step 4 (steps may pass before the stop lands: the process does not wait for Tune), the other ran 30
+    assert _steps(stopped)[:4] == [1, 2, 3, 4] and len(_steps(stopped)) < 30 and _steps(healthy) == list(range(1, 31))
     assert json.loads((stopped / "exit.json").read_text())["reason"] == "stopped"
     for attempt in (stopped, healthy):
         _, workers = _workers(attempt)
