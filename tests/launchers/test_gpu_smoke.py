@@ -85,8 +85,14 @@ def _end_stop_run(root: Path) -> None:
     deadline = time.monotonic() + 30
     while _holders(root) and time.monotonic() < deadline:
         time.sleep(0.5)
+    left = []
     for pid in _holders(root):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            left.append(psutil.Process(pid))
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    psutil.wait_procs(left, timeout=10)  # a SIGKILL is not instant: wait until they are gone (or zombies)
 
 
 def test_gpu_smoke_passes_end_to_end_on_the_standins(smoke):
