@@ -30,6 +30,8 @@ over all sweeps (mean with a bootstrap 95 % interval, rates with Wilson 95 % int
 * unhealthy: the share of answers whose config is not healthy in every seed of the table (it reward-hacks or
   collapses);
 * best stopped: among sweeps in which some trial was served the true best config, those that stopped it;
+* false stops (printed for the ``klsweep`` arm, per stopper): stopped trials whose full recorded run ends in the
+  upper half of the range of their sweep's final values (``early_stop_savings.py``'s measure);
 * to within noise: trial-steps until the first trial that ran its whole budget healthy at a grid point within seed
   noise of the true best (healthy in every seed, mean ≥ best mean − best seed sd: ``search_efficiency.py``'s
   measure); a sweep that never gets there counts all its steps (a lower bound). The last line of each trial count
@@ -270,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         to_good: dict[str, list[float]] = {}
         floors: list[float] = []
         clairvoyant: list[float] = []
+        false_stops: dict[str, list[int]] = {}  # stopper → [false, all] on the klsweep arm
         for name in args.arms:
             start = time.perf_counter()
             saved, regret, no_answer, unhealthy, answers, best_tried, best_stopped = [], [], 0, 0, 0, 0, 0
@@ -294,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
                         floors.append(best - means[_floor_point(table, seed)])
                         scores = [t["final"] for t in sweep if math.isfinite(t["final"])]
                         middle = (min(scores) + max(scores)) / 2 if scores else math.inf
+                        for t in sweep:
+                            if t["stopped"]:
+                                count = false_stops.setdefault(t["stopped"], [0, 0])
+                                count[0] += t["final"] > middle
+                                count[1] += 1
                         clairvoyant.append(sum(t["total"] - (min(t["used"], t["first"]) if t["final"] <= middle
                                                              else t["used"]) for t in sweep)
                                            / sum(t["total"] for t in sweep))
@@ -304,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"regret floor (every grid point once in the sweep's seed, the best reported): {_interval(floors)}")
             print(f"clairvoyant on klsweep's trials (lower half stopped at its first validation): "
                   f"saved {_interval(clairvoyant)}")
+        if false_stops:
+            print("klsweep's false stops (full run in the upper half of its sweep's range): " + ", ".join(
+                f"{kind} {_rate(k, n)}" for kind, (k, n) in sorted(false_stops.items())))
         if "klsweep" in to_good and "random" in to_good:
             lo, hi = ratio_interval(to_good["random"], to_good["klsweep"])
             ratio = statistics.fmean(to_good["random"]) / statistics.fmean(to_good["klsweep"])
