@@ -165,3 +165,16 @@ def test_a_sweep_records_a_fate_stop_pruned_with_its_reason(ray_local, tmp_path)
     rows = {r["training_iteration"]: r for r in map(json.loads, result_json.read_text().splitlines())}
     gap = sum(rows[s][PROXY] - rows[s][GOLD] for s in (18, 19, 20)) / 3
     assert f"above the median {gap:.4g} of the 1 trials the health rules stopped" in trials.loc[1, "stop_reason"]
+
+
+def test_with_two_objectives_a_trial_ahead_on_either_is_a_leader():
+    kl_objective = "actor/kl_loss"
+    rule = FateRule([(VAL, "max"), (kl_objective, "min")], 20, signal_readers(["kl"], "reward"),
+                    FateStop(margin=0.1, grace=0.0, window=1, min_finished=1))
+    rule.update("ok", 5, {KL: 0.1, VAL: 0.6, kl_objective: 0.2})
+    rule.finish("ok")
+    rule.update("sick", 5, {KL: 0.3, VAL: 0.6, kl_objective: 0.2})
+    rule.fail("sick")
+    assert rule.update("lower kl", 5, {KL: 0.4, VAL: 0.5, kl_objective: 0.1}) is None  # ahead on the second
+    assert rule.update("higher val", 5, {KL: 0.4, VAL: 0.7, kl_objective: 0.3}) is None  # ahead on the first
+    assert rule.update("behind", 5, {KL: 0.4, VAL: 0.5, kl_objective: 0.3}) is not None
