@@ -27,6 +27,7 @@ stopper; a stop is recorded PRUNED with ``stop_kind`` ``objective``, as the othe
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import statistics
@@ -94,7 +95,8 @@ class FateRule:
         self.total_steps = total_steps
         self.readers = dict(readers)
         self.settings = settings or FateStop()
-        self.paths: dict[str, dict[float, dict[str, float]]] = {}  # trial → step → signal → value
+        self.steps: dict[str, list[float]] = {}  # trial → its steps, ascending
+        self.paths: dict[str, list[dict[str, float]]] = {}  # trial → per step of self.steps: signal → value
         self.scores: dict[str, dict[float, list[float]]] = {}  # trial → validation step → signed objectives
         self.keys: dict[str, str] = {}  # signal → the metric it read, for the stop reason
         self.finished: list[str] = []
@@ -102,16 +104,19 @@ class FateRule:
 
     def record(self, trial_id: str, step: float, values: Mapping[str, Any]) -> None:
         """Keep the trial's signals and objectives at ``step``; a step before its last (a restart) drops the later."""
-        path = self.paths.setdefault(trial_id, {})
-        scores = self.scores.setdefault(trial_id, {})
-        for old in (path, scores):
-            for later in [s for s in old if s > step]:
-                del old[later]
-        path[step] = {}
+        steps, path = self.steps.setdefault(trial_id, []), self.paths.setdefault(trial_id, [])
+        scores = self.scores.setdefault(trial_id, {})  # insertion order is step order: the last is the latest
+        while steps and steps[-1] >= step:
+            steps.pop()
+            path.pop()
+        while scores and next(reversed(scores)) > step:
+            scores.popitem()
+        steps.append(step)
+        path.append({})
         for name, read in self.readers.items():
             hit = read(values)
             if hit is not None and math.isfinite(hit[1]):
-                self.keys[name], path[step][name] = hit
+                self.keys[name], path[-1][name] = hit
         signed = [values.get(metric) for metric, _ in self.objectives]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in signed):
             scores[step] = [sign * float(v) for (_, sign), v in zip(self.objectives, signed)]  # type: ignore[arg-type]
@@ -129,15 +134,18 @@ class FateRule:
     def forget(self, trial_id: str) -> None:
         """The trial ended otherwise (another stopper, an error): it is no evidence either way."""
         if trial_id not in self.finished and trial_id not in self.failed:
+            self.steps.pop(trial_id, None)
             self.paths.pop(trial_id, None)
             self.scores.pop(trial_id, None)
 
     def _path(self, trial_id: str, signal: str, step: float) -> float | None:
         """The mean of the trial's ``signal`` over its steps in (step − window, step], if it reached ``step``."""
-        path = self.paths.get(trial_id, {})
-        if not path or max(path) < step:
+        steps = self.steps.get(trial_id)
+        if not steps or steps[-1] < step:
             return None
-        values = [v[signal] for s, v in path.items() if step - self.settings.window < s <= step and signal in v]
+        end = bisect.bisect_right(steps, step)
+        start = bisect.bisect_right(steps, step - self.settings.window, hi=end)
+        values = [v[signal] for v in self.paths[trial_id][start:end] if signal in v]
         return statistics.fmean(values) if values else None
 
     def update(self, trial_id: str, step: float, values: Mapping[str, Any]) -> str | None:
@@ -146,7 +154,7 @@ class FateRule:
         s = self.settings
         if step < s.grace * self.total_steps or step >= self.total_steps or not self.scores.get(trial_id):
             return None  # judged from its first validation on: the searcher records a stop with its last value
-        if len([t for t in self.finished if max(self.paths[t]) >= step]) < s.min_finished or self._leads(trial_id):
+        if len([t for t in self.finished if self.steps[t][-1] >= step]) < s.min_finished or self._leads(trial_id):
             return None
         parts = []
         for name in self.readers:
@@ -176,7 +184,7 @@ class FateRule:
         scores = self.scores.get(trial_id)
         if not scores:
             return False
-        step = max(scores)
+        step = next(reversed(scores))
         peers = [self.scores[t][step] for t in self.finished if step in self.scores.get(t, {})]
         if not peers:
             return self.settings.min_finished > 0  # no finished trial validated at that step: nothing shows it behind
