@@ -11,6 +11,7 @@ import pytest
 from ray.tune.stopper import Stopper
 
 from klsweep.cli import main
+from klsweep.errors import SweepFileError
 from klsweep.orchestrate.fate_stop import GOLD, PROXY, FateRule, FateStopper, signal_readers
 from klsweep.orchestrate.median_stop import MedianStopper
 from klsweep.orchestrate.rule_stopper import StopperChain
@@ -178,3 +179,10 @@ def test_with_two_objectives_a_trial_ahead_on_either_is_a_leader():
     assert rule.update("lower kl", 5, {KL: 0.4, VAL: 0.5, kl_objective: 0.1}) is None  # ahead on the second
     assert rule.update("higher val", 5, {KL: 0.4, VAL: 0.7, kl_objective: 0.3}) is None  # ahead on the first
     assert rule.update("behind", 5, {KL: 0.4, VAL: 0.5, kl_objective: 0.3}) is not None
+
+
+def test_a_sweep_without_reference_kl_and_only_the_kl_signal_is_refused_by_validation():
+    with pytest.raises(SweepFileError, match=r"stopping\.fate\.signals: signals \[kl\] on a sweep without a "
+                       r"reference KL \(kl_placement none\): fate stopping would have nothing to read"):
+        load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml", ["stopping={fate: {signals: [kl]}}"])
+    assert load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml").stopping.fate.signals == ["kl", "proxy_gap"]

@@ -104,6 +104,11 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                          "so a trial's value at a step is the mean of all its values so far, early ones included. "
                          f"Use a window of a few values (the default is "
                          f"{ObjectiveStop.model_fields['window'].default})"))
+    fate = sweep.stopping.fate
+    if fate is not None and sweep.placement == "none" and set(fate.signals) == {"kl"}:
+        errors.append((("stopping", "fate", "signals"), "signals [kl] on a sweep without a reference KL (kl_placement "
+                       "none): fate stopping would have nothing to read. Add proxy_gap (read where the trainer logs a "
+                       "gold score, as the embedded trainer does) or turn stopping.fate off"))
     confirm = sweep.budget.confirm
     if confirm is not None and confirm.top > sweep.budget.trials:
         warnings.append((("budget", "confirm", "top"), f"top {confirm.top} is more than budget.trials "
