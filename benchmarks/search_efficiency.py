@@ -31,11 +31,12 @@ kl_coef on 5 points, one training seed; the table takes most of the time (2 proc
 searcher, ``--seeds`` sweeps of ``--trials`` trials (sweep seeds ``--first-seed`` on; the sweep seed is also the
 trial's training seed) run as ``early_stop_savings.py --table`` runs them (the file's space, seed trials, health
 rules and objective stopper as the file says, ``--objective on`` with its defaults, ``off`` without it; one trial at
-a time; a stopped trial costs its steps up to the stop). Searchers: the file's own sampler; random (the file's seed
-trials, then Optuna's RandomSampler); a grid as a user writes it for the budget (:func:`user_grid`: no seed trials,
-every recorded category, ``k`` round values per range evenly spaced in its own scale with ``k`` the largest that
-fits the budget, in GridSampler's shuffled order); and the oracle, a lower bound for any sampler (the file's seed
-trials, then straight to the answer). Two measures:
+a time; a stopped trial costs its steps up to the stop; the files' median and fate stopping are not applied:
+``peers.py`` measures the same cost with the shipped stopping, on every arm's draws). Searchers: the file's own
+sampler; random (the file's seed trials, then Optuna's RandomSampler); a grid as a user writes it for the budget
+(:func:`user_grid`: no seed trials, every recorded category, ``k`` round values per range evenly spaced in its own
+scale with ``k`` the largest that fits the budget, in GridSampler's shuffled order); and the oracle, a lower bound
+for any sampler (the file's seed trials, then straight to the answer). Two measures:
 
 * single objective: trial-steps until the first trial that ends healthy at a grid point within noise of the true
   best (healthy in every seed, mean ≥ best mean − best seed sd, ``reference.py``);
