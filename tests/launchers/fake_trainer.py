@@ -54,10 +54,10 @@ Test knobs (plain ``key=value``), for misbehaviour and for what two trials on on
   fails: ``RuntimeError: weight-sync socket ... collision`` when the path answered another live process before the
   removal, or stopped being its own socket before the close. The path goes to ``$PWD/socket.json``.
 - ``interval=S``: seconds between steps.
-- ``lockstep=1`` (with ``trainer.default_local_dir``): after logging step N, waits (at most 60 s) until Tune's
-  ``result.json`` in the trial directory (the checkpoint folder's parent) has a row of step N, that is until the
-  driver has judged that step (Tune writes the row after its stopper and scheduler saw the result). A real verl step
-  takes minutes, so verl never runs steps ahead of the driver; the stand-in's 0.02 s steps would, and remove
+- ``lockstep=1`` (with ``trainer.default_local_dir``): after logging step N, waits (at most 60 s) until the file
+  ``judged`` in the trial directory (the checkpoint folder's parent) names step N or later: a test's Tune callback
+  writes it once the driver's stopper and scheduler saw the step (``tests/launchers/tune_trials.Judged``). A real verl
+  step takes minutes, so verl never runs steps ahead of the driver; the stand-in's 0.02 s steps would, and remove
   checkpoints a remedy planned at an earlier step restarts from.
 - ``half_line=1``: after the steps, the first half of one more line, without its newline (a writer killed mid-line).
 - ``grandchildren=1``: first starts three sleeping descendants, as verl's own Ray does: a plain child, a child in its
@@ -263,19 +263,15 @@ if crash == "once":
     open("../crashed-once", "w").close()
 
 
-def judged(result_json, step, timeout=60.0):
-    """Wait until ``result_json`` (Tune's, JSON lines) has a row of ``step``; give up after ``timeout`` seconds."""
+def judged(path, step, timeout=60.0):
+    """Wait until the file ``path`` names ``step`` or a later one; give up after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with open(result_json) as f:
-                for line in f:
-                    try:
-                        if json.loads(line).get("step") == step:
-                            return
-                    except ValueError:  # the line Tune is writing
-                        pass
-        except FileNotFoundError:
+            with open(path) as f:
+                if int(f.read() or 0) >= step:
+                    return
+        except (FileNotFoundError, ValueError):
             pass
         time.sleep(0.02)
 
@@ -319,7 +315,7 @@ for step in range(global_steps + 1, total + 1):
             shutil.rmtree(saved.pop(0))
     log(data, step)
     if args.get("lockstep") == 1 and checkpoints:
-        judged(os.path.join(os.path.dirname(os.path.abspath(checkpoints)), "result.json"), step)
+        judged(os.path.join(os.path.dirname(os.path.abspath(checkpoints)), "judged"), step)
     if int(args.get("crash_after_step", 0)) == step:
         misbehave()
 

@@ -281,7 +281,7 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
     from klsweep.trainers.restore import KL_COEF_KEY
     from tests.orchestrate.conftest import sweep_file
 
-    from .tune_trials import verl_sweep_trial
+    from .tune_trials import Judged, verl_sweep_trial
 
     rule = {"name": "kl_high", "metric": "actor/reward_kl_penalty", "above": 0.3, "action": "stop",
             "kind": "diverged", "remedy": {"kl_coef": "*2"}, "max_remedies": 1}
@@ -301,7 +301,8 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
         param_space={"kl_coef": 0.1},
         tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=1, reuse_actors=False),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="remedy", verbose=0, stop=stopper,
-                                  callbacks=[ResultsFromCheckpoint(in_process=False), KeepRestartPoints(sweep)],
+                                  callbacks=[ResultsFromCheckpoint(in_process=False), KeepRestartPoints(sweep),
+                                             Judged()],
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     (result,) = tuner.fit()

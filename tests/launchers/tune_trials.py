@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ray.tune import Callback
+
 from klsweep.orchestrate.trainable import run_trial
 
 if TYPE_CHECKING:
@@ -81,6 +83,16 @@ def verl_trial(config):
 
 
 verl_trial.__mixins__ = run_trial.__mixins__
+
+
+class Judged(Callback):
+    """Writes the step of each result the driver has judged (Tune calls its callbacks after the stopper and the
+    scheduler) to ``judged`` in the trial's directory, where the stand-in's ``lockstep=1`` waits for it."""
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        path = Path(trial.storage.trial_fs_path, "judged")
+        path.with_name("judged.tmp").write_text(str(result["step"]))
+        path.with_name("judged.tmp").replace(path)
 
 
 def verl_sweep_trial(config, sweep: Sweep):
