@@ -131,3 +131,31 @@ def test_resume_of_a_sweep_killed_during_its_confirmation_phase(tmp_path):
     ray_ids = [t.user_attrs["ray_trial_id"] for t in study.trials]
     assert len(set(ray_ids)) == len(ray_ids)  # each Tune trial told once
     assert "by mean over seeds" in resumed.stdout
+
+
+def test_a_confirmation_trial_a_killed_driver_left_without_params_is_adopted(tmp_path):
+    """The killed driver asked Optuna for an enqueued confirmation run (RUNNING, its user attrs set) and died before
+    the trial's params were suggested. The resumed driver's searcher adopts it and suggests the enqueued values into
+    it; its own study object had never read that trial (Optuna's cached storage raised KeyError on the trial id)."""
+    from klsweep.analysis.sweep_dir import storage_from_url
+    from klsweep.orchestrate.confirm_search import SEED_KEY, ConfirmSearch, Phase
+    from klsweep.results import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    killed = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    killed.add_trial(optuna.trial.create_trial(params={"x": 0.25}, value=0.7,
+                                               distributions={"x": optuna.distributions.FloatDistribution(0, 1)}))
+    killed.enqueue_trial({"x": 0.25, SEED_KEY: 3}, user_attrs={ATTR_CONFIRM_OF: 0, ATTR_CONFIRM_SEED: 3})
+    orphan = killed.ask()
+    assert orphan.params == {} and killed.trials[1].state == optuna.trial.TrialState.RUNNING
+
+    def space(trial):
+        trial.suggest_float("x", 0, 1)
+        return {}
+
+    search = ConfirmSearch(phase=Phase([], [orphan._trial_id]), space=space, metric="m", mode="max",
+                           study_name="s", storage=storage_from_url(url), overrides_of=lambda p: p, total_steps=4)
+    assert search.suggest("t1") == {"x": 0.25, SEED_KEY: 3}
+    stored = optuna.load_study(study_name="s", storage=url).trials
+    assert len(stored) == 2 and stored[1].params == {"x": 0.25, SEED_KEY: 3}
+    assert search.suggest("t2") == "FINISHED"

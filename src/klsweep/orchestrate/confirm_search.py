@@ -104,7 +104,11 @@ class ConfirmSearch(KlsweepSearch):
     def __init__(self, *, phase: Phase, **kwargs):
         super().__init__(**{**kwargs, "space": ConfirmSpace(kwargs["space"])})
         self._queue: list[Run] = list(phase.runs)
-        self._orphans = [optuna.Trial(self._ot_study, trial_id) for trial_id in phase.adopt]
+        # read through this searcher's own study: Optuna's cached storage knows a trial id only once it has read the
+        # trial, and suggesting a param into one it never read raises KeyError (a run the killed driver asked for)
+        adopt = set(phase.adopt)
+        self._orphans = [optuna.Trial(self._ot_study, t._trial_id)
+                         for t in self._ot_study.get_trials(deepcopy=False) if t._trial_id in adopt]
 
     def suggest(self, trial_id: str) -> dict | None:
         """The next confirmation run (or an adopted one), tagged with the Tune trial id; ``FINISHED`` when none."""
