@@ -21,8 +21,8 @@ AGG = "actor_rollout_ref.actor.loss_agg_mode"
 OBJECTIVES = [{"metric": "critic/score/mean", "mode": "max"}, {"metric": "actor/kl_loss", "mode": "min"}]
 DISTRIBUTIONS = {
     KL_COEF: optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
-    KL_TYPE: optuna.distributions.CategoricalDistribution(["low_var_kl", "kl", "k2"]),
-    AGG: optuna.distributions.CategoricalDistribution(["token-mean", "seq-mean-token-sum-norm"]),
+    KL_TYPE: optuna.distributions.CategoricalDistribution(["low_var_kl", "kl", "k2", "abs", "mse", "low_var_kl+"]),
+    AGG: optuna.distributions.CategoricalDistribution(["token-mean", "seq-mean-token-sum-norm", "seq-mean-token-mean"]),
     "data.seed": optuna.distributions.IntDistribution(0, 9),
 }
 #: Fixed overrides of every trial, with the value kinds real sweeps store (lists, None).

@@ -90,13 +90,28 @@ def test_sweep_frontier_says_why_it_cannot_fit(synthetic_sweep):
     assert minimised.frontier is None and minimised.reason == "the sweep maximises no objective: no score to fit"
 
 
-def test_sweep_frontier_refuses_mixed_kl_scales(synthetic_sweep):
-    from .conftest import FRONTIER_OBJECTIVES, KL_TYPE, frontier_specs
+def test_sweep_frontier_fits_each_kl_scale_group_apart(synthetic_sweep):
+    from .conftest import AGG, FRONTIER_OBJECTIVES, KL_TYPE, frontier_specs
 
-    specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0])
-    specs[0]["params"][KL_TYPE] = "k2"  # mse/k2: another estimator, another scale
-    result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=10)
-    assert result.frontier is None and result.reason.startswith("the trials measure KL on different scales (")
+    specs = frontier_specs([1.0, 4.0, 9.0, 16.0, 25.0, 2.0])
+    specs[5]["params"][KL_TYPE] = "k2"  # mse/k2: another estimator, another scale
+    specs[4]["params"][AGG] = "seq-mean-token-mean"  # a per-token mean like token-mean: the same scale
+    result = sweep_frontier(synthetic_sweep(specs, objectives=FRONTIER_OBJECTIVES), n_boot=50)
+    assert result.frontier is None and [g.scale for g in result.groups] == [
+        "actor/kl_loss (low_var_kl, token-mean)", "actor/kl_loss (mse, token-mean)"]
+    main, k2 = result.groups
+    # the low_var_kl group alone is the one-scale sweep of test_sweep_frontier_fits_feasible_trials_...: KL* = e**2
+    assert main.frontier is not None and main.frontier.n == 5 and main.n_configs == 5
+    assert main.frontier.best.kl_star == pytest.approx(math.e ** 2, rel=1e-6)
+    assert sorted(main.points["kl_seq"]) == pytest.approx([1.0, 4.0, 9.0, 16.0, 25.0])
+    assert k2.frontier is None and k2.n_configs == 1 and k2.points["kl_seq"].tolist() == pytest.approx([2.0])
+    assert sorted(result.points["kl_seq"]) == pytest.approx([1.0, 2.0, 4.0, 9.0, 16.0, 25.0])
+    lines = result.summary().splitlines()
+    assert lines[0] == "KL frontiers, one per KL scale (1 of 2 fitted; trials compared within a scale):"
+    assert " ".join(line.strip() for line in lines[1:-1]).startswith(
+        "actor/kl_loss (low_var_kl, token-mean) (Gao RL form, 5 trials): KL* = 7.39 nats/sequence [7.39, 7.39]")
+    assert lines[-1] == "  no frontier for actor/kl_loss (mse, token-mean): 1 feasible trial, needs 4"
+    assert all(len(line) <= 80 for line in lines)
 
 
 def test_sweep_frontier_flags_a_wide_or_extrapolated_forecast(synthetic_sweep):

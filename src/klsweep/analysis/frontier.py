@@ -7,16 +7,18 @@ trials table and histories, picks the score and the reference, and fits them.
 
 Units: verl logs KL as a per-token mean (``actor/kl_loss`` under ``token-mean``, ``actor/reward_kl_penalty``). The
 paper's KL is per sequence: :func:`frontier_paths` computes ``KL_seq = KL_token * response_length/mean`` at the
-same step. It refuses trials whose KL is on another scale (estimator, aggregation or mechanism,
-:func:`klsweep.analysis.pareto.kl_scale`), as the Pareto front does.
+same step. Trials whose KL is on different scales (estimator, aggregation or mechanism,
+:func:`klsweep.analysis.pareto.kl_scale`) are never fitted together: :func:`sweep_frontier` then fits one frontier per
+scale group (the trials that share one scale) and says why a group has none.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +49,11 @@ EXTRAPOLATION_FACTOR = 10.0
 _ACCURACY = re.compile(r"^val-(core|aux)/.+/acc/(mean|maj|best|worst)@\d+(/mean)?$")
 
 
+class MixedScalesError(ResultsError):
+    """The trials given to :func:`frontier_paths` measure KL on different scales
+    (:func:`klsweep.analysis.pareto.kl_scale`): fit the trials of one scale at a time."""
+
+
 def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each trial's path from the reference policy outwards: per-sequence KL and score at each step.
 
@@ -66,7 +73,8 @@ def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFram
         verl validates the initial policy there, before training. A trial whose history starts later is left out.
 
     Raises:
-        ResultsError: no trial logged all three at one step, or the trials measure KL on different scales.
+        ResultsError: no trial logged all three at one step.
+        MixedScalesError: the trials measure KL on different scales.
     """
     frames, firsts = [], []
     for trial_id, trial in history.groupby("trial_id", sort=False):
@@ -95,7 +103,7 @@ def frontier_paths(history: pd.DataFrame, score_metric: str, trials: pd.DataFram
     if trials is not None and "trial_id" in trials:
         scales = kl_scale(trials[trials["trial_id"].isin(out["trial_id"])]).unique()
         if len(scales) > 1:
-            raise ResultsError("the trials measure KL on different scales (" + "; ".join(sorted(scales))
+            raise MixedScalesError("the trials measure KL on different scales (" + "; ".join(sorted(scales))
                                + "): fit one estimator and aggregation at a time")
     earliest = min(step for step, _ in firsts)
     out.attrs["reference"] = float(np.median([v for step, v in firsts if step == earliest]))
@@ -137,6 +145,11 @@ class SweepFrontier:
             trials, and the steps so far of the running ones.
         running: how many of the fitted trials are still running.
         negative: steps left out for a KL below 0 (a per-token k1 estimate's noise).
+        scale: the KL scale of the fitted trials (:func:`klsweep.analysis.pareto.kl_scale`), ``""`` when unknown.
+        n_configs: how many feasible configs have a point.
+        groups: when the feasible trials span several KL scales, one :class:`SweepFrontier` per scale group (most
+            feasible configs first); this object then holds no fit of its own (``frontier`` is ``None``) and its
+            ``points``, ``stopped`` and ``paths`` are the groups' together.
     """
 
     score_metric: str | None
@@ -150,6 +163,9 @@ class SweepFrontier:
     paths: pd.DataFrame = field(default_factory=pd.DataFrame)
     running: int = 0
     negative: int = 0
+    scale: str = ""
+    n_configs: int = 0
+    groups: tuple[SweepFrontier, ...] = ()
 
     def summary(self) -> str:
         """One line: ``KL frontier (Gao RL form, N trials[ + k running]): KL* = x nats/sequence [lo, hi] (80 %), peak
@@ -160,7 +176,11 @@ class SweepFrontier:
         A fit without a finite peak says so in words, never ``inf``.
         An interval bound no resample reached reads ``unbounded``.
         A KL* bound beyond :data:`EXTRAPOLATION_FACTOR` times the largest KL reached reads ``> X (extrapolated)``.
-        The peak score of an accuracy is clipped to its range (:func:`score_range`)."""
+        The peak score of an accuracy is clipped to its range (:func:`score_range`).
+        With scale ``groups``: a head line, each fitted group's line led by its scale, then the groups without a
+        frontier and why, wrapped at 80 columns."""
+        if self.groups:
+            return _groups_summary(self.groups)
         f = self.frontier
         if f is None:
             return f"KL frontier: not fitted: {self.reason}"
@@ -201,6 +221,22 @@ class SweepFrontier:
             line += (f"; the peak interval is of the fitted curve (a mean over trials), not of single runs: a trial "
                      f"reached {reached_score:.3g} once")
         return line + "".join(f"; ⚠ {w}" for w in warnings)
+
+
+def _groups_summary(groups: Sequence[SweepFrontier]) -> str:
+    """The lines of :meth:`SweepFrontier.summary` for a sweep whose trials span several KL scales."""
+    fitted = [g for g in groups if g.frontier is not None]
+    lines = [f"KL frontiers, one per KL scale ({len(fitted)} of {len(groups)} fitted; trials compared within a "
+             "scale):"]
+    for g in fitted:
+        line = f"{g.scale} {g.summary().removeprefix('KL frontier ')}"
+        lines += textwrap.wrap(line, 80, initial_indent="  ", subsequent_indent="    ")
+    missing = [f"{g.scale}: " + (f"{g.n_configs} feasible trial{'s' * (g.n_configs != 1)}, needs {MIN_POINTS}"
+                                 if g.n_configs < MIN_POINTS else str(g.reason)) for g in groups if g.frontier is None]
+    if missing:
+        lines += textwrap.wrap("no frontier for " + "; ".join(missing), 80, initial_indent="  ",
+                               subsequent_indent="    ")
+    return "\n".join(lines)
 
 
 def _best_reached(paths: pd.DataFrame) -> float | None:
@@ -276,8 +312,10 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     Returns:
         A :class:`SweepFrontier`; its ``frontier`` is ``None`` (and ``reason`` says why) when the sweep maximises no
         objective, fewer than :data:`MIN_POINTS` feasible trials logged a KL, ``response_length/mean`` and the score
-        at one step, no KL was logged, or the trials measure KL on different scales. Steps with a KL below 0 (the
-        per-token ``kl`` (k1) estimate can end there) are left out of the fit and counted in ``negative``.
+        at one step, or no KL was logged. Steps with a KL below 0 (the per-token ``kl`` (k1) estimate can end there)
+        are left out of the fit and counted in ``negative``. When the feasible trials measure KL on different scales
+        (:func:`klsweep.analysis.pareto.kl_scale`), its ``groups`` hold one such fit per scale: the feasible and
+        stopped trials of that scale, and the running ones with that scale's searched KL settings.
 
     Raises:
         ResultsError: ``source`` is not a sweep directory.
@@ -299,6 +337,8 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     try:
         paths = frontier_paths(history[history["trial_id"].isin(fitted["trial_id"])], metric, df[ok])
         points = _points(paths, metric, df[ok])
+    except MixedScalesError:
+        return _by_scale(source, df, history, record, ok, running, level=level, n_boot=n_boot, references=references)
     except ResultsError as e:
         reason = str(e)
     try:
@@ -336,8 +376,40 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
         except ResultsError as e:  # every step of some trials below 0: too few trials left
             reason = str(e)
     n_running = int(fitted.loc[running, "trial_id"].isin(paths["trial_id"]).sum()) if len(paths) else 0
+    scales = kl_scale(df[ok]).unique() if ok.any() else []
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
-                         _seed_runs(points, df), paths, n_running, negative)
+                         _seed_runs(points, df), paths, n_running, negative, scales[0] if len(scales) == 1 else "",
+                         n_configs)
+
+
+def _by_scale(source: str | Path | tuple, df: pd.DataFrame, history: pd.DataFrame, record: SweepRecord,
+              ok: pd.Series, running: pd.Series, *, level: float, n_boot: int,
+              references: Mapping[str, float] | None) -> SweepFrontier:
+    """:func:`sweep_frontier` of a sweep whose feasible trials span several KL scales: one fit per scale group.
+
+    A group is the finished trials (feasible or not) of one :func:`~klsweep.analysis.pareto.kl_scale`, with the
+    running trials whose searched KL settings its feasible trials ran (:func:`_same_kl_settings`). Groups are
+    ordered by feasible configs with a point, most first, then by scale."""
+    metric, score_source = score_metric_of(record.objectives)
+    if references is None:
+        references = reference_scores(record.sweep.get("trainer", ""), [metric] if metric else [], df,
+                                      cache_dir=None if isinstance(source, tuple) else source)
+    done = ~running
+    scales = kl_scale(df[done])
+    groups = []
+    for scale in sorted(scales.unique()):
+        mine = df[done].index[scales == scale]
+        member = df.index.isin(mine) | (running & _same_kl_settings(df, df.loc[mine][ok.loc[mine]]))
+        group = sweep_frontier((df[member], history, record), level=level, n_boot=n_boot, references=references)
+        groups.append(replace(group, scale=scale))
+    groups.sort(key=lambda g: (-g.n_configs, g.scale))
+    parts = [(g.points, g.stopped, g.paths) for g in groups]
+    points, stopped, paths = (pd.concat([p[i] for p in parts if len(p[i])], ignore_index=True)
+                              if any(len(p[i]) for p in parts) else pd.DataFrame() for i in range(3))
+    first = next((g for g in groups if g.reference_source), groups[0])
+    return SweepFrontier(metric, score_source, first.reference_source, points, stopped, None, None, paths=paths,
+                         running=sum(g.running for g in groups), negative=sum(g.negative for g in groups),
+                         n_configs=sum(g.n_configs for g in groups), groups=tuple(groups))
 
 
 #: verl keys (last component) that set the scale a trial's KL is measured on (:func:`klsweep.analysis.pareto.kl_scale`).

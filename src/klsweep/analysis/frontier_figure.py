@@ -58,7 +58,16 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
     The axis ends at 1.3 × the largest KL drawn, or at 1.1 × KL* when KL* lies within 3 × that KL.
     The reference score sits at ``d = 0``; KL* is drawn with its interval as a band, and the peak.
     The x axis is per-sequence KL in nats (verl's per-token KL × ``response_length/mean``).
+    When the trials span several KL scales (``result.groups``), it draws one scale group, the first fitted one (most
+    feasible trials), names its scale in the title, and the notes give every group's line.
     """
+    if result.groups:
+        shown = next((g for g in result.groups if g.frontier is not None), result.groups[0])
+        data = frontier_data(shown, points)
+        data.title = f"KL frontier of {shown.scale}: {result.score_metric or 'no score'} vs per-sequence KL"
+        data.notes = [n for n in data.notes if n != shown.summary()] + result.summary().splitlines()
+        data.notes.append(f"drawn: the trials of {shown.scale} only (trials on other KL scales are not comparable)")
+        return data
     title = f"KL frontier: {result.score_metric or 'no score'} vs per-sequence KL"
     x_label = f"per-sequence KL to the reference policy (nats) = verl's per-token KL × {RESPONSE_LENGTH}"
     fitted, stopped = result.points, result.stopped

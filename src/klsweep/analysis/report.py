@@ -272,7 +272,7 @@ rule); budget {max_steps} steps per trial, {gpu:g} GPU per trial.</p>
 KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
 <h3>Front trials and the command that reruns each</h3>{front_block}
 <h2 id="confirmation">Confirmation: ranking by mean over seeds</h2>{_confirmation_block(confirmed)}
-<h2 id="frontier">KL frontier</h2><p>{html.escape(frontier)}</p>{fig('frontier')}
+<h2 id="frontier">KL frontier</h2><p>{html.escape(frontier).replace(chr(10), "<br>")}</p>{fig('frontier')}
 <h2 id="curves">Curves</h2>{fig('curves')}
 <h2 id="importance">Parameter importance</h2>{fig('importance')}
 <h2 id="knobs">KL knobs</h2>{fig('knobs')}{fig('slice')}
