@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from klsweep.health.signals import first_present
-from klsweep.orchestrate.rule_stopper import RuleStopper
-from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_KIND_OBJECTIVE
+from klsweep.orchestrate.rule_stopper import RuleStopper, result_step
+from klsweep.results import HEALTH, STOP_KIND, STOP_KIND_OBJECTIVE
 from klsweep.spec.schema import FateStop
 from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
 
@@ -56,14 +56,10 @@ def signal_readers(names: Sequence[str], placement: str) -> dict[str, Reader]:
     readers: dict[str, Reader] = {}
     for name in names:
         if name == "kl" and keys:
-            readers[name] = functools.partial(_first, keys=keys)
+            readers[name] = functools.partial(first_present, keys=keys)
         elif name == "proxy_gap":
             readers[name] = _proxy_gap
     return readers
-
-
-def _first(metrics: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, float] | None:
-    return first_present(metrics, keys)
 
 
 def _proxy_gap(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -217,8 +213,8 @@ class FateStopper(RuleStopper):
     def stopped(self, trial_id: str, result: dict) -> None:
         """Another stopper stopped the trial on ``result``: a health stop makes it a known failure."""
         if result.get(HEALTH) == "stopped" and result.get(STOP_KIND) != STOP_KIND_OBJECTIVE:
-            step = result.get(STEP, result.get("training_iteration"))
-            if isinstance(step, (int, float)):
+            step = result_step(result)
+            if step is not None:
                 self.rule.record(trial_id, step, result)
             self.rule.fail(trial_id)
         else:

@@ -15,6 +15,12 @@ from klsweep.health.stopper import REMEDY_NOTE
 from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
 
 
+def result_step(result: dict) -> float | None:
+    """The step of a Tune result: ``step``, else ``training_iteration``; None when neither is a number."""
+    step = result.get(STEP, result.get("training_iteration"))
+    return step if isinstance(step, (int, float)) else None
+
+
 class RuleStopper(Stopper):
     """A per-trial Ray Tune stopper around a rule on plain numbers; never stops the whole experiment."""
 
@@ -27,8 +33,8 @@ class RuleStopper(Stopper):
 
         A result without a numeric step, or on which the health stopper planned a remedy, is not judged.
         """
-        step = result.get(STEP, result.get("training_iteration"))
-        if not isinstance(step, (int, float)) or result.get(REMEDY_NOTE):
+        step = result_step(result)
+        if step is None or result.get(REMEDY_NOTE):
             return False
         reason = self.judge(trial_id, step, result)
         if reason is None:
