@@ -25,7 +25,6 @@ from pathlib import Path
 
 import optuna
 import pandas as pd
-import psutil
 import pytest
 
 from klsweep.errors import ClusterError
@@ -34,6 +33,7 @@ from klsweep.launchers.multinode import check_cluster, trials_that_fit
 from klsweep.launchers.process import trial_command
 from klsweep.launchers.resume import repair_tracker
 from klsweep.spec import load_sweep
+from tests.launchers.conftest import alive
 
 REPO = Path(__file__).resolve().parents[2]
 STANDINS = REPO / "tests" / "standins"
@@ -154,13 +154,6 @@ def _resume_step(checkpoints: Path) -> int:
     text = (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip()
     return int(text) if text else max(int(c.parent.name.removeprefix("global_step_"))
                                       for c in checkpoints.glob("global_step_*/actor"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _trial_pids(out: Path) -> list[int]:
@@ -324,7 +317,7 @@ def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_jo
     ended_s = _last_beat(stopped) - (stopped / "exit.json").stat().st_mtime
     print(f"health stop: the job's last worker beat {ended_s:+.1f} s from the end of its tree")
     assert ended_s < 5.0
-    assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
+    assert [pid for pid in _trial_pids(out) if alive(pid)] == []
 
 
 def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_checkpoints(cluster, tmp_path):
@@ -345,9 +338,9 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
         killed = time.monotonic()
         pids = _trial_pids(out)
         assert len(pids) == 2 * (3 + 2)  # per trial: its Ray worker, supervisor, main_ppo and 2 verl workers
-        while [p for p in pids if _alive(p)] and time.monotonic() - killed < 30:
+        while [p for p in pids if alive(p)] and time.monotonic() - killed < 30:
             time.sleep(0.2)
-        assert [p for p in pids if _alive(p)] == [], "a trial's process outlived the killed driver"
+        assert [p for p in pids if alive(p)] == [], "a trial's process outlived the killed driver"
         gone_s = time.monotonic() - killed
         print(f"driver SIGKILL: every process of both trials gone within {gone_s:.1f} s")
     finally:
@@ -361,7 +354,7 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
         assert _steps(trial / "attempt-2")[0] == checkpointed[coef] + 1  # verl resumed from its checkpoint
         assert json.loads((trial / "result.json").read_text().splitlines()[-1])["step"] == 6
     assert [t.state for t in _studies(out)] == [optuna.trial.TrialState.COMPLETE] * 2
-    assert [pid for pid in _trial_pids(out) if _alive(pid)] == []
+    assert [pid for pid in _trial_pids(out) if alive(pid)] == []
 
 
 #: A driver on the cluster (as ``sweep resume`` and ``sweep run`` are): ends the jobs recorded under argv[2], then
@@ -401,7 +394,7 @@ def test_a_job_a_lost_supervisor_left_running_is_ended_and_a_path_a_node_lacks_i
         said = json.loads(done.stdout.strip().splitlines()[-1])
         assert said["stopped"] == [str(run_dir)]
         assert json.loads((run_dir / "exit.json").read_text())["reason"] == "stopped"
-        assert not _alive(handle.pid) and not _alive(handle.supervisor_pid)
+        assert not alive(handle.pid) and not alive(handle.supervisor_pid)
         assert said["refused"].startswith("a multi-node trial reads its data and model on every node it spans, but "
                                           f"these paths are missing on nodes of this Ray cluster: {tmp_path}/w/model "
                                           "on ")
