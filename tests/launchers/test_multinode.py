@@ -321,7 +321,9 @@ def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_jo
 
 
 def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_checkpoints(cluster, tmp_path):
-    sweep = _sweep_file(tmp_path / "w", per_node=1, steps=6, stop_above=1.0)  # 1 GPU per node: both fit at once
+    # 1 GPU per node: both fit at once. 24 steps: under load the two trials start seconds apart, and one that ran all
+    # its steps before the kill would have nothing left to resume (attempt-2 then logs no step; CI met this at 6)
+    sweep = _sweep_file(tmp_path / "w", per_node=1, steps=24, stop_above=1.0)
     out = tmp_path / "out"
     driver = _sweep("run", str(sweep), "--address", cluster, "--out", str(out), wait=False)
     try:
@@ -351,8 +353,9 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
     result = _sweep("resume", str(out), "--address", cluster)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     for coef, trial in _trials(out).items():
-        assert _steps(trial / "attempt-2")[0] == checkpointed[coef] + 1  # verl resumed from its checkpoint
-        assert json.loads((trial / "result.json").read_text().splitlines()[-1])["step"] == 6
+        # verl resumed from its checkpoint and ran the rest
+        assert _steps(trial / "attempt-2") == list(range(checkpointed[coef] + 1, 25))
+        assert json.loads((trial / "result.json").read_text().splitlines()[-1])["step"] == 24
     assert [t.state for t in _studies(out)] == [optuna.trial.TrialState.COMPLETE] * 2
     assert [pid for pid in _trial_pids(out) if alive(pid)] == []
 
