@@ -158,6 +158,19 @@ def test_steps_logged_but_never_received_are_reported_on_resume(verl_standin, tm
         [0.1 * 1.02 ** (s - 1) for s in range(5, 11)], rel=1e-12)
 
 
+def test_a_run_that_ended_before_the_driver_recorded_it_starts_no_process_on_resume(verl_standin, tmp_path):
+    """A driver SIGKILLed after a trial's verl ran all 10 steps (its checkpoint: step 10) but before Tune received
+    steps 9 and 10. ``sweep resume`` restores the trial from Tune's checkpoint of step 8: the two steps come from the
+    first attempt's file, and no second attempt starts (verl would load step 10, log nothing and exit)."""
+    first: list[dict] = []
+    run_process_trial(ADAPTIVE, trainer=verl_standin, trial_dir=tmp_path, report=first.append)
+    assert [m["step"] for m in first] == list(range(1, 11)) and checkpointed_step(tmp_path / "checkpoints") == 10
+    later: list[dict] = []
+    run_process_trial(ADAPTIVE, trainer=verl_standin, trial_dir=tmp_path, report=later.append, reported_to=8)
+    assert later == first[8:]
+    assert sorted(p.name for p in tmp_path.glob("attempt-*")) == ["attempt-1"]
+
+
 @pytest.mark.slow  # two runs of the stand-in, each starting its own Ray as verl's main_ppo does
 def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_standin, tmp_path):
     """A KL runaway (the stand-in's KL = 0.5 × step × 0.01 / β) passes 0.3 at step 7, where Tune pauses the trial

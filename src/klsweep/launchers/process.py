@@ -43,6 +43,7 @@ from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.resume import (
     CHECKPOINTS_KEPT,
     SAVE_FREQ_KEY,
+    checkpointed_step,
     logged_steps,
     repair_tracker,
     resume_overrides,
@@ -218,7 +219,8 @@ def run_process_trial(
         reported_to: the last step Tune holds for this trial (the step of the checkpoint it restored the trial from,
             0 on a fresh start). Logged steps after it (a driver killed before it received them) are reported
             first, from the attempts' files, then the new attempt's steps after the last logged one. None: report
-            only steps after the last logged one.
+            only steps after the last logged one. A verl trial whose checkpoint is of its last step starts no
+            process: it reports those steps and ends.
         gpu_ids, cpus: the trial's GPUs and CPUs; default: what Ray assigned to the calling worker
             (:func:`trial_command`).
         keep_checkpoints: the retention policy of a verl trial's checkpoint once it ran to its last step
@@ -277,6 +279,9 @@ def run_process_trial(
             steps.line(step, logged[step])
     else:
         steps = StepReports(report, last_step=max(logged, default=0))
+    if runs_verl(trainer) and not rewound and _ran_to_the_end(trial_dir, overrides):
+        _finished(steps, trial_dir, sweep, keep_checkpoints)  # a killed driver missed the end: nothing left to run
+        return
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
         if rewound and retry == 0:
@@ -293,14 +298,30 @@ def run_process_trial(
                               isolate=verl and own_ray(argv), startup_gpus=(gpu_ids or []) if verl else [],
                               record_node=job_address is not None)
         if failure is None:
-            steps.finish()
-            if runs_verl(trainer) and (sweep is not None or keep_checkpoints is not None):
-                objectives = [(o.metric, o.mode) for o in sweep.objectives] if sweep is not None else []
-                retain_finished(trial_dir, objectives, policy(keep_checkpoints))
+            _finished(steps, trial_dir if verl else None, sweep, keep_checkpoints)
             return
         failure.save(trial_dir / "failure.json")
         if not failure.retryable or retry == retries:
             raise TrialFailed(failure.kind, failure.message)
+
+
+def _ran_to_the_end(trial_dir: Path, overrides: Mapping[str, Any]) -> bool:
+    """Whether verl's checkpoint in ``trial_dir`` is of the run's last step (``trainer.total_training_steps``).
+
+    verl saves it at the last step (``is_last_step`` in ``fit``, verl/trainer/ppo/v1/trainer_base.py), so a run
+    that ended before the sweep driver recorded it (a SIGKILL of the driver) has no step left: verl started again
+    would load the checkpoint, log no step and exit."""
+    total = overrides.get("trainer.total_training_steps")
+    return isinstance(total, int) and total > 0 and checkpointed_step(trial_dir / "checkpoints") >= total
+
+
+def _finished(steps: StepReports, verl_dir: Path | None, sweep: Sweep | None, keep: str | None) -> None:
+    """End a trial that ran to its last step: its last report, then, for a verl trial (``verl_dir``), the retention
+    of its checkpoints (:func:`klsweep.launchers.checkpoints.retain_finished`) when a sweep or policy is given."""
+    steps.finish()
+    if verl_dir is not None and (sweep is not None or keep is not None):
+        objectives = [(o.metric, o.mode) for o in sweep.objectives] if sweep is not None else []
+        retain_finished(verl_dir, objectives, policy(keep))
 
 
 def _report_with_step_checkpoint(metrics: dict[str, Any]) -> None:
