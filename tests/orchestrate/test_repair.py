@@ -1,14 +1,22 @@
 """The repair of Tune's saved search state after a SIGKILL of the driver (klsweep.orchestrate._repair), on the files as
-Ray Tune 2.60 writes them (experiment_state JSON, cloudpickled search_gen_state) and a real Optuna study."""
+Ray Tune 2.60 writes them (experiment_state JSON, cloudpickled search_gen_state), a real Tune run and a real Optuna
+study."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import optuna
 import ray.cloudpickle as cloudpickle
+from ray import tune
+from ray.train._internal.session import _TrainingResult
+from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-from klsweep.orchestrate._repair import reconcile_search_state
+from klsweep.orchestrate._repair import drop_lost_checkpoints, reconcile_search_state
+from klsweep.orchestrate.result_json import ResultsFromCheckpoint
 
 
 def _experiment_state(tune, trials: dict[str, str]) -> None:
@@ -58,3 +66,87 @@ def test_a_trial_that_ran_unknown_to_tune_counts_against_the_budget(tmp_path):
 
     state = cloudpickle.loads(gen.read_bytes())
     assert state["counter"] == 2 and state["name:ConcurrencyLimiter"]["live_trials"] == set()
+
+
+def _count_to_3(config):
+    """Reports steps 1..3 (klsweep's ``step``), each with a checkpoint of its step; a restored run starts after its
+    checkpoint's step. With ``config["crash"]``, a file that exists, it deletes the file and raises after step 2."""
+    start = 0
+    if (checkpoint := tune.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as folder:
+            start = json.loads(Path(folder, "step.json").read_text())["step"]
+    for i in range(start + 1, 4):
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "step.json").write_text(json.dumps({"step": i}))
+            tune.report({"step": i, "start": start}, checkpoint=tune.Checkpoint.from_directory(folder))
+        if i == 2 and config.get("crash") and Path(config["crash"]).exists():
+            Path(config["crash"]).unlink()
+            raise RuntimeError("crash")
+
+
+def _killed_driver_state(exp: Path, names=None) -> tuple[dict, Path]:
+    """Set the one trial of the Tune experiment ``exp`` back to RUNNING in its saved state, as a SIGKILLed driver
+    leaves it; with ``names``, a checkpoint folder name, its checkpoint list becomes that checkpoint alone, with
+    the metrics ``result.json`` logged with it. Returns the trial's JSON and its folder."""
+    (state_file,) = exp.glob("experiment_state-*.json")
+    state = json.loads(state_file.read_text())
+    ((trial_json, metadata_json),) = state["trial_data"]
+    trial = json.loads(trial_json)
+    folder = exp / trial["relative_logdir"]
+    state["trial_data"][0][0] = json.dumps(trial | {"status": "RUNNING"})
+    if names is not None:
+        metadata = _TrainingRunMetadata.from_json_state(metadata_json)
+        rows = [json.loads(line) for line in (folder / "result.json").read_text().splitlines()]
+        (row,) = [r for r in rows if r["checkpoint_dir_name"] == names]
+        manager = metadata.checkpoint_manager
+        manager._latest_checkpoint_result = _TrainingResult(tune.Checkpoint(str(folder / names)), row)
+        manager._checkpoint_results = [manager._latest_checkpoint_result]
+        metadata.checkpoint_manager = manager
+        state["trial_data"][0][1] = metadata.get_json_state()
+    state_file.write_text(json.dumps(state))
+    return trial, folder
+
+
+def _restore(exp: Path) -> tuple[dict, list[tuple[int, int]]]:
+    """Resume the experiment; its one trial's last metrics and its ``result.json`` rows as (step, start)."""
+    results = tune.Tuner.restore(str(exp), trainable=_count_to_3, resume_unfinished=True).fit()
+    assert results.errors == []
+    rows = [json.loads(line) for line in Path(results[0].path, "result.json").read_text().splitlines()]
+    return results[0].metrics, [(row["step"], row["start"]) for row in rows]
+
+
+def test_a_checkpoint_tunes_saved_state_names_but_storage_lost_is_dropped_and_the_trial_runs(ray_local, tmp_path):
+    """With num_to_keep=1 the driver deletes a trial's previous checkpoint once it registers the next, and saves its
+    state only every few seconds: a SIGKILL between leaves a state that names a deleted checkpoint. Here: a finished
+    run's state, its trial set back to RUNNING and its checkpoint deleted. ``Tuner.restore`` would end the trial in
+    ERROR ("Could not recover from checkpoint"); after the repair it runs again from its start, and its
+    ``result.json`` (klsweep's logger) holds each step once."""
+    config = tune.RunConfig(storage_path=str(tmp_path), name="exp", callbacks=[ResultsFromCheckpoint()],
+                            checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
+    assert tune.Tuner(_count_to_3, run_config=config).fit().errors == []
+    trial, folder = _killed_driver_state(tmp_path / "exp")
+    (checkpoint,) = folder.glob("checkpoint_*")
+    shutil.rmtree(checkpoint)
+
+    assert drop_lost_checkpoints(str(tmp_path / "exp")) == [trial["trial_id"]]
+    assert drop_lost_checkpoints(str(tmp_path / "exp")) == []  # nothing left to drop
+    last, rows = _restore(tmp_path / "exp")
+    assert (last["step"], last["start"]) == (3, 0)
+    assert rows == [(1, 0), (2, 0), (3, 0)]
+
+
+def test_a_lost_checkpoint_becomes_the_newer_one_the_driver_registered_before_its_kill(ray_local, tmp_path):
+    """The state names step 1's checkpoint, which the driver deleted once it registered step 2's (logged in
+    ``result.json``): the trial resumes from step 2's and runs step 3 alone."""
+    crash = tmp_path / "crash"
+    crash.touch()
+    config = tune.RunConfig(storage_path=str(tmp_path), name="exp", callbacks=[ResultsFromCheckpoint()],
+                            checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
+    assert len(tune.Tuner(_count_to_3, param_space={"crash": str(crash)}, run_config=config).fit().errors) == 1
+    trial, folder = _killed_driver_state(tmp_path / "exp", names="checkpoint_000000")
+    assert sorted(p.name for p in folder.glob("checkpoint_*")) == ["checkpoint_000001"]
+
+    assert drop_lost_checkpoints(str(tmp_path / "exp")) == [trial["trial_id"]]
+    last, rows = _restore(tmp_path / "exp")
+    assert (last["step"], last["start"]) == (3, 2)
+    assert rows == [(1, 0), (2, 0), (3, 2)]

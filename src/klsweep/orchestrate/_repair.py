@@ -13,6 +13,12 @@ and **Optuna 5.0.0**; ``pyproject.toml`` pins both, and this module must be re-c
   ``num_unfinished_live_trials`` (``ray/tune/search/search_generator.py``, ``concurrency_limiter.py``).
 - ``<tune>/searcher-state-*.pkl``: the pickled ``__dict__`` of ``OptunaSearch``, whose ``_ot_trials`` maps Tune
   trial ids to Optuna trials (``ray/tune/search/optuna/optuna_search.py``).
+- ``trial_data``'s ``metadata`` is ``_TrainingRunMetadata.get_json_state`` (``ray/tune/trainable/metadata.py``); its
+  ``checkpoint_manager`` is a ``_CheckpointManager`` (``ray/train/_internal/checkpoint_manager.py``) whose private
+  ``_checkpoint_results`` and ``_latest_checkpoint_result`` hold ``_TrainingResult`` (checkpoint, metrics); whether
+  a checkpoint exists is ``_exists_at_fs_path`` (``ray/train/_internal/storage.py``), as ``Trainable.restore`` asks.
+  ``_TrainingResult`` is in ``ray/train/_internal/session.py``; a checkpoint's metrics are its reported result,
+  the row ``JsonLoggerCallback`` writes to ``result.json`` with its ``checkpoint_dir_name``.
 - Optuna: ``Study._storage`` with ``set_trial_user_attr`` / ``set_trial_state_values``, and ``FrozenTrial._trial_id``
   (``optuna/storages/_base.py``), to finish a trial another process asked.
 
@@ -27,6 +33,10 @@ from pathlib import Path
 
 import optuna
 import ray.cloudpickle as cloudpickle
+from ray.train._internal.session import _TrainingResult
+from ray.train._internal.storage import _exists_at_fs_path
+from ray.tune.result import EXPR_RESULT_FILE
+from ray.tune.trainable.metadata import _TrainingRunMetadata
 
 from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON
 
@@ -69,6 +79,77 @@ def close_told_trials(tune_path: str, study) -> None:
                 changed = True
         if changed:
             state_file.write_text(json.dumps(data))
+
+
+def drop_lost_checkpoints(tune_path: str) -> list[str]:
+    """Replace, in Tune's saved experiment state, the trials' checkpoints that are gone from storage.
+
+    With ``CheckpointConfig(num_to_keep=1)`` the driver deletes a trial's previous checkpoint as soon as it registers
+    a new one, and saves its experiment state only every few seconds. A SIGKILL between the two leaves a state that
+    names a deleted checkpoint; ``Trainable.restore`` raises on it ("Could not recover from checkpoint") and the
+    resumed trial ends in ERROR. The lost entries are dropped; a lost latest checkpoint becomes the newest one still
+    on storage that the trial's ``result.json`` logged (its row is the checkpoint's metrics), else the newest entry
+    left, else none: an in-process trial then runs again from step 1, a verl trial reports the steps its files
+    logged and resumes verl's own checkpoint.
+
+    Returns:
+        The ids of the trials whose checkpoints changed.
+    """
+    changed_ids: list[str] = []
+    for state_file in Path(tune_path).glob("experiment_state-*.json"):
+        data = json.loads(state_file.read_text())
+        changed = False
+        for entry in data.get("trial_data", []):
+            metadata = _TrainingRunMetadata.from_json_state(entry[1])
+            manager = metadata.checkpoint_manager
+            if manager is None:
+                continue
+            kept = [r for r in manager._checkpoint_results if _stored(r)]
+            latest = manager._latest_checkpoint_result
+            if len(kept) == len(manager._checkpoint_results) and (latest is None or _stored(latest)):
+                continue
+            if latest is not None and not _stored(latest):
+                latest = _newest_logged(latest) or (kept[-1] if kept else None)
+                if latest is not None and all(r.checkpoint.path != latest.checkpoint.path for r in kept):
+                    kept.append(latest)
+            manager._checkpoint_results, manager._latest_checkpoint_result = kept, latest
+            metadata.checkpoint_manager = manager  # invalidates the cached JSON
+            entry[1] = metadata.get_json_state()
+            changed = True
+            changed_ids.append(json.loads(entry[0]).get("trial_id"))
+        if changed:
+            state_file.write_text(json.dumps(data))
+    return changed_ids
+
+
+def _stored(result) -> bool:
+    """Whether the checkpoint of a ``_TrainingResult`` is still on its storage."""
+    return _exists_at_fs_path(result.checkpoint.filesystem, result.checkpoint.path)
+
+
+def _newest_logged(lost):
+    """The newest checkpoint in the folder of the ``_TrainingResult`` ``lost`` that is on storage and has a row in
+    the folder's ``result.json`` (``checkpoint_dir_name``), as a ``_TrainingResult`` with that row as its metrics;
+    None when there is none."""
+    fs, folder = lost.checkpoint.filesystem, lost.checkpoint.path.rsplit("/", 1)[0]
+    try:
+        with fs.open_input_stream(f"{folder}/{EXPR_RESULT_FILE}") as stream:
+            lines = stream.read().decode(errors="replace").splitlines()
+    except (FileNotFoundError, OSError):
+        return None
+    rows = {}
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a killed driver's half-written last line
+            continue
+        if isinstance(row, dict) and isinstance(row.get("checkpoint_dir_name"), str):
+            rows[row["checkpoint_dir_name"]] = row
+    for name in sorted(rows, reverse=True):
+        checkpoint = type(lost.checkpoint)(f"{folder}/{name}", filesystem=fs)
+        if _exists_at_fs_path(fs, checkpoint.path):
+            return _TrainingResult(checkpoint=checkpoint, metrics=rows[name])
+    return None
 
 
 def reconcile_search_state(tune_path: str, study) -> None:

@@ -27,7 +27,8 @@ class ResultsFromCheckpoint(JsonLoggerCallback):
     reports them again. An in-process trial runs them again from its checkpoint; a verl trial reports the steps
     its files logged after the checkpoint's step (:func:`klsweep.launchers.process.run_process_trial`'s
     ``reported_to``), or runs them again from verl's checkpoint a remedy rewound to
-    (:func:`klsweep.launchers.resume.rewind`). Passed in the run config's callbacks, it replaces Ray's default.
+    (:func:`klsweep.launchers.resume.rewind`). A trial restored without a checkpoint reports every step again, so
+    its file starts empty. Passed in the run config's callbacks, it replaces Ray's default.
 
     Args:
         in_process: the sweep's trainer runs in the Tune worker (:attr:`klsweep.trainers.TrainerKind.in_process`);
@@ -45,9 +46,9 @@ class ResultsFromCheckpoint(JsonLoggerCallback):
         if not (local.is_file() and local.stat().st_size):  # a new driver (sweep resume): the storage's copy
             super()._restore_from_remote(file_name, trial)
         checkpoint = trial.latest_checkpoint_result
-        if file_name != EXPR_RESULT_FILE or not local.is_file() or checkpoint is None:
+        if file_name != EXPR_RESULT_FILE or not local.is_file():
             return
-        last = checkpoint.metrics.get(STEP, 0)
+        last = checkpoint.metrics.get(STEP, 0) if checkpoint is not None else 0
         kept = [line for line in local.read_text().splitlines() if _step_of(line, last + 1) <= last]
         tmp = local.with_name(local.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
