@@ -35,12 +35,19 @@ over all sweeps (mean with a bootstrap 95 % interval, rates with Wilson 95 % int
 * to within noise: trial-steps until the first trial that ran its whole budget healthy at a grid point within seed
   noise of the true best (healthy in every seed, mean ≥ best mean − best seed sd: ``search_efficiency.py``'s
   measure); a sweep that never gets there counts all its steps (a lower bound). The last line of each trial count
-  gives random ÷ klsweep of its mean (bootstrap 95 % interval).
+  gives random ÷ klsweep of its mean (bootstrap 95 % interval), then per file: klsweep's and random's means, where
+  klsweep's steps before that trial went (health-stopped trials, trials its other stoppers stopped, trials that ran
+  their whole budget off the target), and its bound: the same trials with every one before the hit stopped at its
+  first validation (a clairvoyant stopper under klsweep's sampler).
 
 The clairvoyant line: on the ``klsweep`` arm's trials, every trial whose full run ends in the lower half of its
 sweep's range stopped at its first validation.
 
-    python benchmarks/peers.py [--sweeps 40] [--first-seed 0] [--trials 16 32] [--arms klsweep tpe ...] [TABLE ...]
+    python benchmarks/peers.py [--sweeps 40] [--first-seed 0] [--trials 16 32] [--arms klsweep tpe ...]
+        [--set KEY=VALUE ...] [TABLE ...]
+
+``--set``: sweep-file overrides of klsweep's arms (e.g. ``'stopping={median: on, fate: {margin: 0}}'``), to
+try a setting against the same peers; a ``sampler=`` override leaves a ``sampler: grid`` file's grid alone.
 """
 
 from __future__ import annotations
@@ -120,6 +127,10 @@ ARMS = {a.name: a for a in [
 ]}
 
 
+#: ``--set``: sweep-file overrides of the arms that run the file's own sampler (klsweep's)
+SETTINGS: list[str] = []
+
+
 @dataclass
 class _Trial:
     """What Ray's ASHA reads of a trial."""
@@ -135,6 +146,9 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
     ``reason`` (a median or fate stop's text, else None)."""
     header = load_table(str(table)).header
     args = [f"seed={seed}", f"budget.trials={trials}", *arm.stopping]
+    if arm.sampler == "file":
+        grid = load_sweep(REPO / header["source"]).sampler.name == "grid"
+        args += [o for o in SETTINGS if not (grid and o.startswith("sampler="))]
     sweep = load_sweep(REPO / header["source"], args)
     sweep = load_sweep(REPO / header["source"], [*args, *recorded_values(sweep, header)])
     objective = sweep.objectives[0]
@@ -249,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--trials", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="sweep-file override of klsweep's arms (repeatable)")
     parser.add_argument("tables", nargs="*", type=Path)
     args = parser.parse_args(argv)
+    SETTINGS[:] = args.set
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # WilcoxonPruner
     tables = args.tables or sorted((REPO / "benchmarks" / "tabular").glob("*.jsonl.gz"))
@@ -273,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         floors: list[float] = []
         clairvoyant: list[float] = []
         false_stops: dict[str, list[int]] = {}  # stopper → [false, all] on the klsweep arm
+        per_file: dict[str, dict[str, list[float]]] = {}  # file → klsweep / random / split and bound of klsweep's
         for name in args.arms:
             start = time.perf_counter()
             saved, regret, no_answer, unhealthy, answers, best_tried, best_stopped = [], [], 0, 0, 0, 0, 0
@@ -290,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
                         regret.append(best - means[answer["point"]])
                         unhealthy += not healthy[answer["point"]]
                     costs.append(_steps_to(sweep, good[table]))
+                    row = per_file.setdefault(table.name.split(".")[0], {})
+                    row.setdefault(name, []).append(costs[-1])
+                    if name == "klsweep":
+                        for key, value in _before_hit(sweep, good[table]).items():
+                            row.setdefault(key, []).append(value)
                     tried = [t for t in sweep if t["point"] == best_point]
                     best_tried += bool(tried)
                     best_stopped += any(t["stopped"] for t in tried)
@@ -319,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = ratio_interval(to_good["random"], to_good["klsweep"])
             ratio = statistics.fmean(to_good["random"]) / statistics.fmean(to_good["klsweep"])
             print(f"trial-steps to a within-noise config, random ÷ klsweep: {ratio:.2f} [{lo:.2f}, {hi:.2f}]")
+            bound = [v for row in per_file.values() for v in row["bound"]]
+            lo, hi = ratio_interval(to_good["random"], bound)
+            print(f"  bound (klsweep's trials, each before the hit stopped at its first validation): random ÷ "
+                  f"{statistics.fmean(to_good['random']) / statistics.fmean(bound):.2f} [{lo:.2f}, {hi:.2f}]")
+            print("  | file | klsweep | random | health-stopped | other stops | finished off target | the hit | "
+                  "bound |")
+            for file, row in per_file.items():
+                print(f"  | {file} | " + " | ".join(f"{statistics.fmean(row[k]):.0f}" for k in (
+                    "klsweep", "random", "health", "stopped", "finished", "hit", "bound")) + " |")
     return 0
 
 
@@ -331,6 +363,22 @@ def _steps_to(sweep: list[dict], good: set[int]) -> float:
         if t["stopped"] is None and t["point"] in good:
             break
     return used
+
+
+def _before_hit(sweep: list[dict], good: set[int]) -> dict[str, float]:
+    """Where :func:`_steps_to`'s steps went: ``health`` (health-stopped trials), ``stopped`` (other stops),
+    ``finished`` (trials run to their end off ``good``), ``hit``; ``bound``: the same trials with each one before
+    the hit stopped at its first validation."""
+    split = dict.fromkeys(("health", "stopped", "finished", "hit", "bound"), 0.0)
+    for i, t in enumerate(sweep):
+        if t["stopped"] is None and t["point"] in good:
+            split["hit"] = t["used"]
+            split["bound"] = t["used"] + sum(min(u["used"], u["first"]) for u in sweep[:i])
+            break
+        split["health" if t["stopped"] == "health" else "stopped" if t["stopped"] else "finished"] += t["used"]
+    else:
+        split["bound"] = sum(t["used"] for t in sweep)
+    return split
 
 
 def _floor_point(table: Path, seed: int) -> int:
