@@ -171,6 +171,22 @@ def test_a_run_that_ended_before_the_driver_recorded_it_starts_no_process_on_res
     assert sorted(p.name for p in tmp_path.glob("attempt-*")) == ["attempt-1"]
 
 
+def test_a_run_killed_between_its_last_save_and_its_last_log_runs_its_last_step_again(verl_standin, tmp_path):
+    """verl saves step 10, then logs it: a kill between leaves checkpoint 10 and no step-10 line. The resume reports
+    step 9 from the file and runs again from verl's checkpoint of step 8 to get step 10's metrics."""
+    kept = ADAPTIVE | {"trainer.save_freq": 2, "trainer.max_actor_ckpt_to_keep": 3,
+                       "trainer.max_critic_ckpt_to_keep": 3}
+    first: list[dict] = []
+    run_process_trial(kept, trainer=verl_standin, trial_dir=tmp_path, report=first.append)
+    metrics = attempt_dir(tmp_path, 1) / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()[:-1]))  # no step 10
+    later: list[dict] = []
+    run_process_trial(kept, trainer=verl_standin, trial_dir=tmp_path, report=later.append, reported_to=8)
+    assert [m["step"] for m in later] == [9, 10] and later[0] == first[8]
+    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))] == [9, 10]  # from global_step_8
+    assert later[1]["actor/reward_kl_penalty_coeff"] == pytest.approx(first[9]["actor/reward_kl_penalty_coeff"])
+
+
 @pytest.mark.slow  # two runs of the stand-in, each starting its own Ray as verl's main_ppo does
 def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_standin, tmp_path):
     """A KL runaway (the stand-in's KL = 0.5 × step × 0.01 / β) passes 0.3 at step 7, where Tune pauses the trial

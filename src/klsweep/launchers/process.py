@@ -44,6 +44,7 @@ from klsweep.launchers.resume import (
     CHECKPOINTS_KEPT,
     SAVE_FREQ_KEY,
     checkpointed_step,
+    has_checkpoint,
     logged_steps,
     repair_tracker,
     resume_overrides,
@@ -220,7 +221,8 @@ def run_process_trial(
             0 on a fresh start). Logged steps after it (a driver killed before it received them) are reported
             first, from the attempts' files, then the new attempt's steps after the last logged one. None: report
             only steps after the last logged one. A verl trial whose checkpoint is of its last step starts no
-            process: it reports those steps and ends.
+            process: it reports those steps and ends (or, when the last step was never logged, runs again from
+            the checkpoint before it).
         gpu_ids, cpus: the trial's GPUs and CPUs; default: what Ray assigned to the calling worker
             (:func:`trial_command`).
         keep_checkpoints: the retention policy of a verl trial's checkpoint once it ran to its last step
@@ -279,9 +281,14 @@ def run_process_trial(
             steps.line(step, logged[step])
     else:
         steps = StepReports(report, last_step=max(logged, default=0))
-    if runs_verl(trainer) and not rewound and _ran_to_the_end(trial_dir, overrides):
-        _finished(steps, trial_dir, sweep, keep_checkpoints)  # a killed driver missed the end: nothing left to run
-        return
+    if runs_verl(trainer) and not rewound and _ran_to_the_end(trial_dir, overrides):  # a killed driver missed it
+        if max(logged, default=0) >= overrides["trainer.total_training_steps"]:
+            _finished(steps, trial_dir, sweep, keep_checkpoints)  # nothing left to run
+            return
+        rewound = _rewind_before_the_end(trial_dir, overrides)
+        if rewound is None:
+            _finished(steps, trial_dir, sweep, keep_checkpoints)
+            return
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
         if rewound and retry == 0:
@@ -313,6 +320,20 @@ def _ran_to_the_end(trial_dir: Path, overrides: Mapping[str, Any]) -> bool:
     would load the checkpoint, log no step and exit."""
     total = overrides.get("trainer.total_training_steps")
     return isinstance(total, int) and total > 0 and checkpointed_step(trial_dir / "checkpoints") >= total
+
+
+def _rewind_before_the_end(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Rewind verl to its newest checkpoint before the last step (:func:`klsweep.launchers.resume.rewind`).
+
+    verl saves the last step before it logs it (``fit``, verl/trainer/ppo/v1/trainer_base.py): a run killed between
+    the two holds the last checkpoint but not the last step's metrics, which only running that step again gives.
+    Returns the overrides that resume there, the controller's coefficient carried
+    (:func:`klsweep.launchers.resume.resume_overrides`); None when verl holds no earlier checkpoint."""
+    checkpoints = trial_dir / "checkpoints"
+    total = overrides["trainer.total_training_steps"]
+    earlier = [s for s in range(total - 1, 0, -1) if has_checkpoint(checkpoints, s)]
+    rewound = rewind(checkpoints, earlier[0]) if earlier else None
+    return None if rewound is None else {**resume_overrides(trial_dir, overrides), **rewound}
 
 
 def _finished(steps: StepReports, verl_dir: Path | None, sweep: Sweep | None, keep: str | None) -> None:
