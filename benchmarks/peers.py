@@ -263,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--trials", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="sweep-file override of klsweep's arms (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override of klsweep's arms")
     parser.add_argument("tables", nargs="*", type=Path)
     args = parser.parse_args(argv)
     SETTINGS[:] = args.set
@@ -346,8 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = ratio_interval(to_good["random"], bound)
             print(f"  bound (klsweep's trials, each before the hit stopped at its first validation): random ÷ "
                   f"{statistics.fmean(to_good['random']) / statistics.fmean(bound):.2f} [{lo:.2f}, {hi:.2f}]")
-            print("  | file | klsweep | random | health-stopped | other stops | finished off target | the hit | "
-                  "bound |")
+            print("  | file | klsweep | random | health-stopped | other stops | off target | the hit | bound |")
             for file, row in per_file.items():
                 print(f"  | {file} | " + " | ".join(f"{statistics.fmean(row[k]):.0f}" for k in (
                     "klsweep", "random", "health", "stopped", "finished", "hit", "bound")) + " |")
@@ -366,9 +364,8 @@ def _steps_to(sweep: list[dict], good: set[int]) -> float:
 
 
 def _before_hit(sweep: list[dict], good: set[int]) -> dict[str, float]:
-    """Where :func:`_steps_to`'s steps went: ``health`` (health-stopped trials), ``stopped`` (other stops),
-    ``finished`` (trials run to their end off ``good``), ``hit``; ``bound``: the same trials with each one before
-    the hit stopped at its first validation."""
+    """Where :func:`_steps_to`'s steps went: ``health`` (health-stopped trials), ``stopped`` (other stops), ``finished``
+    (run to their end off ``good``), ``hit``; ``bound``: each trial before the hit stopped at its first validation."""
     split = dict.fromkeys(("health", "stopped", "finished", "hit", "bound"), 0.0)
     for i, t in enumerate(sweep):
         if t["stopped"] is None and t["point"] in good:
