@@ -312,6 +312,8 @@ def test_a_misspelt_condition_field_is_said_instead_of_its_cascade(tmp_path, swe
 def test_an_unknown_field_on_the_command_line_is_blamed_on_the_command_line(sweep_file):
     [problem] = _problems(sweep_file(), ["budget.trialz=4"])
     assert problem.startswith("command line 'budget.trialz=4': budget.trialz: unknown field — did you mean 'trials'?")
+    [problem] = _problems(sweep_file(), ["budgets.trials=4"])  # a top-level field the override made
+    assert problem.startswith("command line 'budgets.trials=4': budgets: unknown field — did you mean 'budget'?")
 
 
 def test_a_shipped_sweep_file_copied_elsewhere_still_finds_the_shipped_search_space(tmp_path):

@@ -272,6 +272,7 @@ def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
             return None
         if isinstance(node, dict) and not isinstance(node.get(key), (dict, list)):
             node[key] = {}
+            lines[trail] = f"command line {text!r}"  # a mapping the override made: its problems are the override's
         node = node[key]
         i += j
 
