@@ -240,6 +240,24 @@ def test_sweep_validate_prints_the_refusal_and_exits_2_without_a_traceback(sweep
     assert "Traceback" not in text
 
 
+def test_sweep_validate_refuses_a_value_of_another_type_than_verls_default_at_its_line(sweep_file, capsys):
+    path = sweep_file("kl_placement: reward\noverrides:\n  algorithm.kl_ctrl.type: adaptive\n"
+                      "  algorithm.kl_ctrl.horizon: xyz\nparameters:\n  kl_coef: {values: [0.002, high]}\n"
+                      "  target_kl: {values: [0.03, true]}\n", algorithm="ppo")
+    assert main(["validate", str(path)]) == 2
+    out = capsys.readouterr()
+    fails = "so every trial would fail when verl reads it"
+    assert out.out.splitlines()[1:] == [
+        f"  error: {path}:7: algorithm.kl_ctrl.horizon='xyz' is not a number but verl computes with it (its default "
+        f"is 10000), {fails}: write a number without quotes, e.g. 10000",
+        f"  error: {path}:9: algorithm.kl_ctrl.kl_coef='high' is not a number but verl computes with it (its default "
+        f"is 0.001), {fails}: write a number without quotes, e.g. 0.001",
+        f"  error: {path}:10: algorithm.kl_ctrl.target_kl=True is not a number but verl computes with it (its "
+        f"default is 0.1), {fails}: write a number, not true/false, e.g. 0.1",
+    ]
+    assert "Traceback" not in out.out + out.err
+
+
 def test_a_knob_inert_in_some_trials_is_a_warning_that_names_the_when_fix(sweep_file):
     sweep = load_sweep(sweep_file("parameters:\n  loss_agg_mode: {values: [token-mean, seq-mean-token-sum-norm]}\n"
                                   "  actor_rollout_ref.actor.loss_scale_factor: {values: [512, 1024]}\n"))

@@ -1,6 +1,6 @@
 """Preflight of raw verl override dicts: batch arithmetic (verl#2505), required keys and micro-batch sizes as verl's
-own validate_config requires them, flash-attn for verl's default attention, bool types, the warning for a KL mechanism
-on with coefficient 0 (verl#6519)."""
+own validate_config requires them, flash-attn for verl's default attention, each value of the type of verl's default,
+the warning for a KL mechanism on with coefficient 0 (verl#6519)."""
 
 from __future__ import annotations
 
@@ -113,6 +113,44 @@ def test_ref_micro_batch_only_when_a_reference_is_needed():
 def test_a_string_where_verl_has_a_bool_is_refused():
     lines = _problems({A + "actor.use_dynamic_bsz": "off"}, runs_verl=False)
     assert any("use_dynamic_bsz='off' is not true/false" in p for p in lines)
+
+
+_FAILS = "so every trial would fail when verl reads it"
+#: id → (override, value, the whole message): a value of another type than verl's default for the key.
+MISTYPED = {
+    "a word for an int": ("algorithm.kl_ctrl.horizon", "xyz", "algorithm.kl_ctrl.horizon='xyz' is not a number but "
+                          f"verl computes with it (its default is 10000), {_FAILS}: write a number without quotes, "
+                          "e.g. 10000"),
+    "a word for a float": ("algorithm.kl_ctrl.kl_coef", "high", "algorithm.kl_ctrl.kl_coef='high' is not a number "
+                           f"but verl computes with it (its default is 0.001), {_FAILS}: write a number without "
+                           "quotes, e.g. 0.001"),
+    "a quoted number": ("data.train_batch_size", "16", "data.train_batch_size='16' is not a number but verl computes "
+                        f"with it (its default is 1024), {_FAILS}: write a number without quotes, e.g. 1024"),
+    "true for a float": ("algorithm.kl_ctrl.target_kl", True, "algorithm.kl_ctrl.target_kl=True is not a number but "
+                         f"verl computes with it (its default is 0.1), {_FAILS}: write a number, not true/false, "
+                         "e.g. 0.1"),
+    "a number for a string": ("trainer.experiment_name", 7, "trainer.experiment_name=7 is a number but verl reads it "
+                              "as a string (its default is 'gsm8k'): write the text in quotes, e.g. '7'"),
+    "a bool for a string": (A + "actor.kl_loss_type", False, A + "actor.kl_loss_type=False is a bool but verl reads "
+                            "it as a string (its default is 'low_var_kl'): write the text in quotes, e.g. 'False'"),
+}
+
+
+@pytest.mark.parametrize(("key", "value", "message"), MISTYPED.values(), ids=MISTYPED)
+def test_a_value_of_another_type_than_verls_default_is_one_problem_with_its_line(key, value, message):
+    overrides = {**preset_overrides("ppo", "reward", base={"data.train_batch_size": 16,
+                                                          A + "actor.ppo_mini_batch_size": 16}), key: value}
+    assert _problems(overrides, runs_verl=False, where={key: "s.yaml:7"}) == [f"s.yaml:7: {message}"]
+
+
+def test_numbers_of_either_kind_pass_for_a_number_and_null_for_anything():
+    overrides = {**preset_overrides("ppo", "reward", base={"data.train_batch_size": 16,
+                                                          A + "actor.ppo_mini_batch_size": 16}),
+                 "algorithm.kl_ctrl.kl_coef": 1,  # an int where verl's default is the float 0.001
+                 A + "actor.entropy_coeff": 0.001,  # a float where verl's yaml writes 0
+                 "algorithm.kl_ctrl.horizon": 500.0,
+                 "trainer.total_training_steps": None, "data.seed": "any"}  # null defaults take anything
+    assert preflight(overrides, runs_verl=False) == []
 
 
 def test_a_typo_gets_its_line_and_the_closest_key():

@@ -3,6 +3,7 @@
 One call per distinct trial config. It composes verl 0.9.1's own config with the overrides; unknown keys fail with
 the closest valid key. It then checks:
 
+- that each value has the type of verl's default for its key (:func:`type_problems`);
 - the values verl only rejects after the first rollout (:func:`klsweep.verl.config.check_values`);
 - the batch arithmetic (verl#2505);
 - the values that break verl's KL controller or loss aggregation at the first update
@@ -30,11 +31,11 @@ import importlib.metadata
 import importlib.util
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from klsweep.errors import OverrideError, PreflightError
-from klsweep.verl.config import check_values, compose, default_keys, engine_of
+from klsweep.verl.config import ENGINE_KEY, check_values, compose, default_keys, engine_of
 from klsweep.verl.late_failures import (
     epoch_problems,
     megatron_problems,
@@ -96,6 +97,9 @@ def preflight(
     except OverrideError as e:
         key = next((k for k in overrides if f"'{k.lstrip('+')}'" in str(e)), "")
         raise PreflightError("\n".join(problems + [at(key, str(e))])) from None
+    mistyped = type_problems(cfg, overrides)
+    if mistyped:  # the checks below compute with the values
+        raise PreflightError("\n".join(problems + [at(k, m) for k, m in mistyped]))
     try:
         check_values(cfg, allow_negative_kl=allow_negative_kl)
     except OverrideError as e:
@@ -103,7 +107,6 @@ def preflight(
             key = part.split("=", 1)[0]
             problems.append(at(key, part))
     value = functools.partial(_select, cfg)
-    problems += [at(k, m) for k, m in _types(overrides)]
     problems += [at(k, m) for k, m in _batch_problems(value, runs_verl)]
     problems += [at(k, m) for k, m in numeric_problems(value)]
     if runs_verl:
@@ -142,23 +145,58 @@ def _select(cfg, key: str) -> Any:
     return OmegaConf.select(cfg, key, throw_on_missing=False, default=None)
 
 
-@functools.lru_cache(maxsize=1)
-def _default_values() -> dict[str, Any]:
-    from omegaconf import OmegaConf  # on use: ~0.25 s to import, more than klsweep.spec
+def type_problems(cfg, keys: Iterable[str]) -> list[tuple[str, str]]:
+    """``(key, message)`` for each of ``keys`` whose value in ``cfg`` has another type than verl's default there.
 
-    cfg = compose({})
-    return {k: OmegaConf.select(cfg, k, throw_on_resolution_failure=False) for k in default_keys()}
+    A bool default takes only true/false: verl's plain-YAML config takes any type, and a string where verl has a bool
+    is always truthy. A number default (int or float) takes any number, not a bool or a string; a whole number may
+    stand for a float, as verl's yaml writes some float fields (``entropy_coeff: 0``). A string default takes no
+    number or bool. Not checked: a null, list or mapping default, a key verl lacks (``+key``), a null value.
 
-
-def _types(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """verl's plain-YAML config takes any type; a string where verl has a bool is always truthy."""
-    defaults = _default_values()
-    out = []
-    for key, value in overrides.items():
-        if isinstance(defaults.get(key), bool) and not isinstance(value, bool):
+    Args:
+        cfg: a composed verl config (:func:`klsweep.verl.config.compose`); its ``model_engine`` picks the defaults.
+        keys: the override keys, with or without Hydra's ``+``.
+    """
+    defaults = _default_values(str(_select(cfg, ENGINE_KEY) or "dp"))
+    out: list[tuple[str, str]] = []
+    for key in dict.fromkeys(k.lstrip("+") for k in keys):
+        default = defaults.get(key)
+        try:
+            value = _select(cfg, key)
+        except Exception:  # an interpolation that does not resolve here: left to verl's own error
+            continue
+        want, got = _kind(default), _kind(value)
+        if want is None or value is None or got == want or (want == "string" and got is None):
+            continue
+        if want == "bool":
             out.append((key, f"{key}={value!r} is not true/false but verl reads it as a bool (any non-empty string "
                              "counts as true): write true or false"))
+        elif want == "number":
+            fix = "write a number without quotes" if got == "string" else "write a number, not true/false"
+            out.append((key, f"{key}={value!r} is not a number but verl computes with it (its default is "
+                             f"{default!r}), so every trial would fail when verl reads it: {fix}, e.g. {default!r}"))
+        else:
+            out.append((key, f"{key}={value!r} is a {got} but verl reads it as a string (its default is {default!r}): "
+                             f"write the text in quotes, e.g. '{value}'"))
     return out
+
+
+def _kind(value: Any) -> str | None:
+    """``bool``, ``number``, ``string`` or None (null, a list, a mapping): the types :func:`type_problems` tells."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _default_values(engine: str) -> dict[str, Any]:
+    """verl's default value of each key (interpolations resolved) under the ``model_engine`` ``engine``."""
+    from omegaconf import OmegaConf  # on use: ~0.25 s to import, more than klsweep.spec
+
+    cfg = compose({ENGINE_KEY: engine} if engine != "dp" else {})
+    return {k: OmegaConf.select(cfg, k, throw_on_resolution_failure=False) for k in default_keys(engine)}
 
 
 def _batch_problems(value, on_gpus: bool) -> list[tuple[str, str]]:

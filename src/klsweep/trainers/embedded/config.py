@@ -1,7 +1,8 @@
 """Turn a flat verl override dict into the embedded trainer's settings.
 
 The overrides are composed with verl 0.9.1's own ``ppo_trainer`` config (:func:`klsweep.verl.config.compose`) and
-checked with :func:`klsweep.verl.config.check_values`. The trainer thus accepts exactly verl's keys and values.
+checked with :func:`klsweep.verl.preflight.type_problems` (each value of the type of verl's default) and
+:func:`klsweep.verl.config.check_values`. The trainer thus accepts exactly verl's keys and values.
 Every setting not overridden takes verl's default, except the few in :data:`EMBEDDED_DEFAULTS`, where verl's
 defaults assume a 7B model on GPUs. Those are applied *below* the user's overrides:
 
@@ -35,6 +36,7 @@ from typing import Any
 
 from klsweep.errors import OverrideError
 from klsweep.verl.config import check_values, compose
+from klsweep.verl.preflight import type_problems
 
 logger = logging.getLogger(__name__)
 
@@ -189,10 +191,14 @@ def settings_from_overrides(overrides: Mapping[str, Any], *, allow_negative_kl: 
     """Validate ``overrides`` against verl's config and read the embedded trainer's settings.
 
     Raises:
-        OverrideError: unknown key (with the closest valid key), a value verl rejects (with the valid values), or a
-            value the embedded trainer cannot run (with the reason and the fix).
+        OverrideError: unknown key (with the closest valid key), a value of another type than verl's default, a
+            value verl rejects (with the valid values), or a value the embedded trainer cannot run (with the reason
+            and the fix).
     """
     cfg = compose(with_embedded_defaults(overrides))
+    mistyped = [message for _, message in type_problems(cfg, overrides)]
+    if mistyped:
+        raise OverrideError("; ".join(mistyped), mistyped)
     check_values(cfg, allow_negative_kl=allow_negative_kl)
     settings = _read(cfg)
     _check_runnable(settings, cfg)
