@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+from pathlib import Path
 
 from klsweep import __version__
-from klsweep.errors import KlsweepError
+from klsweep.errors import KlsweepError, ResultsError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     """Run a sweep file: Ray Tune schedules the trials, Optuna proposes them, health rules stop sick ones."""
     from klsweep.orchestrate.sweep import run_sweep
 
+    _check_storage(args.storage, args.out)
+    if args.resume and args.out:
+        _check_saved_storage(args.out)
     return run_sweep(
         args.sweep_file,
         args.overrides,
@@ -43,6 +48,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     """Continue a sweep after Ctrl-C or a killed driver, or extend a finished one (budget.trials=N)."""
     from klsweep.orchestrate.sweep import resume_sweep
 
+    _check_saved_storage(args.run_dir)
     return resume_sweep(args.run_dir, args.overrides, address=args.address, quiet=args.quiet)
 
 
@@ -71,6 +77,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     """Show what ran, what is running, what is left and the best trial so far, from stored state (no Ray)."""
     from klsweep.analysis.status import status
 
+    _check_saved_storage(args.run_dir)
     return status(args.run_dir, every_command=args.commands)
 
 
@@ -98,6 +105,70 @@ def _cmd_health_check(args: argparse.Namespace) -> int:
 
     return health_check(args.trace, preset=args.preset, rules=args.rules, as_json=args.json, run=args.run,
                         full_config=trial_log_overrides)
+
+
+def _check_storage(storage: str | None, out: str | None) -> None:
+    """Refuse a ``--storage`` URL that Optuna cannot open, before ``sweep run`` writes anything.
+
+    A relative SQLite path lies in the results directory. Where that folder is still to be made (or unknown: no
+    ``--out``), it is not opened.
+
+    Raises:
+        ResultsError: the URL, why Optuna cannot open it and the fix.
+    """
+    from klsweep.analysis.sweep_dir import storage_from_url
+    from klsweep.results import resolve_storage, sqlite_path, storage_problem
+
+    if storage is None:
+        return
+    file = sqlite_path(storage)
+    if file is not None and not file.is_absolute():
+        if out is None or ((Path(out) / file).parent == Path(out) and not Path(out).is_dir()):
+            return
+        storage_url = resolve_storage(storage, out)
+    else:
+        storage_url = storage
+    problem = storage_problem(storage_url, storage_from_url)
+    if problem:
+        raise ResultsError(
+            f"--storage {storage}: Optuna cannot open it ({problem}); nothing was written. Give a storage URL Optuna "
+            "can open (sqlite:////ABSOLUTE/PATH.db in a folder that exists; a database server whose driver is "
+            "installed, e.g. mysql+pymysql://USER:PASSWORD@HOST/DB with pymysql), or leave out --storage for "
+            "study.db in the results directory")
+
+
+def _check_saved_storage(run_dir: str) -> None:
+    """Refuse a sweep directory whose saved storage (``sweep.json``) Optuna cannot open, with the fix.
+
+    A SQLite file whose folder exists is left to the command's own check of the study, which never creates it.
+
+    Raises:
+        ResultsError: the storage, why Optuna cannot open it, and either ``sweep run ... --overwrite`` (no trial
+            ran there) or what makes it reachable again (trial results are in ``tune/``).
+    """
+    from klsweep.analysis.study_file import ran_trials
+    from klsweep.analysis.sweep_dir import storage_from_url
+    from klsweep.results import SWEEP_FILE, SweepRecord, sqlite_path, storage_problem
+
+    if not (Path(run_dir) / SWEEP_FILE).is_file():
+        return  # not a sweep directory: the command says so
+    record = SweepRecord.read(run_dir)
+    url = record.storage_url(run_dir)
+    file = sqlite_path(url)
+    if file is not None and file.parent.is_dir():
+        return
+    problem = storage_problem(url, storage_from_url)
+    if problem is None:
+        return
+    if ran_trials(run_dir):
+        fix = ("its trials' results are in tune/: make the storage reachable again (install its driver, start its "
+               "server), then run this command again")
+    else:
+        fix = ("no trial ran there: start the sweep again with a storage that opens: "
+               f"{shlex.join(['sweep', 'run', record.sweep_file, *record.overrides, '--out', run_dir])} "
+               "--overwrite (add --storage URL, or none for study.db in the folder)")
+    raise ResultsError(f"{run_dir}: its Optuna storage {record.storage} ({SWEEP_FILE}) cannot be opened "
+                       f"({problem}); {fix}")
 
 
 def _port(text: str) -> int:

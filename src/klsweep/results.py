@@ -19,11 +19,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from klsweep.errors import ResultsError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # -- files of a sweep directory
 SWEEP_FILE = "sweep.json"
@@ -129,15 +132,51 @@ class SweepRecord(BaseModel):
     def storage_url(self, run_dir: str | Path) -> str:
         """:attr:`storage` with a relative sqlite path resolved against ``run_dir`` (``sqlite:///study.db`` is
         ``run_dir/study.db``); any other URL as it is."""
-        prefix = "sqlite:///"
-        if self.storage.startswith(prefix) and not Path(self.storage[len(prefix):]).is_absolute():
-            return prefix + str(Path(run_dir).resolve() / self.storage[len(prefix):])
-        return self.storage
+        return resolve_storage(self.storage, run_dir)
 
 
 def default_storage() -> str:
     """The storage of a sweep started without ``--storage``: ``study.db`` in its directory, as a relative URL."""
-    return f"sqlite:///{STUDY_DB}"
+    return f"{_SQLITE}{STUDY_DB}"
+
+
+_SQLITE = "sqlite:///"
+_JOURNAL = "journal://"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` storage URL (relative when PATH is), or None for any other URL."""
+    return Path(url[len(_SQLITE):]) if url.startswith(_SQLITE) else None
+
+
+def resolve_storage(storage: str, run_dir: str | Path) -> str:
+    """The storage URL ``storage`` with a relative sqlite path resolved against ``run_dir``; any other URL as it is."""
+    file = sqlite_path(storage)
+    if file is not None and not file.is_absolute():
+        return _SQLITE + str(Path(run_dir).resolve() / file)
+    return storage
+
+
+def storage_problem(url: str, open_storage: Callable[[str], Any]) -> str | None:
+    """Why Optuna cannot open the storage ``url``: the first line of the error opening it raises (a missing database
+    driver, a URL that does not parse, a folder that does not exist, a server that does not answer). None when it
+    opens.
+
+    ``open_storage`` opens a URL as the sweep does (:func:`klsweep.analysis.sweep_dir.storage_from_url`). A SQLite or
+    journal file that the opening creates is deleted again."""
+    file = sqlite_path(url) or (Path(url[len(_JOURNAL):]) if url.startswith(_JOURNAL) else None)
+    existed = file is None or file.exists()
+    try:
+        storage = open_storage(url)
+    except Exception as e:  # any error opening it: ImportError, sqlalchemy's ArgumentError or OperationalError, ...
+        text = str(e).strip()
+        return text.splitlines()[0].rstrip(".") if text else type(e).__name__
+    engine = getattr(storage, "engine", None)
+    if engine is not None:  # RDBStorage: close its connections before its file goes
+        engine.dispose()
+    if not existed and file is not None and file.is_file():
+        file.unlink()
+    return None
 
 
 #: The exception's line in a Tune ``error.txt`` (a traceback's last ``module.Error: message`` line).
