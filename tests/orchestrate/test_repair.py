@@ -5,6 +5,7 @@ study."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from ray import tune
 from ray.train._internal.session import _TrainingResult
 from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-from klsweep.orchestrate._repair import drop_lost_checkpoints, reconcile_search_state
+from klsweep.orchestrate._repair import copy_staged_results, drop_lost_checkpoints, reconcile_search_state
 from klsweep.orchestrate.result_json import ResultsFromCheckpoint
 
 
@@ -150,3 +151,26 @@ def test_a_lost_checkpoint_becomes_the_newer_one_the_driver_registered_before_it
     last, rows = _restore(tmp_path / "exp")
     assert (last["step"], last["start"]) == (3, 2)
     assert rows == [(1, 0), (2, 0), (3, 2)]
+
+
+def test_the_rows_a_killed_driver_had_not_synced_come_from_its_ray_session(ray_local, tmp_path):
+    """Tune's driver writes result.json in its Ray session's staging folder and syncs it to storage every few
+    seconds: here storage holds the rows of an earlier sync (2 of 3), as after a SIGKILL right after a trial ended.
+    The staged file replaces it; a file storage holds newer than the staged one is kept."""
+    from ray._private.worker import _global_node
+
+    name = tmp_path.name  # the staging folder is per experiment name, in the test session's Ray session
+    config = tune.RunConfig(storage_path=str(tmp_path), name=name, callbacks=[ResultsFromCheckpoint()])
+    assert tune.Tuner(_count_to_3, run_config=config).fit().errors == []
+    (folder,) = [p for p in (tmp_path / name).iterdir() if p.is_dir()]
+    result, progress = folder / "result.json", folder / "progress.csv"
+    full = result.read_text()
+    result.write_text("".join(line + "\n" for line in full.splitlines()[:2]))
+    os.utime(result, (1, 1))  # the earlier sync's time
+    progress.write_text("newer\n")  # storage's copy is newer than the staged one: kept
+
+    copied = copy_staged_results(Path(_global_node.get_session_dir_path()), str(tmp_path / name))
+    assert f"{folder.name}/result.json" in copied and f"{folder.name}/progress.csv" not in copied
+    assert [json.loads(line)["step"] for line in result.read_text().splitlines()] == [1, 2, 3]
+    assert result.read_text() == full and progress.read_text() == "newer\n"
+    assert copy_staged_results(None, str(tmp_path / name)) == []  # no session recorded (a joined cluster)

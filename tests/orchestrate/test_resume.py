@@ -118,6 +118,11 @@ def _check_consistent(out: Path, budget: int) -> None:
     # its folder stays behind, unfinished. There are at most max_concurrent of them, and none ran to the end.
     abandoned = set(tune_ids) - set(ray_ids)
     assert len(abandoned) <= 2
+    # each trial's result.json ends at the step the study holds: a trial that ended just before the kill keeps the
+    # rows the killed driver had not synced from its Ray session yet
+    for trial in trials:
+        (result,) = (out / "tune").glob(f"run_trial_{trial.user_attrs['ray_trial_id']}_*/result.json")
+        assert json.loads(result.read_text().splitlines()[-1])["step"] == trial.user_attrs["steps"], trial.number
     for trial_id in abandoned:
         for result in (out / "tune").glob(f"run_trial_{trial_id}_*/result.json"):
             assert len(result.read_text().splitlines()) < STEPS

@@ -95,6 +95,38 @@ def record_session(out_dir: Path) -> dict | None:
     return record
 
 
+def dead_session_dir(out_dir: Path) -> Path | None:
+    """The session directory recorded in ``out_dir`` when its driver is gone; None without a readable record or
+    while that driver runs. A killed driver's files that Tune had not synced yet are still there
+    (:func:`klsweep.orchestrate._repair.copy_staged_results`)."""
+    record = _read_record(Path(out_dir) / RAY_SESSION_FILE, warn=False)
+    return None if record is None or _driver_alive(record) else Path(record["session_dir"])
+
+
+def _read_record(path: Path, *, warn: bool) -> dict | None:
+    """The session record at ``path`` once checked (a Ray session directory, its driver's pid and start ticks); None
+    when there is none, or when it is unreadable (with ``warn``, one line on stderr says so)."""
+    try:
+        record = json.loads(path.read_text())
+        session_dir = str(record["session_dir"])
+        int(record["driver"]["pid"]), int(record["driver"]["start_ticks"])
+        name = Path(session_dir).name
+        if not (Path(session_dir).is_absolute() and _SESSION_NAME.fullmatch(name) and name == record["session_name"]):
+            raise ValueError(f"session_dir {session_dir!r} is not a Ray session directory")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if warn:
+            print(f"warning: {path} is unreadable ({e}); the Ray session it names is not cleaned up", file=sys.stderr)
+        return None
+    return record
+
+
+def _driver_alive(record: dict) -> bool:
+    """Whether the driver that wrote the session ``record`` still runs (its pid with its start time)."""
+    return _start_ticks(int(record["driver"]["pid"])) == int(record["driver"]["start_ticks"])
+
+
 def end_orphaned_session(out_dir: Path, *, grace_s: float = GRACE_S) -> list[str]:
     """End every living process of the Ray session recorded in ``out_dir`` once its driver is gone.
 
@@ -107,19 +139,12 @@ def end_orphaned_session(out_dir: Path, *, grace_s: float = GRACE_S) -> list[str
         The names of the processes ended (``raylet``, ``ray::DashboardAgent``, ...), empty if none.
     """
     path = Path(out_dir) / RAY_SESSION_FILE
-    try:
-        record = json.loads(path.read_text())
-        session_dir = str(record["session_dir"])
-        driver_pid, driver_ticks = int(record["driver"]["pid"]), int(record["driver"]["start_ticks"])
-        name = Path(session_dir).name
-        if not (Path(session_dir).is_absolute() and _SESSION_NAME.fullmatch(name) and name == record["session_name"]):
-            raise ValueError(f"session_dir {session_dir!r} is not a Ray session directory")
-    except FileNotFoundError:
+    record = _read_record(path, warn=True)
+    if record is None:
         return []
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"warning: {path} is unreadable ({e}); the Ray session it names is not cleaned up", file=sys.stderr)
-        return []
-    if _start_ticks(driver_pid) == driver_ticks:
+    session_dir = str(record["session_dir"])
+    driver_pid = int(record["driver"]["pid"])
+    if _driver_alive(record):
         if driver_pid != os.getpid():
             print(f"warning: the sweep driver {driver_pid} that recorded {path} still runs: its Ray session "
                   f"{record.get('session_name')} is left alone", file=sys.stderr)

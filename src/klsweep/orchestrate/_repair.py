@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import optuna
@@ -57,6 +58,32 @@ def tune_finished(tune_path: str, num_samples: int) -> bool:
     if trials is None:
         return True
     return len(trials) >= num_samples and all(t.get("status") in ("TERMINATED", "ERROR") for t in trials)
+
+
+def copy_staged_results(session_dir: Path | None, tune_path: str) -> list[str]:
+    """Copy into ``tune_path`` the files a killed driver had written in its Ray session but not yet synced there.
+
+    Tune's driver writes each trial's ``result.json`` and ``progress.csv`` and its experiment state in a staging
+    folder of its Ray session, ``<session>/artifacts/<time>/<experiment>/driver_artifacts`` (``StorageContext``,
+    ray/train/_internal/storage.py), and copies it to storage only every few seconds and when it ends. A SIGKILL
+    loses the last copy: a trial that ended just before keeps, in storage, the rows of an earlier sync, and its
+    stop reason and last values disagree. A staged file newer than the one in storage replaces it; the rest is kept.
+
+    Returns:
+        The paths copied, relative to ``tune_path``.
+    """
+    if session_dir is None:
+        return []
+    copied = []
+    for staging in sorted(Path(session_dir).glob(f"artifacts/*/{Path(tune_path).name}/driver_artifacts")):
+        for source in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = Path(tune_path, source.relative_to(staging))
+            if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+            copied.append(str(source.relative_to(staging)))
+    return copied
 
 
 def close_told_trials(tune_path: str, study) -> None:

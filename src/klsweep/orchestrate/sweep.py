@@ -184,6 +184,8 @@ def _resume(out_dir: Path, sweep: Sweep, record: SweepRecord, saved: SweepRecord
         pass  # the driver ended before the first trial: _fit starts the sweep from its first trial
     for change in check_resume(saved.sweep, record.sweep, run_dir=str(out_dir), source=source):
         print(f"resume: {change}", file=sys.stderr)
+    # the rows a killed driver had not synced yet, before this driver's Ray replaces the record of the killed one's
+    _repair.copy_staged_results(_ray_session.dead_session_dir(out_dir), str(out_dir / TUNE_DIR))
     _init_ray(sweep, address, out_dir)  # a cluster that cannot hold a trial is refused before sweep.json changes
     for attempt in stop_recorded_jobs((out_dir / TUNE_DIR).glob("*")):  # what a lost supervisor left running
         print(f"resume: ended {attempt.parent.name}/{attempt.name}'s multi-node job, still running", file=sys.stderr)
