@@ -324,6 +324,24 @@ def test_resume_of_a_driver_killed_before_its_first_trial(tmp_path):
     _check_consistent(out, 1)
 
 
+def test_resume_of_a_driver_killed_before_tune_took_its_enqueued_seed_trial(tmp_path):
+    """SIGKILL after the study was created with its seed trial enqueued (WAITING), before Tune asked for it: the
+    resume runs the whole budget, the seed trial among it once, and status counts no trial that never ran."""
+    from klsweep.spec.space import seed_params
+
+    path = sweep_file(tmp_path, "enqueued", seed_trials=[{"kl_coef": 0.001}], budget={"trials": 2, "max_steps": 2})
+    out = started_sweep_dir(tmp_path, path)
+    sweep = load_sweep(path)
+    study = optuna.create_study(study_name=sweep.name, storage=f"sqlite:///{out / 'study.db'}", direction="maximize")
+    study.enqueue_trial(seed_params(sweep)[0])  # what OptunaSearch's _setup_study does with points_to_evaluate
+    status = _sweep("status", str(out))
+    assert "0 finished, 0 running (or interrupted), 2 not started" in status.stdout, status.stdout + status.stderr
+    resumed = _sweep("resume", str(out), "--quiet")
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
+    _check_consistent(out, 2)
+    assert [t.params for t in _study(out).trials].count(seed_params(sweep)[0]) == 1
+
+
 def _rows(out: Path) -> tuple[Path, list[dict]]:
     """The trial folder and the ``result.json`` rows of a one-trial sweep (a killed driver's half line left out)."""
     (folder,) = [p.parent for p in (out / "tune").glob("run_trial_*/result.json")]

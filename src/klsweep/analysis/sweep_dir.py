@@ -160,6 +160,9 @@ def _summarise(rows: list[dict[str, Any]], objectives: list[Objective]) -> dict[
 def load(path: str | Path) -> pd.DataFrame:
     """One row per trial of the sweep in ``path`` (columns: see the module docstring), ordered by trial number.
 
+    A WAITING study trial (enqueued, never taken by a Tune trial: a driver killed before it started) has no row: it
+    has not run, and ``sweep resume`` runs it.
+
     Raises:
         ResultsError: ``path`` is not a sweep directory.
     """
@@ -173,6 +176,8 @@ def load(path: str | Path) -> pd.DataFrame:
     except StudyNotCreated:
         trials = []  # started, but its first trial not yet: no row
     for trial in trials:
+        if trial.state.name == "WAITING":
+            continue
         attrs = trial.user_attrs
         trial_id = attrs.get(ATTR_RAY_TRIAL_ID)
         row: dict[str, Any] = {"number": trial.number, "trial_id": trial_id, "state": trial.state.name}

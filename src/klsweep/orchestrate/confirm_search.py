@@ -57,8 +57,11 @@ class Phase:
 
 
 def search_trial_count(study: optuna.Study) -> int:
-    """The number of trials of an Optuna study that belong to the search (all but the confirmation runs)."""
-    return sum(ATTR_CONFIRM_OF not in t.user_attrs for t in study.get_trials(deepcopy=False))
+    """The number of trials of an Optuna study that belong to the search (all but the confirmation runs), not
+    counting WAITING ones: an enqueued trial no Tune trial took yet (a driver killed before its first trial started)
+    is what the next ``Study.ask`` returns, so it is one of the trials still to run."""
+    return sum(ATTR_CONFIRM_OF not in t.user_attrs and t.state != optuna.trial.TrialState.WAITING
+               for t in study.get_trials(deepcopy=False))
 
 
 def confirmation_phase(sweep: Sweep, out_dir: str | Path) -> Phase:
