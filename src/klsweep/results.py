@@ -183,6 +183,18 @@ def storage_problem(url: str, open_storage: Callable[[str], Any]) -> str | None:
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
 
 
+def result_rows(file: Path) -> list[dict[str, Any]]:
+    """The rows of a Tune trial's ``result.json`` (one JSON object per line), up to a line that does not decode (the
+    last line of a driver killed mid-write); none when the file is missing."""
+    rows = []
+    for line in file.read_text().splitlines() if file.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
 def error_line(out_dir: str | Path, trial_id: str) -> str:
     """``"OverrideError: <message>"``: the exception a failed trial raised, from the last exception line of its Ray
     Tune ``error.txt`` (``OUT/tune/<trainable>_<trial_id>_<n>_.../error.txt``, ``Trial.handle_error``); "" when there is

@@ -282,11 +282,9 @@ def run_process_trial(
     else:
         steps = StepReports(report, last_step=max(logged, default=0))
     if runs_verl(trainer) and not rewound and _ran_to_the_end(trial_dir, overrides):  # a killed driver missed it
-        if max(logged, default=0) >= overrides["trainer.total_training_steps"]:
-            _finished(steps, trial_dir, sweep, keep_checkpoints)  # nothing left to run
-            return
-        rewound = _rewind_before_the_end(trial_dir, overrides)
-        if rewound is None:
+        logged_all = max(logged, default=0) >= overrides["trainer.total_training_steps"]
+        rewound = None if logged_all else _rewind_before_the_end(trial_dir, overrides)
+        if rewound is None:  # nothing left to run, or no earlier checkpoint to run the last step from
             _finished(steps, trial_dir, sweep, keep_checkpoints)
             return
     for retry in range(retries + 1):

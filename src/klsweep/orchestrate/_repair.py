@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -39,7 +40,7 @@ from ray.train._internal.storage import _exists_at_fs_path
 from ray.tune.result import EXPR_RESULT_FILE
 from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON
+from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON, result_rows
 
 
 def _saved_trials(tune_path: str) -> list[dict] | None:
@@ -95,16 +96,23 @@ def close_told_trials(tune_path: str, study) -> None:
     """
     done = {t.user_attrs.get(ATTR_RAY_TRIAL_ID) for t in study.get_trials(deepcopy=False, states=(
         optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL))}
+
+    def close(entry: list) -> bool:
+        trial = json.loads(entry[0])
+        if trial.get("trial_id") not in done or trial.get("status") in ("TERMINATED", "ERROR"):
+            return False
+        entry[0] = json.dumps(trial | {"status": "TERMINATED"})
+        return True
+
+    _edit_saved_trials(tune_path, close)
+
+
+def _edit_saved_trials(tune_path: str, edit: Callable[[list], bool]) -> None:
+    """Call ``edit`` on every ``[trial_json, metadata_json]`` entry of each of Tune's saved experiment states; it
+    changes the entry in place and says whether it did. A file is rewritten when one of its entries changed."""
     for state_file in Path(tune_path).glob("experiment_state-*.json"):
         data = json.loads(state_file.read_text())
-        changed = False
-        for entry in data.get("trial_data", []):
-            trial = json.loads(entry[0])
-            if trial.get("trial_id") in done and trial.get("status") not in ("TERMINATED", "ERROR"):
-                trial["status"] = "TERMINATED"
-                entry[0] = json.dumps(trial)
-                changed = True
-        if changed:
+        if [entry for entry in data.get("trial_data", []) if edit(entry)]:  # every entry is edited
             state_file.write_text(json.dumps(data))
 
 
@@ -123,29 +131,27 @@ def drop_lost_checkpoints(tune_path: str) -> list[str]:
         The ids of the trials whose checkpoints changed.
     """
     changed_ids: list[str] = []
-    for state_file in Path(tune_path).glob("experiment_state-*.json"):
-        data = json.loads(state_file.read_text())
-        changed = False
-        for entry in data.get("trial_data", []):
-            metadata = _TrainingRunMetadata.from_json_state(entry[1])
-            manager = metadata.checkpoint_manager
-            if manager is None:
-                continue
-            kept = [r for r in manager._checkpoint_results if _stored(r)]
-            latest = manager._latest_checkpoint_result
-            if len(kept) == len(manager._checkpoint_results) and (latest is None or _stored(latest)):
-                continue
-            if latest is not None and not _stored(latest):
-                latest = _newest_logged(latest) or (kept[-1] if kept else None)
-                if latest is not None and all(r.checkpoint.path != latest.checkpoint.path for r in kept):
-                    kept.append(latest)
-            manager._checkpoint_results, manager._latest_checkpoint_result = kept, latest
-            metadata.checkpoint_manager = manager  # invalidates the cached JSON
-            entry[1] = metadata.get_json_state()
-            changed = True
-            changed_ids.append(json.loads(entry[0]).get("trial_id"))
-        if changed:
-            state_file.write_text(json.dumps(data))
+
+    def repoint(entry: list) -> bool:
+        metadata = _TrainingRunMetadata.from_json_state(entry[1])
+        manager = metadata.checkpoint_manager
+        if manager is None:
+            return False
+        kept = [r for r in manager._checkpoint_results if _stored(r)]
+        latest = manager._latest_checkpoint_result
+        if len(kept) == len(manager._checkpoint_results) and (latest is None or _stored(latest)):
+            return False
+        if latest is not None and not _stored(latest):
+            latest = _newest_logged(latest) or (kept[-1] if kept else None)
+            if latest is not None and all(r.checkpoint.path != latest.checkpoint.path for r in kept):
+                kept.append(latest)
+        manager._checkpoint_results, manager._latest_checkpoint_result = kept, latest
+        metadata.checkpoint_manager = manager  # invalidates the cached JSON
+        entry[1] = metadata.get_json_state()
+        changed_ids.append(json.loads(entry[0]).get("trial_id"))
+        return True
+
+    _edit_saved_trials(tune_path, repoint)
     return changed_ids
 
 
@@ -159,19 +165,8 @@ def _newest_logged(lost):
     the folder's ``result.json`` (``checkpoint_dir_name``), as a ``_TrainingResult`` with that row as its metrics;
     None when there is none."""
     fs, folder = lost.checkpoint.filesystem, lost.checkpoint.path.rsplit("/", 1)[0]
-    try:
-        with fs.open_input_stream(f"{folder}/{EXPR_RESULT_FILE}") as stream:
-            lines = stream.read().decode(errors="replace").splitlines()
-    except (FileNotFoundError, OSError):
-        return None
-    rows = {}
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a killed driver's half-written last line
-            continue
-        if isinstance(row, dict) and isinstance(row.get("checkpoint_dir_name"), str):
-            rows[row["checkpoint_dir_name"]] = row
+    rows = {row["checkpoint_dir_name"]: row for row in result_rows(Path(folder, EXPR_RESULT_FILE))
+            if isinstance(row, dict) and isinstance(row.get("checkpoint_dir_name"), str)}
     for name in sorted(rows, reverse=True):
         checkpoint = type(lost.checkpoint)(f"{folder}/{name}", filesystem=fs)
         if _exists_at_fs_path(fs, checkpoint.path):

@@ -58,6 +58,7 @@ from klsweep.results import (
     TUNE_DIR,
     SweepRecord,
     remedied_reason,
+    result_rows,
 )
 from klsweep.spec.schema import Sweep
 from klsweep.spec.space import SEED_KEY, define_space, trial_overrides
@@ -142,7 +143,7 @@ def tune_trials(out_dir: Path) -> list[dict[str, Any]]:
     for folder in sorted(tune_dir.iterdir() if tune_dir.is_dir() else [], key=_created):
         if not (folder / "params.json").is_file():
             continue
-        rows = _rows(folder / "result.json")
+        rows = result_rows(folder / "result.json")
         trial = saved.get(folder.name, {})
         trial_id = trial.get("trial_id") or (rows[0].get("trial_id") if rows else None)
         if not trial_id:
@@ -158,16 +159,6 @@ def _created(folder: Path) -> tuple[str, int, str]:
     created = _CREATED.search(folder.name)
     index = _INDEX.search(folder.name)
     return (created.group(1) if created else "", int(index.group(1)) if index else 0, folder.name)
-
-
-def _rows(file: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in file.read_text().splitlines() if file.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # the last line of a trial killed mid-write
-            break
-    return rows
 
 
 def study_trials(sweep: Sweep, record: SweepRecord, trials: list[dict[str, Any]]) -> list[optuna.trial.FrozenTrial]:
