@@ -384,7 +384,8 @@ def test_a_trial_running_at_a_driver_sigkill_continues_from_its_newest_checkpoin
                              env={**env, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=400)
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
     _, rows = _rows(out)
-    assert [r["step"] for r in rows] == list(range(1, 41))  # no step twice, none skipped
+    assert [r["step"] for r in rows] == list(range(1, 41)), (  # no step twice, none skipped
+        checkpoint, resumed.returncode, resumed.stdout[-3000:], resumed.stderr[-6000:])
     restart = [r["step"] for r in rows if r["iterations_since_restore"] == 1]
     assert restart == [1, checkpoint + 1]  # the resume continued after the newest checkpoint
 
