@@ -22,11 +22,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
 
 from klsweep.results import restarts
 from klsweep.trainers.embedded.config import VAL_METRIC as EMBEDDED_VAL_METRIC  # no torch: config only
 from klsweep.verl.config import verl_command
+
+if TYPE_CHECKING:
+    from klsweep.spec.schema import Sweep
 
 #: The names ``trainer:`` accepts (the keys of :data:`TRAINERS`).
 TrainerName = Literal["embedded", "verl", "replay", "tabular"]
@@ -87,7 +90,7 @@ class TrainerKind:
     name: str
     description: str
     module: str | None
-    in_process: Callable[[Any, Mapping[str, Any]], Trainer] | None
+    in_process: Callable[[Sweep, Mapping[str, Any]], Trainer] | None
     validation_metric: str | None = None
     defaults: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda user: {})
     reproduce: Callable[[Mapping[str, Any]], list[tuple[str, str]]] = field(default=lambda overrides: [])
@@ -97,20 +100,20 @@ class TrainerKind:
     no_restarts: str | None = None
 
 
-def _embedded(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
+def _embedded(sweep: Sweep, overrides: Mapping[str, Any]) -> Trainer:
     from klsweep.trainers.embedded import EmbeddedTrainer
 
     trainer: Trainer = EmbeddedTrainer(overrides)
     return trainer
 
 
-def _replay(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
+def _replay(sweep: Sweep, overrides: Mapping[str, Any]) -> Trainer:
     from klsweep.trainers.replay import ReplayTrainer
 
     return ReplayTrainer(overrides, trace=sweep.replay.trace, speed=sweep.replay.speed, run=sweep.replay.run)
 
 
-def _tabular(sweep: Any, overrides: Mapping[str, Any]) -> Trainer:
+def _tabular(sweep: Sweep, overrides: Mapping[str, Any]) -> Trainer:
     from klsweep.trainers.tabular import TabularTrainer
 
     return TabularTrainer(overrides, table=sweep.tabular.table)
