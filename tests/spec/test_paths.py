@@ -48,10 +48,21 @@ def test_a_missing_search_space_names_both_file_names_and_every_folder_in_the_or
     [problem] = [p for p in _problems(folder / "sweep.yaml") if "search_space" in p]
     assert "search_space: no file 'my_space' or 'my_space.yaml' (looked in " in problem
     looked = problem.split("(looked in ", 1)[1].split(")", 1)[0].split(", ")
-    # the sweep file's folder, the working directory, then the search_spaces/ folders (beside the sweep file's
-    # folder, in the working directory, klsweep's own)
-    assert looked[:4] == [str(folder), str(cwd), str(folder.parent / "search_spaces"), str(cwd / "search_spaces")]
-    assert looked[4] == str(REPO / "search_spaces") and len(looked) == 5
+    # the sweep file's folder, the working directory, then the search_spaces/ folders (in the sweep file's folder,
+    # beside it, in the working directory, klsweep's own)
+    assert looked[:5] == [str(folder), str(cwd), str(folder / "search_spaces"), str(folder.parent / "search_spaces"),
+                          str(cwd / "search_spaces")]
+    assert looked[5] == str(REPO / "search_spaces") and len(looked) == 6
+
+
+def test_a_search_space_in_the_sweep_files_own_search_spaces_folder_is_found_from_any_working_directory(elsewhere):
+    folder, cwd = elsewhere
+    (folder / "search_spaces").mkdir()
+    (folder / "search_spaces" / "mine.yaml").write_text(SPACE)
+    (folder / "sweep.yaml").write_text(HEADER + "search_space: mine\n")
+    sweep = load_sweep(folder / "sweep.yaml")  # the working directory is elsewhere (cwd), as for a resume from /tmp
+    assert sweep.parameters["kl_coef"].max == 0.01
+    assert sweep.where("parameters", "kl_coef") == f"{folder / 'search_spaces' / 'mine.yaml'}:2"
 
 
 def test_a_search_space_next_to_the_sweep_file_wins_over_one_in_the_working_directory(elsewhere):

@@ -323,11 +323,12 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str,
     """Merge the ``parameters`` of the search space ``name`` (written at ``where``) under the sweep's own parameters.
 
     ``name`` is found by :func:`find_file`, as ``name`` or ``name.yaml``. The places are, in order: next to the sweep
-    file; the working directory; then a ``search_spaces/`` folder beside the sweep file's folder (sweeps/ beside
-    search_spaces/), in the working directory, and in klsweep's own checkout. A shipped sweep file copied elsewhere
-    thus still finds the shipped spaces."""
+    file; the working directory; then a ``search_spaces/`` folder in the sweep file's folder, beside it (sweeps/
+    beside search_spaces/), in the working directory, and in klsweep's own checkout. So a sweep file finds its
+    spaces from any working directory, and a shipped sweep file copied elsewhere still finds the shipped spaces."""
     shipped = Path(__file__).resolve().parents[3] / "search_spaces"
-    folders = (sweep_path.parent.parent / "search_spaces", Path("search_spaces"), shipped)
+    folders = (sweep_path.parent / "search_spaces", sweep_path.parent.parent / "search_spaces",
+               Path("search_spaces"), shipped)
     found, looked = find_file(name, sweep_path, then=folders, suffix=".yaml")
     if found is None:
         names = repr(name) + (f" or {name + '.yaml'!r}" if not name.endswith(".yaml") else "")
