@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +22,11 @@ def short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
     return "" if value is None else str(value)
+
+
+def arg(value: Any) -> str:
+    """``value`` as one shell word, quoted where needed (a path with a space), for a command the user copies."""
+    return shlex.quote(str(value))
 
 
 def console(*, stderr: bool = False) -> Console:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -86,6 +87,14 @@ def test_status_to_a_pipe_shows_parameters_and_running_trials_on_unwrapped_lines
     # the stop table: the whole reason on the trial's one row
     assert any(line.split()[:5] == ["0", "│", "PRUNED", "│", "2"] and line.endswith(REASON) for line in lines)
     assert "no trial has completed healthy yet" in lines  # one trial still runs: not a failed sweep
+
+
+def test_a_command_status_prints_for_a_path_with_a_space_is_one_a_shell_runs_as_it_is(tmp_path, capsys):
+    (tmp_path / "my runs").mkdir()
+    out = _mid_sweep(tmp_path / "my runs")
+    assert main(["status", str(out)]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "continue it with: " in line]
+    assert shlex.split(line.split("continue it with: ", 1)[1]) == ["sweep", "resume", str(out)]
 
 
 def test_status_forecasts_the_kl_frontier_once_four_trials_are_feasible(tmp_path, capsys):

@@ -22,6 +22,7 @@ from optuna.exceptions import StorageInternalError
 from optuna_dashboard import save_plotly_graph_object, wsgi
 from sqlalchemy.exc import SQLAlchemyError
 
+from klsweep._format import arg
 from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.plots import frontier_figure
 from klsweep.analysis.study_file import StudyNotCreated
@@ -110,7 +111,8 @@ def save_frontier(run_dir: str, record: SweepRecord) -> str | None:
     except (StorageInternalError, SQLAlchemyError, OSError) as e:  # a read-only study.db: serve it as it is
         cause = str(getattr(e, "__cause__", None) or e).splitlines()[0][:120]
         print(f"warning: the KL frontier figure was not saved into the study ({cause}); a read-only study.db? The "
-              f"dashboard shows the study without it: `sweep report {run_dir} --out DIR` draws it", file=sys.stderr)
+              f"dashboard shows the study without it: `sweep report {arg(run_dir)} --out DIR` draws it",
+              file=sys.stderr)
         return result.summary()
     return f"{result.summary()} (the figure is in the dashboard's study page)"
 

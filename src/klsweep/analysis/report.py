@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
+from klsweep._format import arg
 from klsweep.analysis.accounting import compute_accounting, remedy_outcomes
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.confirm import is_search, ranking
@@ -137,7 +138,7 @@ def _writable(out_dir: Path, run_dir: Path, *, given: bool) -> None:
     except OSError as e:
         where = "" if given else " (the sweep directory's report/ folder)"
         raise ResultsError(f"cannot write the report to {out_dir}{where}: {e.strerror or e} ({e.filename}). "
-                           f"Pass a folder you can write: sweep report {run_dir} --out DIR") from None
+                           f"Pass a folder you can write: sweep report {arg(run_dir)} --out DIR") from None
 
 
 def _winner_block(sweep: Sweep, df: pd.DataFrame) -> str:

@@ -13,7 +13,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from klsweep._format import UNWRAPPED_WIDTH, fit_table, param_labels, short
+from klsweep._format import UNWRAPPED_WIDTH, arg, fit_table, param_labels, short
 from klsweep._format import console as plain_console
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.frontier import sweep_frontier
@@ -45,7 +45,7 @@ def status(run_dir: str, console: Console | None = None, *, every_command: bool 
             console.print(line, highlight=False, markup=False)
     running = bool(len(df) and (df["state"] == "RUNNING").any())
     if running:
-        console.print(f"if its `sweep run` is no longer running, continue it with: sweep resume {run_dir}",
+        console.print(f"if its `sweep run` is no longer running, continue it with: sweep resume {arg(run_dir)}",
                       highlight=False)
     print_summary(sweep, df, Path(run_dir), console=console, ended=not running, every_command=every_command)
     return 0

@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from klsweep._format import arg
 from klsweep.errors import ResultsError
 from klsweep.results import TUNE_DIR
 
@@ -39,7 +40,7 @@ def ran_trials(run_dir: str | Path) -> int:
 
 def rebuild_hint(run_dir: str | Path) -> str:
     """The command that rebuilds a sweep's study from ``tune/``."""
-    return f"sweep rebuild-study {run_dir}"
+    return f"sweep rebuild-study {arg(run_dir)}"
 
 
 def study_problem(record: SweepRecord, run_dir: str | Path) -> str | None:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from klsweep._format import UNWRAPPED_WIDTH, short
+from klsweep._format import UNWRAPPED_WIDTH, arg, short
 from klsweep._format import console as plain_console
 from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
@@ -147,12 +147,12 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
             if every_command:
                 _print_commands(console, sweep, row, True, width)
         if not every_command:
-            _print_lines(console, wrapped(f"verl commands that reproduce them: sweep status {out_dir} --commands",
+            _print_lines(console, wrapped(f"verl commands that reproduce them: sweep status {arg(out_dir)} --commands",
                                           width))
     if every_command or len(sweep.objectives) > 1 or not _has_own_command(sweep, best.iloc[0]):
         _print_lines(console, wrapped(results, width))
         return 0
-    _print_lines(console, wrapped(f"the {sweep.trainer} trainer's own command: sweep status {out_dir} --commands",
+    _print_lines(console, wrapped(f"the {sweep.trainer} trainer's own command: sweep status {arg(out_dir)} --commands",
                                   width))
     _print_lines(console, wrapped(results, width))
     return 0

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep._format import console
+from klsweep._format import arg, console
 from klsweep.analysis.summary import counts_line, print_summary
 from klsweep.analysis.trials_csv import write_trials_csv
 
@@ -86,7 +86,7 @@ def report_interrupted(sweep: Sweep, out_dir: Path) -> int:
         out = console()
         how = "Ctrl-C" if _ended_by[0] == signal.SIGINT else _ended_by[0].name
         out.print(f"\ninterrupted ({how}): {counts_line(sweep, df)}", highlight=False)
-        out.print(f"continue with: sweep resume {_shown(out_dir)}", highlight=False)
+        out.print(f"continue with: sweep resume {arg(_shown(out_dir))}", highlight=False)
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)

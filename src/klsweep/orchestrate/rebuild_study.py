@@ -30,6 +30,7 @@ from typing import Any
 
 import optuna
 
+from klsweep._format import arg
 from klsweep.analysis.study_file import check_study, sqlite_file, study_problem
 from klsweep.analysis.sweep_dir import storage_from_url
 from klsweep.analysis.trials_csv import write_trials_csv
@@ -91,7 +92,7 @@ def rebuild_study(run_dir: str) -> int:
     problem = study_problem(record, out_dir)
     if problem is None:
         raise ResultsError(f"{file} holds the study {record.study_name!r} and is readable: nothing to rebuild "
-                           f"(sweep status {run_dir} shows it)")
+                           f"(sweep status {arg(run_dir)} shows it)")
     trials = tune_trials(out_dir)
     if not trials:
         raise ResultsError(f"{out_dir / TUNE_DIR} holds no trial: nothing to rebuild the study from. Start the sweep "
@@ -109,7 +110,7 @@ def rebuild_study(run_dir: str) -> int:
         df = write_trials_csv(out_dir)
     counts = df["state"].value_counts()
     print(f"rebuild-study: {len(df)} trials from {out_dir / TUNE_DIR} into {file} ("
-          + ", ".join(f"{n} {state}" for state, n in counts.items()) + f"); continue with: sweep resume {run_dir}")
+          + ", ".join(f"{n} {state}" for state, n in counts.items()) + f"); continue with: sweep resume {arg(run_dir)}")
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import ray
 from ray import tune
 
+from klsweep._format import arg
 from klsweep.analysis.leaders import nothing_to_run
 from klsweep.analysis.study_file import StudyNotCreated, check_study
 from klsweep.analysis.summary import print_summary
@@ -162,7 +163,7 @@ def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = No
     saved = SweepRecord.read(out_dir)
     if not Path(saved.sweep_file).is_file():
         raise ResultsError(f"{out_dir}: its sweep file {saved.sweep_file} is gone; give the file again: "
-                           f"sweep run FILE --out {out_dir} --resume")
+                           f"sweep run FILE --out {arg(out_dir)} --resume")
     with driver_lock(out_dir):  # a live driver there is refused before anything is checked or written
         sweep = load_sweep(saved.sweep_file, [*saved.overrides, *overrides])
         _preflight(sweep, address)
