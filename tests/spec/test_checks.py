@@ -67,6 +67,31 @@ def test_an_objective_the_trainer_never_logs_fails_validate_with_the_names_it_lo
         assert not [p for p in e.problems if "objective." in p]
 
 
+def test_a_health_rule_on_a_metric_the_trainer_never_logs_fails_validate(sweep_file):
+    """A misspelt metric in a rule of the sweep's own passed validate, and the rule never fired: the user believed
+    the guard was on. An alias, or a name the trainer logs, passes."""
+    rules = ("health:\n  rules:\n"
+             "    - {name: mykl, metric: actor/kl_los, above: 0.01, action: stop}\n"
+             "    - {name: bare, metric: foo_bar_baz, above: 0.01, action: stop}\n"
+             "    - {name: alias, metric: ref_kl, above: 5, action: stop}\n"
+             "    - {name: derived, metric: kl_loss_share, above: 0.9, action: warn}\n"
+             "    - {name: named, all: [{metric: actor/kl_loss, above: 5}, {metric: entropy, below: 0.01}],\n"
+             "       action: warn}\n")
+    path = sweep_file(rules)
+    problems = [p for p in _problems(path) if "health.rules" in p]
+    assert len(problems) == 2, problems
+    mykl, bare = problems
+    assert mykl.startswith(f"{path}:6: health.rules.0: rule mykl: the embedded trainer never logs 'actor/kl_los', "
+                           "so the rule can never fire. Did you mean 'actor/kl_loss'?"), mykl
+    assert bare.startswith(f"{path}:7: health.rules.1: rule bare: the embedded trainer never logs 'foo_bar_baz'")
+    assert "an alias (entropy, ref_kl, kl_coef, score, kl_loss_share, val_score)" in bare
+    verl = sweep_file("trainer: verl\nbudget: {resources: {gpu: 1}}\noverrides: {trainer.n_gpus_per_node: 1}\n"
+                      + rules.replace("actor/kl_los", "actor/own_metric"), name="verl.yaml")
+    (problem,) = [p for p in _problems(verl) if "health.rules" in p]  # verl may log a section/name of its own
+    assert "rule bare: the verl trainer logs verl's metric names, all of them section/name: never 'foo_bar_baz'" \
+        in problem
+
+
 def test_the_embedded_metric_names_are_what_the_embedded_trainer_logs():
     """:data:`EMBEDDED_METRICS` against two steps of the embedded trainer (validating each step): PPO with the KL
     in the reward and GRPO with the KL in the loss, the two kinds of shipped embedded sweeps."""

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from klsweep.health.signals import DERIVED
 from klsweep.spec.key_checks import Problem, check_keys_resolved, label
 from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of_reach
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
@@ -122,6 +123,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                        "prompt, a group of 1 has no baseline. Use rollout.n >= 2 (the preset's 5)"))
     errors.extend(_not_drgrpo(sweep, params, resolved))
     errors.extend(_unlogged_objectives(sweep))
+    errors.extend(_unlogged_rule_metrics(sweep))
     if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
@@ -324,3 +326,35 @@ def _unlogged_objectives(sweep: Sweep) -> Iterator[Problem]:
             f"Objectives it logs: {', '.join(offered)}"
         yield ((("objective", i, "metric") if listed else ("objective", "metric")),
                f"{logs}: every trial would run its whole budget, then fail. {fix}")
+
+
+#: The names a rule reads that are not verl's: the aliases and the derived signals (val_score among them).
+_SIGNALS = tuple(a for a in ALIASES if "/" not in a) + DERIVED
+
+
+def _unlogged_rule_metrics(sweep: Sweep) -> Iterator[Problem]:
+    """A metric of one of the sweep's own health rules (``health.rules``) that no trial would ever report: the rule
+    could never fire, and the user would believe the guard is on.
+
+    The names are judged as for an objective (:func:`_unlogged_objectives`): an alias of the health rules
+    (:data:`klsweep.verl.metrics.ALIASES`) is read under whichever name the trainer logs, and a derived signal
+    (:data:`klsweep.health.signals.DERIVED`, ``kl_loss_share``) is computed from them; the embedded trainer logs
+    :data:`EMBEDDED_METRICS`; verl names every metric ``section/name``. A replayed log is not judged."""
+    kind = trainer_kind(sweep.trainer)
+    if kind.name not in ("embedded", "verl", "tabular"):
+        return
+    for i, rule in enumerate(sweep.health.rules):
+        for metric in rule.metrics:
+            if metric in ALIASES or metric in DERIVED or metric.startswith(("val-core/", "val/", "test_score/")):
+                continue
+            if kind.name == "embedded" and metric not in EMBEDDED_METRICS:
+                close = difflib.get_close_matches(metric, sorted(EMBEDDED_METRICS), n=1, cutoff=0.6)
+                logs = f"the embedded trainer never logs {metric!r}"
+            elif "/" not in metric:
+                close = difflib.get_close_matches(metric, [*ALIASES, *_COMMON_OBJECTIVES], n=1, cutoff=0.6)
+                logs = f"the {kind.name} trainer logs verl's metric names, all of them section/name: never {metric!r}"
+            else:
+                continue
+            fix = (f"Did you mean {close[0]!r}? " if close else "") + \
+                f"Name a metric the trainer logs, or an alias ({', '.join(dict.fromkeys(_SIGNALS))})"
+            yield ("health", "rules", i), f"rule {rule.name}: {logs}, so the rule can never fire. {fix}"
