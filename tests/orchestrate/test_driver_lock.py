@@ -86,3 +86,37 @@ def test_resume_goes_ahead_once_the_driver_was_killed(ray_local, tmp_path):
     holder.wait()
     assert main(["resume", str(out), "budget.trials=2", "--quiet"]) == 0
     assert len((out / "trials.csv").read_text().splitlines()) == 3  # header and both trials
+
+
+@pytest.mark.parametrize("other", ["runs", "ended"])
+def test_a_driver_that_made_the_directory_first_wins_a_race_into_a_new_one(tmp_path, monkeypatch, other):
+    """Two `sweep run`s started at the same moment into one new --out: both passed the check for a sweep there
+    before either made the directory, and the second ran beside the first. The other driver is injected during
+    this one's preflight (the slow part): it holds the directory's lock, or it has ended and left its sweep."""
+    import klsweep.orchestrate.sweep as sweep_module
+    from klsweep.errors import ResultsError
+    from klsweep.orchestrate.sweep import run_sweep
+
+    path = sweep_file(tmp_path, "race", budget={"trials": 1, "max_concurrent": 1, "max_steps": 2})
+    out = tmp_path / "out"
+    started = {}
+
+    def the_other_driver_starts(sweep, address):
+        if other == "runs":
+            out.mkdir()
+            started["holder"] = _holder(out)
+        else:
+            started_sweep_dir(tmp_path, path)  # tmp_path/out with the other driver's sweep.json
+
+    monkeypatch.setattr(sweep_module, "_preflight", the_other_driver_starts)
+    try:
+        with pytest.raises(ResultsError) as refused:
+            run_sweep(path, [], out=str(out), quiet=True)
+    finally:
+        if "holder" in started:
+            started["holder"].kill()
+            started["holder"].wait()
+    expected = (f"its sweep driver (PID {started['holder'].pid}) still runs" if other == "runs"
+                else "already holds a sweep: pass --resume")
+    assert expected in str(refused.value)
+    assert sorted(p.name for p in out.iterdir()) == ([DRIVER_LOCK] if other == "runs" else [DRIVER_LOCK, "sweep.json"])

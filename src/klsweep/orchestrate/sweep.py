@@ -113,7 +113,8 @@ def run_sweep(
     out_dir = Path(out or Path("runs") / sweep.name).resolve()
     _refuse_existing(out_dir, resume=resume, overwrite=overwrite)
     with contextlib.ExitStack() as held:
-        if out_dir.is_dir():  # a live driver there is refused before anything is checked or written
+        locked = out_dir.is_dir()
+        if locked:  # a live driver there is refused before anything is checked or written
             held.enter_context(driver_lock(out_dir))
         _preflight(sweep, address)
         record = SweepRecord(
@@ -130,8 +131,11 @@ def run_sweep(
                            quiet=quiet)
         created = not out_dir.exists()
         _prepare_out(out_dir, overwrite=overwrite)
-        if created or overwrite:  # a new directory (--overwrite deleted the old one with its lock file)
+        if created or overwrite or not locked:  # a new directory (--overwrite deleted the old one with its lock)
             held.enter_context(driver_lock(out_dir))
+            # a driver started at the same moment may have made the directory first: it holds the lock (refused
+            # above), or it ended and left its sweep there
+            _refuse_existing(out_dir, resume=False, overwrite=False)
         record.write(out_dir)
         try:
             _init_ray(sweep, address, out_dir)
