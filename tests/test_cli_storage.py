@@ -75,3 +75,30 @@ def test_a_saved_storage_gone_after_trials_ran_says_to_make_it_reachable_not_to_
     assert main(["status", str(out)]) == 2
     err = capsys.readouterr().err
     assert "its trials' results are in tune/: make the storage reachable again" in err and "--overwrite" not in err
+
+
+def test_a_storage_holding_a_study_of_the_sweeps_name_from_another_directory_is_refused(tmp_path, capsys):
+    """Two sweeps of one name into one --storage: the second loaded the first's study, ran its budget minus the
+    first's trials, and both directories showed both sweeps' trials."""
+    import optuna
+
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
+    path = sweep_file(tmp_path)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="tiny", storage=url)
+    study.add_trial(optuna.trial.create_trial(value=0.5))  # the other directory's sweep, one trial
+    for out, extra in ((tmp_path / "b", []), (tmp_path / "a", ["--overwrite"])):
+        if extra:  # a directory whose own sweep recorded another study there: --overwrite does not delete this one
+            out.mkdir()
+            sweep = load_sweep(path)
+            SweepRecord(name="tiny", sweep_file=path, study_name="tiny-a", storage=url,
+                        objectives=[o.model_dump() for o in sweep.objectives],
+                        sweep=sweep.model_dump(mode="json")).write(out)
+        assert main(["run", path, "--out", str(out), "--storage", url, *extra]) == 2
+        err = capsys.readouterr().err.splitlines()[-1]  # after the preflight's warnings, one line
+        assert err.startswith("sweep run: error: ") and "Traceback" not in err, err
+        assert (f"--storage {url} already holds a study named 'tiny' (1 trials) of another sweep directory" in err
+                and "name=tiny-2" in err and f"optuna delete-study --study-name tiny --storage {url}" in err), err
+        assert sorted(p.name for p in out.iterdir()) == ["driver.lock", "sweep.json"] if extra else not out.exists()
+    assert len(optuna.load_study(study_name="tiny", storage=url).trials) == 1  # the other sweep's study untouched

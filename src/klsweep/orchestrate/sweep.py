@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import optuna
 import ray
 from ray import tune
 
@@ -30,7 +31,7 @@ from klsweep._format import arg
 from klsweep.analysis.leaders import nothing_to_run
 from klsweep.analysis.study_file import StudyNotCreated, check_study
 from klsweep.analysis.summary import print_summary
-from klsweep.analysis.sweep_dir import load, study_of
+from klsweep.analysis.sweep_dir import load, storage_from_url, study_of
 from klsweep.analysis.trials_csv import write_trials_csv
 from klsweep.errors import ClusterError, ResultsError
 from klsweep.launchers import ray_address
@@ -45,7 +46,7 @@ from klsweep.orchestrate.plan import preflight_sweep
 from klsweep.orchestrate.resume_changes import check_resume
 from klsweep.orchestrate.samplers import build_sampler
 from klsweep.orchestrate.tuner import build_tuner, trainable
-from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord, default_storage
+from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord, default_storage, sqlite_path
 from klsweep.spec import load_sweep
 
 if TYPE_CHECKING:
@@ -71,6 +72,34 @@ def _refuse_existing(out: Path, *, resume: bool, overwrite: bool) -> None:
             f"{out} already holds a sweep: pass --resume to continue it, --overwrite to replace it, "
             f"or --out DIR to write elsewhere"
         )
+
+
+def _refuse_taken_study(record: SweepRecord, out: Path, *, overwrite: bool) -> None:
+    """Refuse a new sweep whose ``--storage`` already holds a study of its name: Optuna would load that study and the
+    two sweeps' trials would mix. With ``overwrite``, the study the replaced sweep recorded (``out/sweep.json``: the
+    same storage and name) is deleted instead, as its directory is.
+
+    Raises:
+        ResultsError: the storage, the study's trial count and the fixes.
+    """
+    url = record.storage_url(out)
+    file = sqlite_path(url) or (Path(url.removeprefix("journal://")) if url.startswith("journal://") else None)
+    if file is not None and not file.exists():
+        return  # a new database holds no study
+    storage = storage_from_url(url)
+    if record.study_name not in optuna.get_all_study_names(storage):
+        return
+    if overwrite and (out / SWEEP_FILE).is_file():
+        old = SweepRecord.read(out)
+        if (old.study_name, old.storage_url(out)) == (record.study_name, url):
+            optuna.delete_study(study_name=record.study_name, storage=storage)
+            return
+    trials = len(optuna.load_study(study_name=record.study_name, storage=storage).get_trials(deepcopy=False))
+    raise ResultsError(
+        f"--storage {record.storage} already holds a study named {record.study_name!r} ({trials} trials) of "
+        f"another sweep directory: this sweep's trials would mix with its. Give this sweep another name "
+        f"(name={record.study_name}-2 on the command line), another --storage, or delete that study with "
+        f"`optuna delete-study --study-name {arg(record.study_name)} --storage {arg(url)}`")
 
 
 def _prepare_out(out: Path, *, overwrite: bool) -> None:
@@ -129,6 +158,8 @@ def run_sweep(
         if resume and (out_dir / SWEEP_FILE).is_file():
             return _resume(out_dir, sweep, record, SweepRecord.read(out_dir), source=sweep_file, address=address,
                            quiet=quiet)
+        if storage is not None:
+            _refuse_taken_study(record, out_dir, overwrite=overwrite)
         created = not out_dir.exists()
         _prepare_out(out_dir, overwrite=overwrite)
         if created or overwrite or not locked:  # a new directory (--overwrite deleted the old one with its lock)
