@@ -82,3 +82,11 @@ def test_sweep_run_resume_with_an_edited_file(ray_local, tmp_path, capsys):
     path.write_text(path.read_text().replace("max_steps: 2", "max_steps: 3"))
     assert main(["resume", str(out), "--quiet"]) == 2
     assert "budget.max_steps: 2 → 3" in capsys.readouterr().err
+
+    # the results directory moved: its study.db is found where it is now, in the study and in Tune's saved searcher
+    path.write_text(path.read_text().replace("max_steps: 3", "max_steps: 2"))
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    assert main(["resume", str(moved), "budget.trials=4", "--quiet"]) in (0, 1)
+    assert "Traceback" not in capsys.readouterr().err
+    assert len(optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{moved / 'study.db'}").trials) == 4

@@ -19,6 +19,8 @@ and **Optuna 5.0.0**; ``pyproject.toml`` pins both, and this module must be re-c
   a checkpoint exists is ``_exists_at_fs_path`` (``ray/train/_internal/storage.py``), as ``Trainable.restore`` asks.
   ``_TrainingResult`` is in ``ray/train/_internal/session.py``; a checkpoint's metrics are its reported result,
   the row ``JsonLoggerCallback`` writes to ``result.json`` with its ``checkpoint_dir_name``.
+- Optuna's ``RDBStorage`` pickles its ``url`` and opens it when unpickled (``__setstate__``,
+  ``optuna/storages/_rdb/storage.py``).
 - Optuna: ``Study._storage`` with ``set_trial_user_attr`` / ``set_trial_state_values``, and ``FrozenTrial._trial_id``
   (``optuna/storages/_base.py``), to finish a trial another process asked.
 
@@ -27,6 +29,7 @@ and **Optuna 5.0.0**; ``pyproject.toml`` pins both, and this module must be re-c
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import shutil
@@ -41,6 +44,37 @@ from ray.tune.result import EXPR_RESULT_FILE
 from ray.tune.trainable.metadata import _TrainingRunMetadata
 
 from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON, result_rows
+
+
+class _RepointedRDBStorage(optuna.storages.RDBStorage):
+    """Unpickles as an ``RDBStorage`` whose URL is :attr:`url_now`, then becomes a plain ``RDBStorage`` again."""
+
+    url_now = ""
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__({**state, "url": self.url_now})
+        self.__class__ = optuna.storages.RDBStorage  # type: ignore[assignment]
+
+
+class _Repointing(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) == ("optuna.storages._rdb.storage", "RDBStorage"):
+            return _RepointedRDBStorage
+        return super().find_class(module, name)
+
+
+def repoint_search_state(tune_path: str | Path, url: str) -> None:
+    """Point the study storage saved with the searcher (``searcher-state-*.pkl``, ``search_gen_state-*.json``) at
+    ``url``, the sweep's storage as resolved for its results directory now.
+
+    The saved ``RDBStorage`` holds the URL of when it was saved, and unpickling it opens that URL. A results
+    directory moved since then saved the old absolute path of its ``study.db``, which no longer opens, and
+    Tune's restore of the searcher would fail on it."""
+    _RepointedRDBStorage.url_now = url
+    for pattern in ("searcher-state-*.pkl", "search_gen_state-*.json"):
+        for file in Path(tune_path).glob(pattern):
+            state = _Repointing(io.BytesIO(file.read_bytes())).load()
+            file.write_bytes(cloudpickle.dumps(state))
 
 
 def _saved_trials(tune_path: str) -> list[dict] | None:

@@ -308,6 +308,7 @@ def _fit(sweep: Sweep, record: SweepRecord, out_dir: Path, *, address: str | Non
                 return _finish(sweep, out_dir)
             _repair.close_told_trials(tune_path, study_of(out_dir))
             _repair.drop_lost_checkpoints(tune_path)
+            _repair.repoint_search_state(tune_path, record.storage_url(out_dir))  # a moved directory
             _repair.reconcile_search_state(tune_path, study_of(out_dir))
             if tune.Tuner.can_restore(tune_path) and not _repair.tune_finished(tune_path, record.tune_num_samples):
                 if interrupted_fit(tune.Tuner.restore(tune_path, trainable=trainable(sweep), resume_unfinished=True,
