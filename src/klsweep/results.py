@@ -149,6 +149,11 @@ def sqlite_path(url: str) -> Path | None:
     return Path(url[len(_SQLITE):]) if url.startswith(_SQLITE) else None
 
 
+def storage_file(url: str) -> Path | None:
+    """The file a ``sqlite:///`` or ``journal://`` storage URL keeps its studies in; None for a database server."""
+    return sqlite_path(url) or (Path(url[len(_JOURNAL):]) if url.startswith(_JOURNAL) else None)
+
+
 def resolve_storage(storage: str, run_dir: str | Path) -> str:
     """The storage URL ``storage`` with a relative sqlite path resolved against ``run_dir``; any other URL as it is."""
     file = sqlite_path(storage)
@@ -164,7 +169,7 @@ def storage_problem(url: str, open_storage: Callable[[str], Any]) -> str | None:
 
     ``open_storage`` opens a URL as the sweep does (:func:`klsweep.analysis.sweep_dir.storage_from_url`). A SQLite or
     journal file that the opening creates is deleted again."""
-    file = sqlite_path(url) or (Path(url[len(_JOURNAL):]) if url.startswith(_JOURNAL) else None)
+    file = storage_file(url)
     existed = file is None or file.exists()
     try:
         storage = open_storage(url)

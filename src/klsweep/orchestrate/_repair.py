@@ -46,21 +46,25 @@ from ray.tune.trainable.metadata import _TrainingRunMetadata
 from klsweep.results import ATTR_RAY_TRIAL_ID, ATTR_STOP_REASON, result_rows
 
 
-class _RepointedRDBStorage(optuna.storages.RDBStorage):
-    """Unpickles as an ``RDBStorage`` whose URL is :attr:`url_now`, then becomes a plain ``RDBStorage`` again."""
-
-    url_now = ""
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__({**state, "url": self.url_now})
-        self.__class__ = optuna.storages.RDBStorage  # type: ignore[assignment]
-
-
 class _Repointing(pickle.Unpickler):
+    """Unpickles every Optuna ``RDBStorage`` with its URL replaced by ``url`` (a plain ``RDBStorage`` again once
+    built)."""
+
+    def __init__(self, data: bytes, url: str):
+        super().__init__(io.BytesIO(data))
+        self._url = url
+
     def find_class(self, module: str, name: str) -> type:
-        if (module, name) == ("optuna.storages._rdb.storage", "RDBStorage"):
-            return _RepointedRDBStorage
-        return super().find_class(module, name)
+        if (module, name) != ("optuna.storages._rdb.storage", "RDBStorage"):
+            return super().find_class(module, name)
+        url = self._url
+
+        class Repointed(optuna.storages.RDBStorage):
+            def __setstate__(self, state: dict) -> None:
+                super().__setstate__({**state, "url": url})
+                self.__class__ = optuna.storages.RDBStorage  # type: ignore[assignment]
+
+        return Repointed
 
 
 def repoint_search_state(tune_path: str | Path, url: str) -> None:
@@ -70,10 +74,9 @@ def repoint_search_state(tune_path: str | Path, url: str) -> None:
     The saved ``RDBStorage`` holds the URL of when it was saved, and unpickling it opens that URL. A results
     directory moved since then saved the old absolute path of its ``study.db``, which no longer opens, and
     Tune's restore of the searcher would fail on it."""
-    _RepointedRDBStorage.url_now = url
     for pattern in ("searcher-state-*.pkl", "search_gen_state-*.json"):
         for file in Path(tune_path).glob(pattern):
-            state = _Repointing(io.BytesIO(file.read_bytes())).load()
+            state = _Repointing(file.read_bytes(), url).load()
             file.write_bytes(cloudpickle.dumps(state))
 
 

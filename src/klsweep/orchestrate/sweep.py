@@ -46,7 +46,7 @@ from klsweep.orchestrate.plan import preflight_sweep
 from klsweep.orchestrate.resume_changes import check_resume
 from klsweep.orchestrate.samplers import build_sampler
 from klsweep.orchestrate.tuner import build_tuner, trainable
-from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord, default_storage, sqlite_path
+from klsweep.results import SWEEP_FILE, TUNE_DIR, SweepRecord, default_storage, storage_file
 from klsweep.spec import load_sweep
 
 if TYPE_CHECKING:
@@ -83,20 +83,21 @@ def _refuse_taken_study(record: SweepRecord, out: Path, *, overwrite: bool) -> N
         ResultsError: the storage, the study's trial count and the fixes.
     """
     url = record.storage_url(out)
-    file = sqlite_path(url) or (Path(url.removeprefix("journal://")) if url.startswith("journal://") else None)
+    file = storage_file(url)
     if file is not None and not file.exists():
         return  # a new database holds no study
     storage = storage_from_url(url)
-    if record.study_name not in optuna.get_all_study_names(storage):
+    taken = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+             if s.study_name == record.study_name]
+    if not taken:
         return
     if overwrite and (out / SWEEP_FILE).is_file():
         old = SweepRecord.read(out)
         if (old.study_name, old.storage_url(out)) == (record.study_name, url):
             optuna.delete_study(study_name=record.study_name, storage=storage)
             return
-    trials = len(optuna.load_study(study_name=record.study_name, storage=storage).get_trials(deepcopy=False))
     raise ResultsError(
-        f"--storage {record.storage} already holds a study named {record.study_name!r} ({trials} trials) of "
+        f"--storage {record.storage} already holds a study named {record.study_name!r} ({taken[0].n_trials} trials) of "
         f"another sweep directory: this sweep's trials would mix with its. Give this sweep another name "
         f"(name={record.study_name}-2 on the command line), another --storage, or delete that study with "
         f"`optuna delete-study --study-name {arg(record.study_name)} --storage {arg(url)}`")
@@ -162,7 +163,7 @@ def run_sweep(
             _refuse_taken_study(record, out_dir, overwrite=overwrite)
         created = not out_dir.exists()
         _prepare_out(out_dir, overwrite=overwrite)
-        if created or overwrite or not locked:  # a new directory (--overwrite deleted the old one with its lock)
+        if overwrite or not locked:  # a new directory (--overwrite deleted the old one with its lock file)
             held.enter_context(driver_lock(out_dir))
             # a driver started at the same moment may have made the directory first: it holds the lock (refused
             # above), or it ended and left its sweep there
