@@ -296,6 +296,18 @@ _COMMON_OBJECTIVES = ("critic/score/mean", "critic/rewards/mean", "actor/entropy
                       "actor/reward_kl_penalty", "response_length/mean")
 
 
+def _never_logged(trainer: str, metric: str, *, read_as: tuple[str, ...]) -> str | None:
+    """Why the ``trainer`` (embedded, verl or tabular) never logs ``metric``, or None when it may. Names in
+    ``read_as`` (aliases read under a logged name, derived signals) and validation names are not judged here."""
+    if metric in read_as or metric.startswith(("val-core/", "val/", "test_score/")):
+        return None
+    if trainer == "embedded" and metric not in EMBEDDED_METRICS:
+        return f"the embedded trainer never logs {metric!r}"
+    if "/" not in metric:
+        return f"the {trainer} trainer logs verl's metric names, all of them section/name: never {metric!r}"
+    return None
+
+
 def _unlogged_objectives(sweep: Sweep) -> Iterator[Problem]:
     """An objective metric no trial would ever report: every trial would run its whole budget and then fail.
 
@@ -309,16 +321,13 @@ def _unlogged_objectives(sweep: Sweep) -> Iterator[Problem]:
     listed = ("objective", "0") in written or len(sweep.objectives) > 1
     for i, objective in enumerate(sweep.objectives):
         metric = objective.metric
-        if metric in ALIASES or metric == VAL_SCORE or metric.startswith(("val-core/", "val/", "test_score/")):
+        logs = _never_logged(kind.name, metric, read_as=(*ALIASES, VAL_SCORE))
+        if logs is None:
             continue
-        if kind.name == "embedded" and metric not in EMBEDDED_METRICS:
+        if kind.name == "embedded":
             names = sorted(EMBEDDED_METRICS)
-            logs = f"the embedded trainer never logs {metric!r}"
-        elif "/" not in metric:
-            names = [kind.validation_metric or "val-core/<data_source>/<reward key>/mean@<n>", *_COMMON_OBJECTIVES]
-            logs = f"the {kind.name} trainer logs verl's metric names, all of them section/name: never {metric!r}"
         else:
-            continue
+            names = [kind.validation_metric or "val-core/<data_source>/<reward key>/mean@<n>", *_COMMON_OBJECTIVES]
         offered = [kind.validation_metric or names[0], *_COMMON_OBJECTIVES]
         close = ([n for n in offered if metric.lower() in n.lower() and "<" not in n]
                  or difflib.get_close_matches(metric, names, n=1, cutoff=0.5))
@@ -345,16 +354,11 @@ def _unlogged_rule_metrics(sweep: Sweep) -> Iterator[Problem]:
         return
     for i, rule in enumerate(sweep.health.rules):
         for metric in rule.metrics:
-            if metric in ALIASES or metric in DERIVED or metric.startswith(("val-core/", "val/", "test_score/")):
+            logs = _never_logged(kind.name, metric, read_as=(*ALIASES, *DERIVED))
+            if logs is None:
                 continue
-            if kind.name == "embedded" and metric not in EMBEDDED_METRICS:
-                close = difflib.get_close_matches(metric, sorted(EMBEDDED_METRICS), n=1, cutoff=0.6)
-                logs = f"the embedded trainer never logs {metric!r}"
-            elif "/" not in metric:
-                close = difflib.get_close_matches(metric, [*ALIASES, *_COMMON_OBJECTIVES], n=1, cutoff=0.6)
-                logs = f"the {kind.name} trainer logs verl's metric names, all of them section/name: never {metric!r}"
-            else:
-                continue
+            names = sorted(EMBEDDED_METRICS) if kind.name == "embedded" else [*ALIASES, *_COMMON_OBJECTIVES]
+            close = difflib.get_close_matches(metric, names, n=1, cutoff=0.6)
             fix = (f"Did you mean {close[0]!r}? " if close else "") + \
                 f"Name a metric the trainer logs, or an alias ({', '.join(dict.fromkeys(_SIGNALS))})"
             yield ("health", "rules", i), f"rule {rule.name}: {logs}, so the rule can never fire. {fix}"
