@@ -33,7 +33,7 @@ from klsweep.launchers.multinode import check_cluster, trials_that_fit
 from klsweep.launchers.process import trial_command
 from klsweep.launchers.resume import repair_tracker
 from klsweep.spec import load_sweep
-from tests.launchers.conftest import alive
+from tests.launchers.conftest import alive, seconds_until_gone
 
 REPO = Path(__file__).resolve().parents[2]
 STANDINS = REPO / "tests" / "standins"
@@ -317,7 +317,7 @@ def test_two_2_node_trials_run_one_after_the_other_and_a_health_stop_ends_its_jo
     ended_s = _last_beat(stopped) - (stopped / "exit.json").stat().st_mtime
     print(f"health stop: the job's last worker beat {ended_s:+.1f} s from the end of its tree")
     assert ended_s < 5.0
-    assert [pid for pid in _trial_pids(out) if alive(pid)] == []
+    seconds_until_gone(set(_trial_pids(out)))  # Ray ends a finished job's workers just after its driver has gone
 
 
 def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_checkpoints(cluster, tmp_path):
@@ -357,7 +357,9 @@ def test_a_killed_driver_leaves_no_trial_process_and_resume_continues_both_from_
         assert _steps(trial / "attempt-2") == list(range(checkpointed[coef] + 1, 25))
         assert json.loads((trial / "result.json").read_text().splitlines()[-1])["step"] == 24
     assert [t.state for t in _studies(out)] == [optuna.trial.TrialState.COMPLETE] * 2
-    assert [pid for pid in _trial_pids(out) if alive(pid)] == []
+    # Ray ends a finished job's worker processes after its driver has gone, not before the driver returns: under load
+    # CI saw two still alive as `sweep resume` returned. They must go within seconds; a true orphan never does.
+    print(f"after resume: every trial process gone within {seconds_until_gone(set(_trial_pids(out))):.1f} s")
 
 
 #: A driver on the cluster (as ``sweep resume`` and ``sweep run`` are): ends the jobs recorded under argv[2], then
