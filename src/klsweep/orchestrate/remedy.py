@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from klsweep.health import load_ruleset
 from klsweep.health.rules import Rule, parse_operation
 from klsweep.launchers.resume import KL_COEFF_METRIC, SAVE_FREQ_KEY, save_freq
 from klsweep.results import ATTR_REMEDIES, Restart, restarts
@@ -56,11 +55,8 @@ def remedies_on(sweep: Sweep) -> bool:
 
 
 def remedy_rules(sweep: Sweep) -> tuple[Rule, ...]:
-    """The rules of the sweep's rule set that have a ``remedy``, in rule-set order.
-
-    Computed on each call: :func:`klsweep.health.load_ruleset` reads each preset file once per process.
-    """
-    return tuple(rule for rule in load_ruleset(sweep.health).rules if rule.remedy)
+    """The rules of the sweep's rule set that have a ``remedy``, in rule-set order."""
+    return tuple(rule for rule in sweep.ruleset.rules if rule.remedy)
 
 
 def checkpoint_every(sweep: Sweep, overrides: Mapping[str, Any]) -> int:

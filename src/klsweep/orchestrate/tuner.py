@@ -17,7 +17,7 @@ from ray.tune.schedulers import TrialScheduler
 from ray.tune.stopper import Stopper
 
 from klsweep.analysis.sweep_dir import storage_from_url
-from klsweep.health import HealthStopper, load_ruleset
+from klsweep.health import HealthStopper
 from klsweep.launchers import multinode
 from klsweep.orchestrate.asha import HealthAwareASHA
 from klsweep.orchestrate.confirm_search import ConfirmSearch
@@ -58,7 +58,7 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
             reduction_factor=sweep.scheduler.reduction_factor,
         )
     search = _searcher(sweep, record, out_dir, seed_trials=seed_trials, confirm=confirm)
-    ruleset = load_ruleset(sweep.health)
+    ruleset = sweep.ruleset
     retention: list[Callback] = []  # checkpoints: the newest alone (checkpoint_config), or the restart points too
     stopper: Stopper
     if remedies_on(sweep):

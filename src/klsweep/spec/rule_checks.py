@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from klsweep.health import load_ruleset
 from klsweep.health.conditions import WindowCondition
 from klsweep.health.rules import Rule
 from klsweep.spec.key_checks import Problem
@@ -55,7 +54,7 @@ def remedies_off(sweep: Sweep) -> Iterator[Problem]:
     why = trainer_kind(sweep.trainer).no_restarts
     if not why or not sweep.health.remedies or sweep.scheduler.type != "none":
         return
-    named = [rule.name for rule in load_ruleset(sweep.health).rules if rule.remedy]
+    named = [rule.name for rule in sweep.ruleset.rules if rule.remedy]
     if named:
         yield ("health",), (f"trainer {sweep.trainer}: remedies off, {why}: {', '.join(named)} stop their trial "
                              "instead of restarting it (as with health: {remedies: false})")
@@ -81,7 +80,7 @@ def rules_out_of_reach(sweep: Sweep) -> Iterator[Problem]:
     A trial such a stop rule would stop ends COMPLETE and healthy; such a warn rule never warns.
     """
     steps = sweep.budget.max_steps
-    late = [(rule, _first_firing_step(rule)) for rule in load_ruleset(sweep.health).rules]
+    late = [(rule, _first_firing_step(rule)) for rule in sweep.ruleset.rules]
     late = [(rule, first) for rule, first in late if first > steps]
     if not late:
         return

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from klsweep.health import HealthConfig
+from klsweep.health import HealthConfig, RuleSet, load_ruleset
 from klsweep.trainers import TrainerName, trainer_kind
 from klsweep.verl.presets import resolve_key
 
@@ -509,6 +509,11 @@ class Sweep(BaseModel):
             ValueError: an alias has no live key under the placement (a loaded sweep has none).
         """
         return {name: resolve_key(name, self.placement) for name in self.parameters}
+
+    @functools.cached_property
+    def ruleset(self) -> RuleSet:
+        """The health rule set ``health`` names (its preset, rules and built-in settings), loaded once."""
+        return load_ruleset(self.health)
 
     @field_validator("objective", mode="before")
     @classmethod
