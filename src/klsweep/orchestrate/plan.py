@@ -22,7 +22,7 @@ from klsweep.orchestrate.samplers import MODEL_BASED, SpaceFillingStart, build_s
 from klsweep.spec import Sweep, load_sweep
 from klsweep.spec.load import load_partial
 from klsweep.spec.space import condition, define_space, key_locations, parameters, seed_params, trial_overrides
-from klsweep.trainers import reproduce_lines, trainer_kind
+from klsweep.trainers import reproduce_lines
 from klsweep.verl.metrics import ALIASES, VAL_SCORE
 from klsweep.verl.preflight import preflight
 
@@ -88,7 +88,7 @@ def _objective_problems(sweep: Sweep) -> list[str]:
 
     One is a health-rule alias (``ref_kl``): trials report verl's own names. Another is a validation metric the
     trainer is known not to log; a typo would fail every trial after its whole budget."""
-    kind = trainer_kind(sweep.trainer)
+    kind = sweep.kind
     validation = kind.validation_metric or "val-core/<data_source>/<metric>/mean@<n>"
     logged_as = {
         "ref_kl": {"loss": "actor/kl_loss", "reward": "actor/reward_kl_penalty"}.get(sweep.placement),
@@ -124,7 +124,7 @@ def preflight_sweep(sweep: Sweep, *, files_here: bool = False) -> list[str]:
     for overrides in preflight_configs(sweep):
         try:
             warnings.update(dict.fromkeys(preflight(
-                overrides, runs_verl=trainer_kind(sweep.trainer).runs_verl, allow_negative_kl=sweep.allow_negative_kl,
+                overrides, runs_verl=sweep.kind.runs_verl, allow_negative_kl=sweep.allow_negative_kl,
                 where=where, files_here=files_here)))
         except PreflightError as e:
             problems.update(dict.fromkeys(str(e).splitlines()))
@@ -163,9 +163,9 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     costs: dict[str, None] = {}
     for i, params in enumerate(planned_params(sweep, n)):
         overrides_i = trial_overrides(sweep, params)
-        if trainer_kind(sweep.trainer).runs_verl:
+        if sweep.kind.runs_verl:
             costs[checkpoint_cost(overrides_i).describe()] = None
-        warnings = preflight(overrides_i, runs_verl=trainer_kind(sweep.trainer).runs_verl,
+        warnings = preflight(overrides_i, runs_verl=sweep.kind.runs_verl,
                              allow_negative_kl=sweep.allow_negative_kl)
         if i < seeds:
             origin = f"seed trial {i + 1}"

@@ -27,7 +27,6 @@ from klsweep.health.rules import Rule, parse_operation
 from klsweep.launchers.resume import KL_COEFF_METRIC, SAVE_FREQ_KEY, save_freq
 from klsweep.results import ATTR_REMEDIES, Restart, restarts
 from klsweep.spec.space import trial_overrides
-from klsweep.trainers import trainer_kind
 from klsweep.trainers.restore import KL_COEF_KEY
 from klsweep.verl.liveness import inert_reason
 from klsweep.verl.presets import resolve_key, verl_default
@@ -49,7 +48,7 @@ def remedies_on(sweep: Sweep) -> bool:
     True when a rule has a ``remedy``, the scheduler is ``none`` (ASHA stops instead), the trainer restarts trials
     (not :attr:`klsweep.trainers.TrainerKind.no_restarts`) and ``health.remedies`` is not false.
     """
-    if not sweep.health.remedies or sweep.scheduler.type != "none" or trainer_kind(sweep.trainer).no_restarts:
+    if not sweep.health.remedies or sweep.scheduler.type != "none" or sweep.kind.no_restarts:
         return False
     return bool(remedy_rules(sweep))
 

@@ -52,7 +52,7 @@ from klsweep.orchestrate.remedy import (
 )
 from klsweep.results import STEP, TOTAL_STEPS, Restart, restarts
 from klsweep.spec.space import trial_overrides
-from klsweep.trainers import runs_verl, trainer_kind
+from klsweep.trainers import runs_verl
 from klsweep.verl.presets import resolve_key
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class RemedyScheduler(FIFOScheduler):
 
         ``escalate`` applies the prescription twice, ``repeat`` once more. ``result``: the finding step's metrics.
         """
-        kind = trainer_kind(self._sweep.trainer)
+        kind = self._sweep.kind
         if kind.in_process is None and not runs_verl(self._sweep.trainer):
             return f"trainer {self._sweep.trainer} trials keep no checkpoint a remedy can restart from"
         trial = self._trials.get(trial_id)
@@ -203,7 +203,7 @@ def restart_points(trial: Trial, sweep: Sweep) -> list[Any]:
     (:func:`klsweep.launchers.resume.has_checkpoint`) count.
     """
     manager = trial.run_metadata.checkpoint_manager
-    in_process = trainer_kind(sweep.trainer).in_process is not None
+    in_process = sweep.kind.in_process is not None
     if manager is None or not in_process and trial.storage is None:
         return []
     verl = None if in_process or trial.storage is None else Path(trial.storage.trial_fs_path, "checkpoints")

@@ -33,7 +33,6 @@ from klsweep.launchers.process import run_process_trial, stop_running_trials
 from klsweep.orchestrate.remedy import checkpoint_every, remedies_on, split_config, verl_checkpoints_kept
 from klsweep.results import STEP, TOTAL_STEPS
 from klsweep.spec.space import trial_overrides
-from klsweep.trainers import trainer_kind
 from klsweep.trainers.restore import reapply_after_load
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ def run_trial(config: Mapping[str, Any], *, sweep: Sweep) -> None:
     """
     params, remedies = split_config(config)  # a remedied trial's config also lists its remedies
     overrides = trial_overrides(sweep, params)
-    kind = trainer_kind(sweep.trainer)
+    kind = sweep.kind
     if kind.in_process is None:
         if remedies_on(sweep):  # the checkpoint before a finding must still be there (the trial's own value wins)
             overrides = verl_checkpoints_kept(sweep, overrides) | overrides

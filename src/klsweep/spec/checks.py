@@ -18,7 +18,6 @@ from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
 from klsweep.spec.space import condition, fixed_overrides, parameters
 from klsweep.spec.trainer_checks import table_problems, verl_resources
-from klsweep.trainers import trainer_kind
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS
 from klsweep.verl.liveness import inert_reason
@@ -57,7 +56,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     """
     warnings: list[Problem] = []
     errors, resolved = check_keys_resolved(sweep)
-    on_verl = trainer_kind(sweep.trainer).runs_verl
+    on_verl = sweep.kind.runs_verl
     errors += [(("overrides", where) if where in sweep.overrides else ("parameters", where), message)
                for where, message in managed_key_problems(sweep.overrides, resolved, runs_verl=on_verl)]
     if errors:
@@ -314,7 +313,7 @@ def _unlogged_objectives(sweep: Sweep) -> Iterator[Problem]:
     verl names every metric ``section/name`` (``critic/score/mean``), so a name without ``/`` is never logged; the
     embedded trainer logs :data:`EMBEDDED_METRICS`. The health rules' aliases (``ref_kl``) and validation names of
     another trainer have their own message (``klsweep.orchestrate.plan``), and are left to it."""
-    kind = trainer_kind(sweep.trainer)
+    kind = sweep.kind
     if kind.name not in ("embedded", "verl", "tabular"):
         return  # a replayed log holds its own names
     written = getattr(sweep, "_where", None) or {}
@@ -349,7 +348,7 @@ def _unlogged_rule_metrics(sweep: Sweep) -> Iterator[Problem]:
     (:data:`klsweep.verl.metrics.ALIASES`) is read under whichever name the trainer logs, and a derived signal
     (:data:`klsweep.health.signals.DERIVED`, ``kl_loss_share``) is computed from them; the embedded trainer logs
     :data:`EMBEDDED_METRICS`; verl names every metric ``section/name``. A replayed log is not judged."""
-    kind = trainer_kind(sweep.trainer)
+    kind = sweep.kind
     if kind.name not in ("embedded", "verl", "tabular"):
         return
     for i, rule in enumerate(sweep.health.rules):

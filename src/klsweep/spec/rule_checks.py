@@ -12,7 +12,6 @@ from klsweep.health.conditions import WindowCondition
 from klsweep.health.rules import Rule
 from klsweep.spec.key_checks import Problem
 from klsweep.spec.schema import Sweep
-from klsweep.trainers import trainer_kind
 from klsweep.verl import presets
 from klsweep.verl.config import closest_key, default_keys, engine_of
 from klsweep.verl.liveness import inert_reason
@@ -51,7 +50,7 @@ def remedies_off(sweep: Sweep) -> Iterator[Problem]:
     :func:`klsweep.orchestrate.remedy.remedies_on`. Yields nothing where remedies are off anyway (ASHA,
     ``health: {remedies: false}``).
     """
-    why = trainer_kind(sweep.trainer).no_restarts
+    why = sweep.kind.no_restarts
     if not why or not sweep.health.remedies or sweep.scheduler.type != "none":
         return
     named = [rule.name for rule in sweep.ruleset.rules if rule.remedy]

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from klsweep.health import HealthConfig, RuleSet, load_ruleset
-from klsweep.trainers import TrainerName, trainer_kind
+from klsweep.trainers import TrainerKind, TrainerName, trainer_kind
 from klsweep.verl.presets import resolve_key
 
 
@@ -510,6 +510,11 @@ class Sweep(BaseModel):
         """
         return {name: resolve_key(name, self.placement) for name in self.parameters}
 
+    @property
+    def kind(self) -> TrainerKind:
+        """The trainer's row of :data:`klsweep.trainers.TRAINERS` (how its trials run, restart and resume)."""
+        return trainer_kind(self.trainer)
+
     @functools.cached_property
     def ruleset(self) -> RuleSet:
         """The health rule set ``health`` names (its preset, rules and built-in settings), loaded once."""
@@ -536,7 +541,7 @@ class Sweep(BaseModel):
                 f"{len(self.objectives)} (multi-objective studies cannot prune: optuna#5260). "
                 "Use scheduler: none; health rules still stop sick trials"
             )
-        needed = trainer_kind(self.trainer).section
+        needed = self.kind.section
         if needed is not None and getattr(self, needed) is None:
             raise ValueError(f"trainer {self.trainer} needs {_SECTION_HINT[needed]}")
         for section in _SECTION_HINT:

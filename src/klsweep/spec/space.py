@@ -12,7 +12,6 @@ from typing import Any
 
 from klsweep.errors import SweepFileError
 from klsweep.spec.schema import Choice, Constant, Parameter, Range, Sweep
-from klsweep.trainers import trainer_kind
 from klsweep.verl.config import with_engine
 from klsweep.verl.presets import preset_overrides, resolve_key
 
@@ -151,7 +150,7 @@ def trial_overrides(sweep: Sweep, params: Mapping[str, Any]) -> dict[str, Any]:
     """
     resolved = {resolve_key(k, sweep.placement): v for k, v in params.items()}
     user = {**sweep.overrides, **resolved}
-    defaults = trainer_kind(sweep.trainer).defaults(user)
+    defaults = sweep.kind.defaults(user)
     preset = preset_overrides(sweep.algorithm, sweep.placement, base={**defaults, **user})
     seed = {SEED_KEY: resolved[SEED_KEY]} if SEED_KEY in resolved else {}
     return with_engine({**preset, **user, **launcher_overrides(sweep), **seed})
