@@ -92,6 +92,24 @@ def test_a_health_rule_on_a_metric_the_trainer_never_logs_fails_validate(sweep_f
         in problem
 
 
+def test_a_health_validation_key_the_trainer_never_logs_fails_validate(sweep_file):
+    """``health: {validation: val-core/gsm8k/acc/mean@1}`` on the embedded trainer passed validate, and the reward
+    hacking rule never judged a trial: the embedded trainer's one validation key is val-core/arith/acc/mean@1."""
+    path = sweep_file("health: {preset: conservative, validation: val-core/gsm8k/acc/mean@1}\n")
+    (problem,) = [p for p in _problems(path) if "health.validation" in p]
+    assert problem.startswith(f"{path}:4: health.validation: the embedded trainer never logs "
+                              "'val-core/gsm8k/acc/mean@1': its one validation key is 'val-core/arith/acc/mean@1'"), problem
+    assert load_sweep(sweep_file("health: {preset: conservative, validation: val-core/arith/acc/mean@1}\n"))
+    verl = "trainer: verl\nbudget: {resources: {gpu: 1}}\noverrides: {trainer.n_gpus_per_node: 1}\n"
+    (problem,) = [p for p in _problems(sweep_file(verl + "health: {validation: gsm8k/acc}\n", name="v.yaml"))
+                  if "health.validation" in p]
+    assert "'gsm8k/acc' is not a verl validation key" in problem
+    try:
+        load_sweep(sweep_file(verl + "health: {validation: val-core/openai/gsm8k/reward/mean@1}\n", name="w.yaml"))
+    except SweepFileError as e:
+        assert not [p for p in e.problems if "health.validation" in p]
+
+
 def test_the_embedded_metric_names_are_what_the_embedded_trainer_logs():
     """:data:`EMBEDDED_METRICS` against two steps of the embedded trainer (validating each step): PPO with the KL
     in the reward and GRPO with the KL in the loss, the two kinds of shipped embedded sweeps."""

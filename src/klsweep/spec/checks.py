@@ -123,6 +123,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     errors.extend(_not_drgrpo(sweep, params, resolved))
     errors.extend(_unlogged_objectives(sweep))
     errors.extend(_unlogged_rule_metrics(sweep))
+    errors.extend(_unlogged_validation(sweep))
     if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
@@ -361,3 +362,26 @@ def _unlogged_rule_metrics(sweep: Sweep) -> Iterator[Problem]:
             fix = (f"Did you mean {close[0]!r}? " if close else "") + \
                 f"Name a metric the trainer logs, or an alias ({', '.join(dict.fromkeys(_SIGNALS))})"
             yield ("health", "rules", i), f"rule {rule.name}: {logs}, so the rule can never fire. {fix}"
+
+
+def _unlogged_validation(sweep: Sweep) -> Iterator[Problem]:
+    """``health.validation`` naming a validation key no trial would report: the rules on ``val_score`` (reward
+    hacking) would judge nothing, and the trial would end healthy.
+
+    A trainer whose one validation metric is known (:attr:`klsweep.trainers.TrainerKind.validation_metric`) must be
+    given that one; verl's validation keys start with ``val-core/`` or ``val-aux/``
+    (verl/trainer/ppo/metric_utils.py ``process_validation_metrics``)."""
+    name = sweep.health.validation
+    kind = sweep.kind
+    if name is None or kind.name not in ("embedded", "verl", "tabular"):
+        return
+    if kind.validation_metric is not None and name != kind.validation_metric:
+        yield ("health", "validation"), (
+            f"the {kind.name} trainer never logs {name!r}: its one validation key is {kind.validation_metric!r}, so "
+            f"the rules on val_score would judge nothing. Use {kind.validation_metric!r}, or leave health.validation "
+            "out (every validation set is judged)")
+    elif kind.validation_metric is None and not name.startswith(("val-core/", "val-aux/")):
+        yield ("health", "validation"), (
+            f"{name!r} is not a verl validation key: verl logs them as val-core/<data_source>/<reward key>/mean@<n> "
+            "(or val-aux/...), so the rules on val_score would judge nothing. Name one of those, or leave "
+            "health.validation out (every validation set is judged)")
