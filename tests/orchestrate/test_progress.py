@@ -86,8 +86,8 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     assert f"{first}\n" in _render(progress)
     piped = progress._console.file
     # the finished trial by its Optuna number (the study's trial 4 holds Tune id t00004), as the summary names it;
-    # [1/6] counts trials in the order they finished
-    assert piped.getvalue().startswith("[1/6] trial 4 (t00004) TERMINATED step=5 ")
+    # [5/6]: the sweep's finished trials (0-4, the study holds 0-3 as finished) out of its budget
+    assert piped.getvalue().startswith("[5/6] trial 4 (t00004) TERMINATED step=5 ")
     assert "KL frontier" not in piped.getvalue()  # not yet: the study may not have the trial that just ended
     progress.on_trial_start(2, [trial], trial)
     progress.on_trial_start(2, [trial], trial)  # no trial ended since: nothing new on the pipe
@@ -121,6 +121,62 @@ def test_live_view_shows_the_kl_frontier_forecast_once_enough_trials_are_feasibl
     progress.on_trial_complete(4, [trial], trial)
     progress.on_experiment_end([trial])  # the same line again: not repeated
     assert piped.getvalue().count("KL frontier") == 2
+
+
+def test_the_count_goes_on_across_a_resume_and_an_extension(tmp_path):
+    """Interrupted with trials 0-1 finished and 2-5 in flight (RUNNING in the study), a 6-trial sweep's restored
+    Tuner counts [3/6]..[6/6], not [1/4]..; extended to budget.trials=8, the next Tuner counts [7/8], [8/8]. The
+    study is told of a trial after its line (as Tune tells the searcher after the callbacks) or before: the count is
+    the same. A confirmation re-run counts in its own Tuner."""
+    import json
+
+    import optuna
+
+    from klsweep.analysis.sweep_dir import study_of
+    from tests.analysis.conftest import make_sweep, trial_spec
+
+    specs = [trial_spec(i, 10) for i in range(8)]
+    for spec in specs[2:]:
+        spec["state"] = "RUNNING"
+    specs.append({**trial_spec(8, 10), "params": {**trial_spec(0, 10)["params"], "data.seed": 1}, "confirm_of": 0,
+                  "state": "RUNNING"})
+    run_dir = make_sweep(tmp_path / "resumed", specs)
+    record = json.loads((run_dir / "sweep.json").read_text())
+    record["sweep"]["budget"]["trials"] = 6
+    (run_dir / "sweep.json").write_text(json.dumps(record))
+    study = study_of(run_dir)
+
+    def tell(number: int) -> None:
+        trial = study.get_trials(deepcopy=False)[number]
+        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.PRUNED)
+
+    def finish(progress: SweepProgress, number: int, *, told_first: bool = False) -> str:
+        trial = _sweep_trial(run_dir, f"t{number:05d}")
+        trial.run_metadata.last_result = {"training_iteration": 10, "health": "healthy"}
+        if told_first:
+            tell(number)
+        progress.on_trial_complete(number, [trial], trial)
+        if not told_first:
+            tell(number)
+        return progress._console.file.getvalue().splitlines()[-1]
+
+    restored = SweepProgress(4, [VAL], console=Console(file=io.StringIO()))  # the restored Tuner's 4 trials
+    restored.setup()
+    lines = [finish(restored, 3), finish(restored, 2, told_first=True), finish(restored, 5), finish(restored, 4)]
+    assert [line.split(" (")[0] for line in lines] == ["[3/6] trial 3", "[4/6] trial 2", "[5/6] trial 5",
+                                                        "[6/6] trial 4"]
+
+    record["sweep"]["budget"]["trials"] = 8  # sweep resume DIR budget.trials=8
+    (run_dir / "sweep.json").write_text(json.dumps(record))
+    extension = SweepProgress(2, [VAL], console=Console(file=io.StringIO()))
+    extension.setup()
+    assert [finish(extension, 7).split(" (")[0], finish(extension, 6).split(" (")[0]] == ["[7/8] trial 7",
+                                                                                           "[8/8] trial 6"]
+    assert extension._progress.tasks[0].completed == 8 and extension._progress.tasks[0].total == 8
+
+    confirm = SweepProgress(1, [VAL], console=Console(file=io.StringIO()))
+    confirm.setup()
+    assert finish(confirm, 8).startswith("[1/1] trial 8 (t00008) ")
 
 
 def test_live_view_says_when_the_forecast_interval_is_too_wide(tmp_path):

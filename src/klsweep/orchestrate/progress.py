@@ -7,8 +7,9 @@ objective, health. Under it is the KL frontier forecast (:func:`forecast_line`):
 intervals, as ``sweep status`` prints them.
 
 Elsewhere (CI, a file, a pipe) it prints one line per finished trial, so logs stay readable. An example is
-``[9/12] trial 8 (4982d11d) TERMINATED ...``: the count in finish order, then the Optuna trial number and the Tune
-trial id, as the summary names trials. After a trial finished, it also prints the forecast when it changed.
+``[9/12] trial 8 (4982d11d) TERMINATED ...``: the sweep's finished trials so far out of its ``budget.trials``
+(:meth:`SweepProgress.count`), then the Optuna trial number and the Tune trial id, as the summary names trials.
+After a trial finished, it also prints the forecast when it changed.
 
 Both go to stdout, with the summary (``sweep run ... > log.txt`` keeps them). Ray's own messages and klsweep's
 warnings go to stderr.
@@ -35,10 +36,19 @@ from klsweep.analysis.frontier import RESPONSE_LENGTH
 from klsweep.analysis.frontier_fit import MIN_POINTS
 from klsweep.analysis.pareto import feasible
 from klsweep.analysis.status import frontier_line
-from klsweep.analysis.sweep_dir import load, load_history
+from klsweep.analysis.sweep_dir import load, load_history, study_of
 from klsweep.orchestrate.remedy import REMEDIES
 from klsweep.orchestrate.searcher import optuna_number
-from klsweep.results import HEALTH, STEP, STOP_REASON, TOTAL_STEPS, SweepRecord, schedule_line
+from klsweep.results import (
+    ATTR_CONFIRM_OF,
+    ATTR_RAY_TRIAL_ID,
+    HEALTH,
+    STEP,
+    STOP_REASON,
+    TOTAL_STEPS,
+    SweepRecord,
+    schedule_line,
+)
 from klsweep.verl.metrics import resolve
 
 #: Seconds between refits of the KL frontier forecast on a terminal while trials report (each refit reads the study
@@ -52,7 +62,8 @@ class SweepProgress(Callback):
     """Live table + progress bar of a sweep.
 
     Args:
-        total_trials: the sweep's trial budget (``budget.trials``).
+        total_trials: the trials this Tuner creates: the count's total for a trial outside a sweep directory or of
+            the confirmation phase (:meth:`count`).
         objectives: objective metric names, shown as columns.
         params: the searched verl keys (:func:`klsweep.spec.space.parameters`), shown as columns by their last
             component.
@@ -158,7 +169,8 @@ class SweepProgress(Callback):
             row["status"] = "PRUNED"  # ended early by the scheduler (ASHA), as the study records it
             row.setdefault("stop_reason", f"stopped by the scheduler at step {steps}")
         self._done += 1
-        self._progress.update(self._task, completed=self._done)
+        done, total = self.count(trial)
+        self._progress.update(self._task, completed=done, total=total)
         if self._interactive:
             self._refresh_forecast(trial)
             self._redraw()
@@ -169,7 +181,7 @@ class SweepProgress(Callback):
             reason = f" ({stop_reason})" if stop_reason and not stop_reason.startswith("remedied:") else ""
             reason += f" (remedied {row['remedies']})" if row.get("remedies") else ""
             self._console.print(
-                f"[{self._done}/{self._total}] {_name(trial)} {row['status']}{params} step={short(row.get('step'))} "
+                f"[{done}/{total}] {_name(trial)} {row['status']}{params} step={short(row.get('step'))} "
                 f"{objectives}{reason}",
                 markup=False,
                 highlight=False,
@@ -177,6 +189,34 @@ class SweepProgress(Callback):
             )
             self._refresh_forecast(trial)  # the table's line; printed once the study has the trial
             self._owed = trial
+
+    def count(self, trial) -> tuple[int, int]:
+        """``(n, N)`` after ``trial`` finished: the sweep's search trials finished so far, it included, out of its
+        ``budget.trials``.
+
+        Both are read from the sweep directory holding the trial's Tune experiment, so they hold across Tuners: a
+        resume's restored Tuner and the Tuner that extends the budget go on from the trials finished before. The
+        finished trials are the study's COMPLETE, PRUNED and FAIL search trials other than ``trial`` (the study may
+        or may not have been told of it yet), plus one; a trial Tune resumes is RUNNING in the study until it ends.
+        N is at least n. A confirmation re-run, a trial outside a sweep, or a sweep whose study cannot be read now
+        counts in this Tuner alone: its trials finished out of the ``total_trials`` it creates.
+        """
+        fallback = (self._done, max(self._total, self._done))
+        if trial.storage is None:
+            return fallback
+        try:
+            run_dir = Path(trial.storage.experiment_fs_path).parent
+            record = SweepRecord.read(run_dir)
+            told = study_of(run_dir, record).get_trials(deepcopy=False)
+            budget = int(record.sweep["budget"]["trials"])
+        except Exception:  # a line must not stop the sweep
+            return fallback
+        if any(t.user_attrs.get(ATTR_RAY_TRIAL_ID) == trial.trial_id and ATTR_CONFIRM_OF in t.user_attrs
+               for t in told):
+            return fallback
+        done = 1 + sum(t.state.is_finished() and ATTR_CONFIRM_OF not in t.user_attrs
+                       and t.user_attrs.get(ATTR_RAY_TRIAL_ID) != trial.trial_id for t in told)
+        return done, max(budget, done)
 
     def _keep(self, trial, result: Mapping[str, Any]) -> None:
         """Keep a reported step's reference KL, response length and objectives (what the forecast fits)."""
