@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from klsweep.cli import main
+from klsweep.orchestrate.searcher import KlsweepSearch
 
 pytestmark = pytest.mark.slow
 
@@ -56,12 +57,44 @@ def tiny_sweep(tmp_path, **extra) -> str:
     return str(path)
 
 
+#: Ray trial id → (the step the searcher was told the trial ended at, the last step of its ``result.json`` in the
+#: sweep directory at that moment), recorded by ``tiny_run``.
+TOLD: dict[str, tuple[int, int | None]] = {}
+
+
+def _stored_last_step(out, trial_id: str) -> int | None:
+    for path in (out / "tune").glob("*/result.json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if rows and rows[0].get("trial_id") == trial_id:
+            return rows[-1]["step"]
+    return None
+
+
 @pytest.fixture(scope="module")
 def tiny_run(ray_local, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("sweep")
     out = tmp_path / "out"
-    code = main(["run", tiny_sweep(tmp_path), "--out", str(out), "--quiet"])
+    tell = KlsweepSearch.on_trial_complete
+
+    def told(self, trial_id, result=None, error=False):
+        if result and not error:
+            TOLD[trial_id] = (result["step"], _stored_last_step(out, trial_id))
+        return tell(self, trial_id, result=result, error=error)
+
+    # Tune copies its staging result.json to the sweep directory every TUNE_GLOBAL_CHECKPOINT_S (10 s by default);
+    # 600 s: only a copy made at the trial's end can be there when the searcher is told
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(KlsweepSearch, "on_trial_complete", told)
+        patch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "600")
+        code = main(["run", tiny_sweep(tmp_path), "--out", str(out), "--quiet"])
     return code, out
+
+
+def test_a_trial_s_results_are_in_the_sweep_directory_when_the_study_says_it_ended(tiny_run):
+    """`sweep status` read a trial as COMPLETE with the numbers of an earlier step for a second or two: the study was
+    told at once, the sweep directory's result.json only at Tune's next sync."""
+    assert len(TOLD) == 2, TOLD  # the healthy trial (4 steps) and the stopped one (1 step); the crash raised
+    assert sorted(TOLD.values()) == [(1, 1), (STEPS, STEPS)]
 
 
 def test_study_records_each_outcome(tiny_run):

@@ -1,9 +1,15 @@
-"""A trial's ``result.json`` with each step once when a remedy restarted it from a checkpoint.
+"""A trial's ``result.json``: each step once when a remedy restarted it from a checkpoint, and in the sweep
+directory before the study says the trial ended.
 
 Ray's own logger (``JsonLoggerCallback.log_trial_start``, ray/tune/logger/json.py, **Ray 2.60.0**) copies the file
 from the trial's storage over the driver's staging copy when the trial restarts from a checkpoint. The storage copy
 is synced only now and then, so steps would be lost; and the restarted run's steps would follow the superseded ones.
 :class:`ResultsFromCheckpoint` overrides the private ``JsonLoggerCallback._restore_from_remote`` for that.
+
+Tune writes ``result.json`` in the driver's staging folder and copies it to the sweep directory every 10 s or so
+(``TUNE_GLOBAL_CHECKPOINT_S``, ray/tune/execution/experiment_state.py). The searcher tells Optuna a trial ended as
+soon as it does, so ``sweep status`` would show a finished trial with the numbers of an earlier step.
+:class:`ResultsFromCheckpoint` copies a trial's file there itself at its last step and at its end.
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow.fs
 from ray.tune.experiment import Trial
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.result import EXPR_RESULT_FILE
 
-from klsweep.results import STEP
+from klsweep.results import STEP, TOTAL_STEPS
 
 
 class ResultsFromCheckpoint(JsonLoggerCallback):
@@ -39,6 +46,19 @@ class ResultsFromCheckpoint(JsonLoggerCallback):
         super().__init__()
         self._in_process = in_process
 
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict) -> None:
+        """Write the row; at the trial's last row (``done``, or its last training step) copy the file to storage.
+
+        Tune calls the callbacks with a result before it stops the trial and tells the searcher."""
+        super().log_trial_result(iteration, trial, result)
+        step, total = result.get(STEP), result.get(TOTAL_STEPS)
+        if result.get("done") or (isinstance(step, int) and isinstance(total, int) and step >= total):
+            _copy_to_storage(trial)
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        super().log_trial_end(trial, failed)
+        _copy_to_storage(trial)  # a process trial's last row carries no total_steps
+
     def _restore_from_remote(self, file_name: str, trial: Trial) -> None:
         if trial.local_path is None or trial.storage is None:
             return super()._restore_from_remote(file_name, trial)
@@ -53,6 +73,25 @@ class ResultsFromCheckpoint(JsonLoggerCallback):
         tmp = local.with_name(local.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, local)
+
+
+def _copy_to_storage(trial: Trial) -> None:
+    """Replace the trial's ``result.json`` in the sweep directory with the driver's staging copy, atomically.
+
+    Only for storage on a local (or mounted) file system, which klsweep requires; elsewhere Tune's own sync does it.
+    """
+    storage = trial.storage
+    if trial.local_path is None or storage is None or not isinstance(storage.storage_filesystem,
+                                                                      pyarrow.fs.LocalFileSystem):
+        return
+    source = Path(trial.local_path, EXPR_RESULT_FILE)
+    target = Path(storage.trial_fs_path, EXPR_RESULT_FILE)
+    if not source.is_file() or source == target:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".copy")
+    tmp.write_bytes(source.read_bytes())
+    os.replace(tmp, target)
 
 
 def _step_of(line: str, default: int) -> int:
