@@ -6,6 +6,7 @@ it the same way with exit status 143; Ray's driver would otherwise print an abse
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -74,3 +75,34 @@ def test_ctrl_c_or_sigterm_during_the_first_trial(tmp_path, signum, said, status
     assert "no trial completed healthy" not in stdout
     trials = pd.read_csv(out / "trials.csv")
     assert list(trials["state"]) == ["RUNNING"] and list(trials["number"]) == [0]
+
+
+def test_ctrl_c_twice_as_the_sweep_ends_leaves_no_ray_process_and_no_traceback(tmp_path):
+    """Ray's own exit hook shut its Ray down after the sweep's last line; a Ctrl-C then (a late one, or the second of
+    two) interrupted it: a traceback from ``ray.shutdown``, and Ray's agents left running. The sweep had finished, so
+    its exit status stays 0."""
+    from tests.orchestrate.test_resume import _alive, _session_processes
+
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, "late", parameters={"kl_coef": {"values": [0.001]}},
+                      budget={"trials": 1, "max_concurrent": 1, "max_steps": 2})
+    driver = subprocess.Popen([sys.executable, "-m", "klsweep.cli", "run", path, "--out", str(out)],
+                              env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in driver.stdout:  # the summary's last line: the sweep is done, its Ray about to shut down
+            if line.startswith("results:"):
+                break
+        session = _session_processes(json.loads((out / "ray_session.json").read_text())["session_dir"])
+        driver.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        if driver.poll() is None:
+            driver.send_signal(signal.SIGINT)
+        stdout, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 0, stderr
+    assert not _tracebacks(stdout + stderr), stderr
+    assert session and not _alive(session, timeout=20)

@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM during a sweep: Tune's fit ends, its trials are saved, and the sweep says how to continue.
 
 :func:`interrupted_fit` tells whether a SIGINT ended ``Tuner.fit``; :func:`sigterm_as_ctrl_c` makes SIGTERM end the
-sweep the same way; :func:`report_interrupted` prints the last lines and returns the exit status.
+sweep the same way; :func:`report_interrupted` prints the last lines and returns the exit status;
+:func:`shutdown_ray` ends the sweep's Ray whatever Ctrl-C comes meanwhile.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import ray
 
 from klsweep._format import arg, console
 from klsweep.analysis.summary import counts_line, print_summary
@@ -91,6 +94,24 @@ def report_interrupted(sweep: Sweep, out_dir: Path) -> int:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
     return 128 + _ended_by[0]
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()`` with Ctrl-C ignored until it returns (main thread only; SIGTERM still ends the process).
+
+    Left to Ray's exit hook, the shutdown runs after the sweep's last line, where a late or second Ctrl-C interrupts
+    it (its first step is a 0.5 s sleep, ``ray.shutdown`` in ray/_private/worker.py): a traceback, and Ray's
+    dashboard and runtime-env agents left running.
+    """
+    if not ray.is_initialized():
+        return
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        ray.shutdown()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _shown(path: Path) -> str:

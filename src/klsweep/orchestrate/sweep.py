@@ -41,7 +41,7 @@ from klsweep.orchestrate import _ray_session, _repair
 from klsweep.orchestrate.capacity import check_trial_fits
 from klsweep.orchestrate.confirm_search import confirmation_phase, search_trial_count
 from klsweep.orchestrate.driver_lock import DRIVER_LOCK, driver_lock
-from klsweep.orchestrate.interrupt import interrupted_fit, report_interrupted, sigterm_as_ctrl_c
+from klsweep.orchestrate.interrupt import interrupted_fit, report_interrupted, shutdown_ray, sigterm_as_ctrl_c
 from klsweep.orchestrate.plan import preflight_sweep
 from klsweep.orchestrate.resume_changes import check_resume
 from klsweep.orchestrate.samplers import build_sampler
@@ -169,6 +169,7 @@ def run_sweep(
             # above), or it ended and left its sweep there
             _refuse_existing(out_dir, resume=False, overwrite=False)
         record.write(out_dir)
+        own_ray = not ray.is_initialized()
         try:
             _init_ray(sweep, address, out_dir)
         except (ClusterError, KeyboardInterrupt):  # nothing ran: leave nothing behind that would block the retry
@@ -177,7 +178,7 @@ def run_sweep(
             else:
                 (out_dir / SWEEP_FILE).unlink()
             raise
-        return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=False)
+        return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=False, own_ray=own_ray)
 
 
 def resume_sweep(run_dir: str, overrides: list[str], *, address: str | None = None, quiet: bool = False) -> int:
@@ -223,13 +224,14 @@ def _resume(out_dir: Path, sweep: Sweep, record: SweepRecord, saved: SweepRecord
         print(f"resume: {change}", file=sys.stderr)
     # the rows a killed driver had not synced yet, before this driver's Ray replaces the record of the killed one's
     _repair.copy_staged_results(_ray_session.dead_session_dir(out_dir), str(out_dir / TUNE_DIR))
+    own_ray = not ray.is_initialized()
     _init_ray(sweep, address, out_dir)  # a cluster that cannot hold a trial is refused before sweep.json changes
     for attempt in stop_recorded_jobs((out_dir / TUNE_DIR).glob("*")):  # what a lost supervisor left running
         print(f"resume: ended {attempt.parent.name}/{attempt.name}'s multi-node job, still running", file=sys.stderr)
     record = record.model_copy(update={"study_name": saved.study_name, "storage": saved.storage,
                                        "tune_num_samples": saved.tune_num_samples})
     record.write(out_dir)
-    return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=True)
+    return _fit(sweep, record, out_dir, address=address, quiet=quiet, restore=True, own_ray=own_ray)
 
 
 def _preflight(sweep: Sweep, address: str | None) -> None:
@@ -287,10 +289,11 @@ def _init_ray(sweep: Sweep, address: str | None, out_dir: Path) -> None:
 
 
 def _fit(sweep: Sweep, record: SweepRecord, out_dir: Path, *, address: str | None, quiet: bool,
-         restore: bool) -> int:
+         restore: bool, own_ray: bool) -> int:
     """Run the sweep's Tuners in ``out_dir`` (restored ones first with ``restore``); returns the exit code.
 
     0 or 1 as :func:`klsweep.analysis.summary.print_summary` says, 130 or 143 when a signal interrupted it.
+    ``own_ray``: the Ray was started or joined for this sweep, and is shut down at the end (not the caller's).
     """
     try:
         _init_ray(sweep, address, out_dir)
@@ -327,6 +330,9 @@ def _fit(sweep: Sweep, record: SweepRecord, out_dir: Path, *, address: str | Non
             return _finish(sweep, out_dir)
     except KeyboardInterrupt:  # Ctrl-C outside Tune's loop (Ray starting, the study opening) or a second Ctrl-C
         return report_interrupted(sweep, out_dir)
+    finally:
+        if own_ray:
+            shutdown_ray()
 
 
 def _study_created(out_dir: Path, record: SweepRecord) -> bool:
