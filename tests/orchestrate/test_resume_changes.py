@@ -12,7 +12,8 @@ import pytest
 from klsweep.cli import main
 from klsweep.errors import ResultsError
 from klsweep.orchestrate.resume_changes import check_resume, sweep_changes
-from tests.orchestrate.conftest import sweep_file
+from klsweep.results import ATTR_CONFIRM_OF, SweepRecord
+from tests.orchestrate.conftest import started_sweep_dir, sweep_file
 
 SAVED = {"name": "s", "budget": {"trials": 3, "max_steps": 15}, "parameters": {"kl_coef": {"values": [1, 2]}},
          "wandb": {"mode": "disabled"}}
@@ -41,6 +42,30 @@ def test_a_changed_search_space_or_trial_is_refused_with_each_difference_and_the
     assert "  budget.max_steps: 15 → 20\n" in message and "  parameters.kl_coef.values: [1, 2] → [1, 2, 3]\n" in message
     assert "budget.trials" not in message.split("only")[0]  # a budget change alone would have been applied
     assert "--out DIR" in message and "--overwrite" in message
+
+
+def test_a_budget_below_the_trials_the_study_holds_is_refused(tmp_path):
+    out = started_sweep_dir(tmp_path, sweep_file(tmp_path, "held", budget={"trials": 8}))
+    saved = SweepRecord.read(out).sweep
+
+    def budget(trials: int) -> dict:
+        return {**saved, "budget": {**saved["budget"], "trials": trials}}
+
+    # no study yet (the driver ended before the first trial): any budget
+    assert check_resume(saved, budget(1), run_dir=str(out), source="the command line") == ["budget.trials: 8 → 1"]
+
+    study = optuna.create_study(study_name="held", storage=f"sqlite:///{out / 'study.db'}", direction="maximize")
+    for value in (0.1, 0.2, 0.3):
+        study.add_trial(optuna.trial.create_trial(value=value))
+    study.add_trial(optuna.trial.create_trial(value=0.3, user_attrs={ATTR_CONFIRM_OF: 2}))  # not a search trial
+    study.enqueue_trial({})  # WAITING: still to run, not held
+    with pytest.raises(ResultsError) as e:
+        check_resume(saved, budget(2), run_dir=str(out), source="the command line")
+    assert str(e.value) == (f"{out}: its study already holds 3 trials, so budget.trials must be at least 3 (given 2); "
+                            "give budget.trials=3 or more")
+    assert check_resume(saved, budget(3), run_dir=str(out), source="the command line") == ["budget.trials: 8 → 3"]
+    assert check_resume(saved, budget(5), run_dir=str(out), source="the command line") == ["budget.trials: 8 → 5"]
+    assert check_resume(saved, budget(9), run_dir=str(out), source="the command line") == ["budget.trials: 8 → 9"]
 
 
 def test_fields_only_one_side_has_are_named():
@@ -76,6 +101,14 @@ def test_sweep_run_resume_with_an_edited_file(ray_local, tmp_path, capsys):
     assert "resume: budget.trials: 2 → 3" in capsys.readouterr().err
     assert len(optuna.load_study(study_name=info["study_name"], storage=f"sqlite:///{out / 'study.db'}").trials) == 3
     assert json.loads((out / "sweep.json").read_text())["sweep_file"] == more
+
+    # a budget below the trials the study holds: refused on one line, before anything changes
+    saved = (out / "sweep.json").read_text()
+    assert main(["resume", str(out), "budget.trials=2", "--quiet"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
+    assert errors == [f"sweep resume: error: {out}: its study already holds 3 trials, so budget.trials must be at "
+                      "least 3 (given 2); give budget.trials=3 or more"]
+    assert (out / "sweep.json").read_text() == saved
 
     # the saved file edited in place, then `sweep resume`: the edit is seen, not ignored
     path = tmp_path / "c" / "edit.yaml"
