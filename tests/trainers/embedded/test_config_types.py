@@ -33,3 +33,44 @@ def test_the_command_refuses_it_in_one_line_with_exit_2(capsys):
                  "algorithm.kl_ctrl.horizon=abc"]) == 2
     out = capsys.readouterr()
     assert out.err.splitlines() == [f"error: {HORIZON}"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"trainer.total_training_steps": "abc"},
+     "trainer.total_training_steps='abc' is not an integer, but the embedded trainer counts with it: write a whole "
+     "number without quotes, e.g. 100"),
+    ({"data.seed": None},
+     "data.seed=null is not an integer, but the embedded trainer counts with it: write a whole number, e.g. 1"),
+    ({"trainer.test_freq": 1.5},
+     "trainer.test_freq=1.5 is not an integer, but the embedded trainer counts with it: write a whole number, e.g. 10"),
+    ({"actor_rollout_ref.actor.optim.betas": "abc"},
+     "actor_rollout_ref.actor.optim.betas='abc' is not a pair of numbers, but the embedded trainer reads Adam's two "
+     "betas from it: write a list of two numbers, e.g. [0.9, 0.999]"),
+    ({**ADAPTIVE, "algorithm.kl_ctrl.horizon": None},
+     "algorithm.kl_ctrl.horizon=null is not a number, but the embedded trainer computes with it: write a number"),
+])
+def test_settings_refuse_a_value_that_is_not_the_number_the_trainer_reads(overrides, message):
+    with pytest.raises(OverrideError) as e:
+        settings_from_overrides(overrides)
+    assert str(e.value) == message
+
+
+def test_settings_take_a_whole_float_or_a_numeric_string_for_an_int():
+    s = settings_from_overrides({"data.seed": "7", "trainer.total_training_steps": 3.0})
+    assert (s.seed, s.total_training_steps) == (7, 3)
+    assert isinstance(s.total_training_steps, int)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["trainer.total_training_steps=abc"],
+     "error: trainer.total_training_steps='abc' is not an integer, but the embedded trainer counts with it: write a "
+     "whole number without quotes, e.g. 100"),
+    (["data.seed=x", "trainer.total_training_steps=2"],
+     "error: data.seed='x' is not an integer, but the embedded trainer counts with it: write a whole number without "
+     "quotes, e.g. 1"),
+    (["trainer.save_freq=null", "trainer.total_training_steps=2"],
+     "error: trainer.save_freq=null is not an integer, but the embedded trainer counts with it: write a whole number"),
+])
+def test_the_command_refuses_a_word_for_an_int_in_one_line_with_exit_2(capsys, argv, line):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [line]

@@ -35,6 +35,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from klsweep.errors import OverrideError
+from klsweep.trainers.embedded.config import as_int
 from klsweep.trainers.restore import ACTOR_LR_KEY, KL_COEF_KEY, reapply_after_load
 from klsweep.verl.config import compose
 
@@ -73,11 +74,12 @@ def checkpointing(overrides: Mapping[str, Any]) -> tuple[int, Path, Path | None]
     """``(save_freq, default_local_dir, folder to resume from or None)`` as verl's trainer reads the overrides.
 
     Raises:
-        OverrideError: ``resume_mode=resume_path`` without a ``global_step_N`` folder that exists (verl refuses it
-            too), or a resume mode verl does not know.
+        OverrideError: ``trainer.save_freq`` is not an integer; ``resume_mode=resume_path`` without a
+            ``global_step_N`` folder that exists (verl refuses it too), or a resume mode verl does not know.
     """
     cfg = compose(overrides).trainer
-    every, root, mode = int(cfg.save_freq), Path(str(cfg.default_local_dir)), str(cfg.resume_mode)
+    every = as_int(cfg.save_freq, "trainer.save_freq")
+    root, mode = Path(str(cfg.default_local_dir)), str(cfg.resume_mode)
     if mode == "disable":
         return every, root, None
     if mode == "resume_path":

@@ -215,68 +215,126 @@ def _read(cfg) -> Settings:
 
     a = cfg.actor_rollout_ref.actor
     algo, critic, data, trainer = cfg.algorithm, cfg.critic, cfg.data, cfg.trainer
-    n = int(cfg.actor_rollout_ref.rollout.n)
+    n = as_int(cfg.actor_rollout_ref.rollout.n, "actor_rollout_ref.rollout.n")
+    mini_batch = as_int(a.ppo_mini_batch_size, f"{ACTOR}.ppo_mini_batch_size")
     actor = ActorConfig(
         strategy="fsdp",  # required field; the embedded trainer runs one process, no sharding
-        ppo_mini_batch_size=int(a.ppo_mini_batch_size),
-        ppo_micro_batch_size_per_gpu=int(a.ppo_mini_batch_size) * n,  # no gradient accumulation
+        ppo_mini_batch_size=mini_batch,
+        ppo_micro_batch_size_per_gpu=mini_batch * n,  # no gradient accumulation
         rollout_n=n,
-        clip_ratio=float(a.clip_ratio),
-        clip_ratio_low=_optional_float(a.clip_ratio_low),
-        clip_ratio_high=_optional_float(a.clip_ratio_high),
-        clip_ratio_c=float(a.clip_ratio_c),
+        clip_ratio=as_float(a.clip_ratio, f"{ACTOR}.clip_ratio"),
+        clip_ratio_low=_optional_float(a.clip_ratio_low, f"{ACTOR}.clip_ratio_low"),
+        clip_ratio_high=_optional_float(a.clip_ratio_high, f"{ACTOR}.clip_ratio_high"),
+        clip_ratio_c=as_float(a.clip_ratio_c, f"{ACTOR}.clip_ratio_c"),
         loss_agg_mode=str(a.loss_agg_mode),
         loss_scale_factor=a.loss_scale_factor,
-        entropy_coeff=float(a.entropy_coeff),
+        entropy_coeff=as_float(a.entropy_coeff, f"{ACTOR}.entropy_coeff"),
         use_kl_loss=bool(a.use_kl_loss),
-        kl_loss_coef=float(a.kl_loss_coef),
+        kl_loss_coef=as_float(a.kl_loss_coef, f"{ACTOR}.kl_loss_coef"),
         kl_loss_type=str(a.kl_loss_type),
-        ppo_epochs=int(a.ppo_epochs),
+        ppo_epochs=as_int(a.ppo_epochs, f"{ACTOR}.ppo_epochs"),
     )
     return Settings(
         actor=actor,
         kl_ctrl=algo.kl_ctrl,
         adv_estimator=str(algo.adv_estimator),
-        gamma=float(algo.gamma),
-        lam=float(algo.lam),
+        gamma=as_float(algo.gamma, "algorithm.gamma"),
+        lam=as_float(algo.lam, "algorithm.lam"),
         norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
         use_kl_in_reward=bool(algo.use_kl_in_reward),
         kl_penalty=str(algo.kl_penalty),
-        actor_lr=float(a.optim.lr),
-        actor_weight_decay=float(a.optim.weight_decay),
-        actor_betas=(float(a.optim.betas[0]), float(a.optim.betas[1])),
-        actor_grad_clip=float(a.grad_clip),
-        critic_lr=float(critic.optim.lr),
-        critic_weight_decay=float(critic.optim.weight_decay),
-        critic_betas=(float(critic.optim.betas[0]), float(critic.optim.betas[1])),
-        critic_grad_clip=float(critic.grad_clip),
-        critic_cliprange_value=float(critic.cliprange_value),
-        critic_ppo_epochs=int(critic.ppo_epochs),
+        actor_lr=as_float(a.optim.lr, f"{ACTOR}.optim.lr"),
+        actor_weight_decay=as_float(a.optim.weight_decay, f"{ACTOR}.optim.weight_decay"),
+        actor_betas=_betas(a.optim.betas, f"{ACTOR}.optim.betas"),
+        actor_grad_clip=as_float(a.grad_clip, f"{ACTOR}.grad_clip"),
+        critic_lr=as_float(critic.optim.lr, "critic.optim.lr"),
+        critic_weight_decay=as_float(critic.optim.weight_decay, "critic.optim.weight_decay"),
+        critic_betas=_betas(critic.optim.betas, "critic.optim.betas"),
+        critic_grad_clip=as_float(critic.grad_clip, "critic.grad_clip"),
+        critic_cliprange_value=as_float(critic.cliprange_value, "critic.cliprange_value"),
+        critic_ppo_epochs=as_int(critic.ppo_epochs, "critic.ppo_epochs"),
         critic_loss_agg_mode=str(critic.loss_agg_mode),
         critic_loss_scale_factor=critic.loss_scale_factor,
         rollout_n=n,
-        temperature=float(cfg.actor_rollout_ref.rollout.temperature),
-        train_batch_size=int(data.train_batch_size),
-        ppo_mini_batch_size=int(a.ppo_mini_batch_size),
-        max_response_length=int(data.max_response_length),
-        seed=_required_int(data.seed, "data.seed"),
-        total_training_steps=_required_int(trainer.total_training_steps, "trainer.total_training_steps"),
-        test_freq=int(trainer.test_freq),
+        temperature=as_float(cfg.actor_rollout_ref.rollout.temperature, "actor_rollout_ref.rollout.temperature"),
+        train_batch_size=as_int(data.train_batch_size, "data.train_batch_size"),
+        ppo_mini_batch_size=mini_batch,
+        max_response_length=as_int(data.max_response_length, "data.max_response_length"),
+        seed=as_int(data.seed, "data.seed"),
+        total_training_steps=as_int(trainer.total_training_steps, "trainer.total_training_steps"),
+        test_freq=as_int(trainer.test_freq, "trainer.test_freq"),
         val_before_train=bool(trainer.val_before_train),
-        critic_warmup=int(trainer.critic_warmup),
+        critic_warmup=as_int(trainer.critic_warmup, "trainer.critic_warmup"),
     )
 
 
-def _required_int(value: Any, key: str) -> int:
+def _show(value: Any) -> str:
+    """A value as the user wrote it on verl's command line: ``null``, ``true``, ``'abc'``, ``1.5``."""
     if value is None:
-        raise OverrideError(
-            f"{key}=null: the embedded trainer needs an integer (its default is {EMBEDDED_DEFAULTS[key]})"
-        )
-    return int(value)
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _fix(what: str, value: Any, key: str) -> str:
+    """``write a number without quotes, e.g. 1``: the fix for a value that is not ``what``."""
+    quotes = " without quotes" if isinstance(value, str) else ""
+    return f"write {what}{quotes}" + (f", e.g. {EMBEDDED_DEFAULTS[key]}" if key in EMBEDDED_DEFAULTS else "")
+
+
+def as_int(value: Any, key: str) -> int:
+    """``value`` of the override ``key`` as an int: an int, a whole float or a string of one.
+
+    Raises:
+        OverrideError: anything else (a word, null, true/false, 1.5, a list), naming the key, the value and what
+            the embedded trainer needs.
+    """
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value)
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+    if isinstance(number, int) and not isinstance(number, bool):
+        return number
+    if isinstance(number, float) and number.is_integer():
+        return int(number)
+    raise OverrideError(f"{key}={_show(value)} is not an integer, but the embedded trainer counts with it: "
+                        f"{_fix('a whole number', value, key)}")
+
+
+def as_float(value: Any, key: str) -> float:
+    """``value`` of the override ``key`` as a float: an int, a float or a string of one.
+
+    Raises:
+        OverrideError: anything else (a word, null, true/false, a list), naming the key, the value and what the
+            embedded trainer needs.
+    """
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise OverrideError(f"{key}={_show(value)} is not a number, but the embedded trainer computes with it: "
+                        f"{_fix('a number', value, key)}")
+
+
+def _optional_float(value: Any, key: str) -> float | None:
+    return None if value is None else as_float(value, key)
+
+
+def _betas(value: Any, key: str) -> tuple[float, float]:
+    """``value`` of the override ``key`` as Adam's two betas.
+
+    Raises:
+        OverrideError: not a list of two numbers.
+    """
+    if isinstance(value, str) or not hasattr(value, "__len__") or len(value) != 2:
+        raise OverrideError(f"{key}={_show(value)} is not a pair of numbers, but the embedded trainer reads Adam's "
+                            f"two betas from it: write a list of two numbers, e.g. [0.9, 0.999]")
+    return as_float(value[0], f"{key}[0]"), as_float(value[1], f"{key}[1]")
 
 
 def _check_runnable(s: Settings, cfg) -> None:
@@ -310,7 +368,8 @@ def _check_runnable(s: Settings, cfg) -> None:
         )
     if s.temperature <= 0:
         problems.append(f"actor_rollout_ref.rollout.temperature={s.temperature} must be > 0")
-    if s.use_kl_in_reward and s.kl_ctrl.type == "adaptive" and float(s.kl_ctrl.horizon) <= 0:
+    adaptive = s.use_kl_in_reward and s.kl_ctrl.type == "adaptive"
+    if adaptive and as_float(s.kl_ctrl.horizon, "algorithm.kl_ctrl.horizon") <= 0:
         problems.append(f"algorithm.kl_ctrl.horizon={s.kl_ctrl.horizon} must be > 0 (verl asserts it)")
     if s.use_kl_in_reward and s.kl_ctrl.type not in ("fixed", "adaptive"):
         problems.append(f"algorithm.kl_ctrl.type={s.kl_ctrl.type!r}: valid values are fixed, adaptive")
