@@ -182,6 +182,18 @@ def _port(text: str) -> int:
     return port
 
 
+def _trial_count(text: str) -> int:
+    """``sweep plan -n``: a whole number of trials, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number: give how many trials to show, e.g. -n 4") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} trials: give how many trials to show, at least 1, e.g. -n 4")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--debug", action="store_true", help="show tracebacks of input errors")
@@ -218,7 +230,7 @@ def _parser() -> argparse.ArgumentParser:
     pl = add("plan", _cmd_plan)
     pl.add_argument("sweep_file")
     pl.add_argument("overrides", nargs="*")
-    pl.add_argument("-n", type=int, default=4, help="number of trials to show (default 4)")
+    pl.add_argument("-n", type=_trial_count, help="number of trials to show (default 4; at most budget.trials)")
 
     v = add("validate", _cmd_validate)
     v.add_argument("sweep_file")

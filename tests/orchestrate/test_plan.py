@@ -275,3 +275,32 @@ def test_plan_states_the_checkpoint_cost_of_a_verl_sweep(tmp_path, monkeypatch):
                                                          "overrides.trainer.save_freq=20"], n=1, out=out)
     assert "the save after step 100 protects only 5 steps: choose a trainer.save_freq that divides 105" in (
         out.getvalue())
+
+
+def test_plan_shows_at_most_the_trials_the_sweep_runs_and_says_so(capsys):
+    path = str(REPO / "sweeps" / "conservative.yaml")
+    assert main(["plan", path, "-n", "100", "budget.trials=3"]) == 0
+    text = capsys.readouterr().out
+    assert re.findall(r"^trial (\d+) ", text, flags=re.M) == ["0", "1", "2"]
+    assert text.splitlines()[0] == "note: the search runs 3 trials (budget.trials=3): all 3 are shown, not 100"
+
+    assert main(["plan", path, "-n", "3", "budget.trials=3"]) == 0
+    exact = capsys.readouterr().out
+    assert "note: the search runs" not in exact and exact == text.split("\n", 1)[1]
+
+    assert main(["plan", path, "budget.trials=2"]) == 0  # the default 4, capped without a note
+    short = capsys.readouterr().out
+    assert re.findall(r"^trial (\d+) ", short, flags=re.M) == ["0", "1"] and "note: the search runs" not in short
+
+
+@pytest.mark.parametrize(("n", "why"), [
+    ("0", "0 trials: give how many trials to show, at least 1, e.g. -n 4"),
+    ("-3", "-3 trials: give how many trials to show, at least 1, e.g. -n 4"),
+    ("abc", "'abc' is not a whole number: give how many trials to show, e.g. -n 4"),
+])
+def test_plan_refuses_a_trial_count_below_one(capsys, n, why):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", str(REPO / "sweeps" / "conservative.yaml"), "-n", n])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == ""
+    assert out.err.splitlines()[-1] == f"sweep plan: error: argument -n: {why}"

@@ -133,8 +133,15 @@ def preflight_sweep(sweep: Sweep, *, files_here: bool = False) -> list[str]:
     return list(warnings)
 
 
-def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None) -> int:
+#: Trials ``sweep plan`` shows when not told how many (fewer when the sweep runs fewer).
+PLAN_TRIALS = 4
+
+
+def plan(path: str, overrides: list[str], n: int | None = None, out: TextIO | None = None) -> int:
     """Print the parameters and reproduce commands of the first ``n`` trials. Returns 0 (errors raise KlsweepError).
+
+    ``n`` (at least 1) is capped at ``budget.trials``, the trials the sweep runs; a larger ``n`` is said in a note
+    before the trials. None: :data:`PLAN_TRIALS`, capped silently.
 
     Each trial says where its values come from:
 
@@ -156,12 +163,16 @@ def plan(path: str, overrides: list[str], n: int = 4, out: TextIO | None = None)
     sweep = load_sweep(path, overrides)
     for warning in sweep.warnings:
         print(f"warning: {warning}", file=out)
+    trials = sweep.budget.trials
+    if n is not None and n > trials:
+        print(f"note: the search runs {trials} trials (budget.trials={trials}): all {trials} are shown, not {n}",
+              file=out)
     seeds = len(seed_params(sweep))
     startup = _random_start(sweep)
     name = sweep.sampler.name
     guided = False
     costs: dict[str, None] = {}
-    for i, params in enumerate(planned_params(sweep, n)):
+    for i, params in enumerate(planned_params(sweep, min(PLAN_TRIALS if n is None else n, trials))):
         overrides_i = trial_overrides(sweep, params)
         if sweep.kind.runs_verl:
             costs[checkpoint_cost(overrides_i).describe()] = None
