@@ -167,3 +167,43 @@ def test_a_failed_trial_shows_the_exception_it_raised(tmp_path):
     rows = {line.split("│")[0].strip(): line.split("│")[-1].strip() for line in out.getvalue().splitlines()
             if "│" in line and "FAIL" in line}
     assert rows == {"0": f"OverrideError: {message}", "1": generic}
+
+
+def test_summary_names_the_study_where_its_storage_is(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from klsweep.analysis.summary import print_summary
+    from klsweep.results import SweepRecord
+    from klsweep.spec import load_sweep
+    from tests.orchestrate.conftest import sweep_file
+
+    path = sweep_file(tmp_path)
+    sweep = load_sweep(path)
+    df = pd.DataFrame({
+        "number": [0], "trial_id": ["a"], "state": ["COMPLETE"], "health": ["healthy"], "steps": [4],
+        "wall_s": [4.0], "stop_reason": [""], "stop_kind": [""], "value/val-core/arith/acc/mean@1": [0.6],
+        "config/algorithm.kl_ctrl.kl_coef": [0.01],
+    })
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def last_line(storage: str | None) -> str:
+        if storage is not None:
+            SweepRecord(name=sweep.name, sweep_file=path, study_name=sweep.name, storage=storage,
+                        objectives=[o.model_dump() for o in sweep.objectives],
+                        sweep=sweep.model_dump(mode="json")).write(out)
+        text = io.StringIO()
+        print_summary(sweep, df, out, console=Console(file=text, width=400))
+        return text.getvalue().splitlines()[-1]
+
+    assert last_line(None) == f"results: {out} (trials.csv, study.db, tune/)"  # no sweep.json: the default
+    assert last_line("sqlite:///study.db") == f"results: {out} (trials.csv, study.db, tune/)"
+    custom = tmp_path / "custom study.db"
+    assert last_line(f"sqlite:///{custom}") == f"results: {out} (trials.csv, tune/; study: sqlite:///{custom})"
+    assert last_line(f"journal://{tmp_path}/study.log") == (
+        f"results: {out} (trials.csv, tune/; study: journal://{tmp_path}/study.log)")
+    assert last_line(f"journal://{out}/study.log") == f"results: {out} (trials.csv, study.log, tune/)"
+    assert last_line("postgresql://klsweep:secret@db.example/sweeps") == (
+        f"results: {out} (trials.csv, tune/; study: postgresql://klsweep:***@db.example/sweeps)")

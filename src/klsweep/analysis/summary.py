@@ -26,7 +26,18 @@ from klsweep.analysis.confirm import is_search
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.analysis.winner import INDENT, knob_values, reproduce, runner_up, shell_lines, wrapped
-from klsweep.results import REMEDIED, failure_reason, restarts
+from klsweep.errors import ResultsError
+from klsweep.results import (
+    REMEDIED,
+    STUDY_DB,
+    SWEEP_FILE,
+    TRIALS_CSV,
+    TUNE_DIR,
+    SweepRecord,
+    failure_reason,
+    restarts,
+    storage_file,
+)
 
 if TYPE_CHECKING:
     from klsweep.spec.schema import Sweep
@@ -114,7 +125,7 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
     _print_confirmation(sweep, ranking, [] if by_mean else verdicts, console)
     if by_mean:  # every re-run finished: the best trial is the leader by mean over seeds
         best = df[(df["number"] == ranking["trial"].iloc[0]) & is_search(df)]
-    results = f"results: {out_dir} (trials.csv, study.db, tune/)"
+    results = results_line(out_dir)
     if best.empty and not sum(n for s, n in counts.items() if s != "RUNNING"):
         console.print("no trial has finished yet", highlight=False)
         return 1
@@ -156,6 +167,39 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
                                   width))
     _print_lines(console, wrapped(results, width))
     return 0
+
+
+def results_line(out_dir: Path) -> str:
+    """``results: OUT (trials.csv, study.db, tune/)``: where the sweep's files are, its Optuna study included.
+
+    The study is where ``sweep.json`` records its storage. A SQLite or journal file inside ``out_dir`` is named
+    relative to it; any other storage follows as ``; study: URL`` (a database server's password hidden). Without a
+    readable ``sweep.json``: the default storage, ``study.db``.
+    """
+    try:
+        record = SweepRecord.read(out_dir) if (Path(out_dir) / SWEEP_FILE).is_file() else None
+    except ResultsError:
+        record = None
+    url = record.storage_url(out_dir) if record else None
+    file = storage_file(url) if url else None
+    file = file.resolve() if file else None
+    here = Path(out_dir).resolve()
+    if url is None or (file is not None and file.is_relative_to(here)):
+        study = str(file.relative_to(here)) if file is not None else STUDY_DB
+        return f"results: {out_dir} ({TRIALS_CSV}, {study}, {TUNE_DIR}/)"
+    return f"results: {out_dir} ({TRIALS_CSV}, {TUNE_DIR}/; study: {_shown_url(url)})"
+
+
+def _shown_url(url: str) -> str:
+    """A storage URL to print: a database server's password as ``***``."""
+    if storage_file(url) is not None:
+        return url
+    try:
+        from sqlalchemy.engine import make_url  # optuna's RDB storage dependency
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy parses: as recorded
+        return url
 
 
 def _winner_block(sweep: Sweep, df: pd.DataFrame, row: pd.Series, by_mean: bool, verdicts: list[str],
