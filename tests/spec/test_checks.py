@@ -98,7 +98,8 @@ def test_a_health_validation_key_the_trainer_never_logs_fails_validate(sweep_fil
     path = sweep_file("health: {preset: conservative, validation: val-core/gsm8k/acc/mean@1}\n")
     (problem,) = [p for p in _problems(path) if "health.validation" in p]
     assert problem.startswith(f"{path}:4: health.validation: the embedded trainer never logs "
-                              "'val-core/gsm8k/acc/mean@1': its one validation key is 'val-core/arith/acc/mean@1'"), problem
+                              "'val-core/gsm8k/acc/mean@1': its one validation key is "
+                              "'val-core/arith/acc/mean@1'"), problem
     assert load_sweep(sweep_file("health: {preset: conservative, validation: val-core/arith/acc/mean@1}\n"))
     verl = "trainer: verl\nbudget: {resources: {gpu: 1}}\noverrides: {trainer.n_gpus_per_node: 1}\n"
     (problem,) = [p for p in _problems(sweep_file(verl + "health: {validation: gsm8k/acc}\n", name="v.yaml"))

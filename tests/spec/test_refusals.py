@@ -258,6 +258,20 @@ def test_sweep_validate_refuses_a_value_of_another_type_than_verls_default_at_it
     assert "Traceback" not in out.out + out.err
 
 
+def test_sweep_validate_lists_a_mistyped_value_and_the_other_values_problems_in_one_run(sweep_file, capsys):
+    """A value of the wrong type hid every value check after it: a new user fixed `horizon: "lots"` and only then
+    learnt that a negative target_kl is refused too. The rest of the config is now checked with verl's defaults in
+    the mistyped keys' place."""
+    path = sweep_file("kl_placement: reward\noverrides:\n  algorithm.kl_ctrl.type: adaptive\n"
+                      "  algorithm.kl_ctrl.horizon: lots\nparameters:\n  target_kl: {min: -0.1, max: 0.3}\n",
+                      algorithm="ppo")
+    assert main(["validate", str(path)]) == 2
+    errors = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  error: ")]
+    assert [e.split(": ")[1] for e in errors] == [f"{path}:7", f"{path}:9"], errors
+    assert "algorithm.kl_ctrl.horizon='lots' is not a number" in errors[0]
+    assert "algorithm.kl_ctrl.target_kl=-0.1: verl's AdaptiveKLController clips" in errors[1]
+
+
 def test_a_knob_inert_in_some_trials_is_a_warning_that_names_the_when_fix(sweep_file):
     sweep = load_sweep(sweep_file("parameters:\n  loss_agg_mode: {values: [token-mean, seq-mean-token-sum-norm]}\n"
                                   "  actor_rollout_ref.actor.loss_scale_factor: {values: [512, 1024]}\n"))

@@ -98,8 +98,11 @@ def preflight(
         key = next((k for k in overrides if f"'{k.lstrip('+')}'" in str(e)), "")
         raise PreflightError("\n".join(problems + [at(key, str(e))])) from None
     mistyped = type_problems(cfg, overrides)
-    if mistyped:  # the checks below compute with the values
-        raise PreflightError("\n".join(problems + [at(k, m) for k, m in mistyped]))
+    if mistyped:  # the checks below compute with the values: they check the rest, with verl's defaults in their place
+        problems += [at(k, m) for k, m in mistyped]
+        bad = {k for k, _ in mistyped}
+        overrides = {k: v for k, v in overrides.items() if k.lstrip("+") not in bad}
+        cfg = compose(overrides)
     try:
         check_values(cfg, allow_negative_kl=allow_negative_kl)
     except OverrideError as e:
