@@ -160,7 +160,9 @@ def test_an_alias_as_objective_is_refused_with_the_name_trials_report(tmp_path, 
                               f"objective: [{{metric: val-core/arith/acc/mean@1, mode: max}}, "
                               f"{{metric: {alias}, mode: min}}]\nparameters:\n  kl_coef: {{values: [0.01, 0.1]}}\n")
     assert code == 2
-    assert f"objective.metric: {alias!r} is an alias of the health rules" in printed and f"use {name!r}" in printed
+    # the file's line and the objective's index, as every other objective problem has them
+    assert f"{tmp_path / 'alias.yaml'}:3: objective.1.metric: {alias!r} is an alias of the health rules" in printed
+    assert f"use {name!r}" in printed
 
 
 def test_the_verl_name_of_an_alias_is_a_valid_objective(tmp_path):

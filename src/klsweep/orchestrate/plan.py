@@ -97,17 +97,21 @@ def _objective_problems(sweep: Sweep) -> list[str]:
         "score": "critic/score/mean",
         VAL_SCORE: validation,
     }
+    listed = ("objective", "0") in (getattr(sweep, "_where", None) or {}) or len(sweep.objectives) > 1
     problems = []
-    for o in sweep.objectives:
+    for i, o in enumerate(sweep.objectives):
+        path = ("objective", i, "metric") if listed else ("objective", "metric")
+        field, line = ".".join(map(str, path)), sweep.where(*path)
+        at = f"{line}: {field}" if line else field
         if o.metric in logged_as or (o.metric in ALIASES and "/" not in o.metric):
             name = logged_as.get(o.metric)
             fix = f"use {name!r}" if name else f"this sweep (kl_placement {sweep.placement}) logs no such metric"
-            problems.append(f"objective.metric: {o.metric!r} is an alias of the health rules, but an objective names "
-                            f"the metric the trainer reports under verl's name — {fix}")
+            problems.append(f"{at}: {o.metric!r} is an alias of the health rules, but an objective names the metric "
+                            f"the trainer reports under verl's name — {fix}")
         elif (kind.validation_metric and o.metric.startswith(("val-core/", "val/", "test_score/"))
               and o.metric != kind.validation_metric):
-            problems.append(f"objective.metric: {o.metric!r} is not logged by the {kind.name} trainer, whose "
-                            f"validation metric is {kind.validation_metric!r} — use that name")
+            problems.append(f"{at}: {o.metric!r} is not logged by the {kind.name} trainer, whose validation metric "
+                            f"is {kind.validation_metric!r} — use that name")
     return problems
 
 
