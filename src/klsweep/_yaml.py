@@ -174,6 +174,9 @@ def explain(error: ValidationError, data: Any, lines: Lines, name: str, model: t
             shown = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
             expected = _description(model, path)
             fix = f" — expected: {expected}" if expected else ""
+            if kind == "string_type" and isinstance(value, (int, float, bool)):  # YAML read `name: 123` as a number
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+                fix += f"{'. ' if fix else ' — '}Quote it to make it a string: {path[-1]}: \"{text}\""
             out.append((path, f"{where}: {dotted}: {message}{shown}{fix}"))
     return out
 

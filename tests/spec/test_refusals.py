@@ -153,6 +153,9 @@ REFUSALS = {
     "q without q_uniform": (
         "grpo", "parameters:\n  kl_coef: {distribution: uniform, min: 0.001, max: 0.01, q: 0.001}\n",
         5, "parameters.kl_coef", ["q is only used by distribution q_uniform, not uniform", "remove q"]),
+    "a number where a name goes": (  # YAML reads an unquoted 2024 as a number
+        "grpo", "search_space: 2024\n", 4, "search_space",
+        ["Input should be a valid string (got 2024)", 'Quote it to make it a string: search_space: "2024"']),
     "a mapping as an override value": (
         "grpo", "overrides:\n  actor_rollout_ref.actor.entropy_coeff: {a: 1}\n",
         5, "overrides.actor_rollout_ref.actor.entropy_coeff",
