@@ -242,3 +242,56 @@ def test_a_peak_interval_below_a_score_a_trial_reached_says_why():
     below = SweepFrontier("val-core/openai/gsm8k/acc/mean@4", "", "", pd.DataFrame(), pd.DataFrame(), frontier, None,
                           paths=paths.assign(score=[0.61, 0.62, 0.64])).summary()
     assert "peak score 0.636 [0.629, 0.645]; ⚠" in below and "single runs" not in below
+
+
+#: A conservative.yaml sweep of 8 trials × 20 steps (3, then resumed to 8), as recorded: per trial number, its
+#: validation steps (step, KL nats/sequence, accuracy in 1/256ths of the 256 validation prompts). The reference
+#: policy scores 149/256. Trials 3, 6 and 7 (kl_coef 0.5-0.76) pulled their KL back from step 10 to 20 while their
+#: accuracy rose; the others drifted out to KL 0.5 at 148/256.
+CONSERVATIVE = {0: [(10, 0.1891, 143), (20, 0.5163, 148)], 1: [(10, 0.189, 143), (20, 0.516, 148)],
+                2: [(10, 0.1417, 143), (20, 0.469, 148)], 3: [(10, 0.1614, 140), (20, 0.1203, 167)],
+                4: [(10, 0.189, 144), (20, 0.5161, 148)], 5: [(10, 0.1897, 140), (20, 0.4879, 147)],
+                6: [(10, 0.1734, 140), (20, 0.1358, 176)], 7: [(10, 0.1668, 143), (20, 0.1492, 174)]}
+ACCURACY = "val-core/arith/acc/mean@1"
+
+
+def conservative_frontier() -> SweepFrontier:
+    """The recorded sweep's frontier, fitted as :func:`sweep_frontier` fits it (paths, end points, the reference)."""
+    paths = pd.DataFrame([(f"t{n}", n, step, kl, score / 256) for n, rows in CONSERVATIVE.items()
+                          for step, kl, score in rows], columns=["trial_id", "number", "step", "kl_seq", "score"])
+    frontier = fit_frontier(paths["kl_seq"], paths["score"], 149 / 256, trials=paths["trial_id"].to_numpy())
+    points = paths.groupby("trial_id", sort=False).tail(1).reset_index(drop=True).assign(hover="")
+    return SweepFrontier(ACCURACY, "", "", points, pd.DataFrame(), frontier, None, paths=paths)
+
+
+def test_trials_ending_above_the_fitted_peak_are_named_beside_it():
+    """On the recorded sweep the RL form's mean curve peaks at 0.594 while trials 3, 6 and 7 end at 0.652-0.688: its
+    score is not a function of KL alone (at KL 0.12-0.19 it is 0.547 at step 10 and up to 0.688 at step 20). The
+    line keeps the fit's peak and interval, names the end points above the peak, the best with its KL, and warns
+    when the best lies beyond the fit's scatter (more than 2 × its leave-one-trial-out RMSE above the peak)."""
+    result = conservative_frontier()
+    best = result.frontier.best
+    assert best.peak_score == pytest.approx(0.594, abs=5e-4) and best.loo_rmse == pytest.approx(0.0462, abs=5e-4)
+    line = result.summary()
+    assert (f"peak score 0.594 [{best.intervals['peak_score'][0]:.3g}, 1]; 3 feasible trials end above the fitted "
+            "peak (a mean over trials), the best trial 6 at 0.688 (KL 0.136 nats/sequence); ⚠ the fit does not "
+            "describe these trials: trial 6 ends 0.0939 above its peak, more than twice its leave-one-trial-out RMSE "
+            "(0.0462); do not act on KL*; ⚠ interval unbounded") in line
+
+    # a GRPO sweep's forecast "peak score 0.582 [0.582, 1]" while a trial ended at 0.625: above the interval's
+    # upper bound when that is finite; within the scatter and the interval, a note without the warning
+    def line_of(peak_interval, rmse, scores):
+        fit = FormFit("rl", 0.1, 0.5, rmse, 0.3, 0.09, 0.582, {"kl_star": (0.08, 0.1), "peak_score": peak_interval})
+        frontier = Frontier(reference=0.55, fits={"rl": fit}, best=fit, n=4, d_max=0.7, level=0.8, n_points=8)
+        points = pd.DataFrame({"trial_id": list("abcd"), "number": [0, 1, 2, 3], "kl_seq": [0.1, 0.2, 0.3, 0.4],
+                               "score": scores})
+        return SweepFrontier(ACCURACY, "", "", points, pd.DataFrame(), frontier, None, paths=points).summary()
+
+    assert line_of((0.57, 0.6), 0.05, [0.5, 0.625, 0.58, 0.582]).endswith(
+        "peak score 0.582 [0.57, 0.6]; 1 feasible trial ends above the fitted peak (a mean over trials), the best "
+        "trial 1 at 0.625 (KL 0.2 nats/sequence); ⚠ the fit does not describe these trials: trial 1 ends 0.043 above "
+        "its peak, above its interval; do not act on KL*")
+    assert line_of((0.57, 0.7), 0.05, [0.5, 0.625, 0.58, 0.582]).endswith(
+        "peak score 0.582 [0.57, 0.7]; 1 feasible trial ends above the fitted peak (a mean over trials), the best "
+        "trial 1 at 0.625 (KL 0.2 nats/sequence)")
+    assert line_of((0.57, 0.7), 0.05, [0.5, 0.5, 0.58, 0.582]).endswith("peak score 0.582 [0.57, 0.7]")

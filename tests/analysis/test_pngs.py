@@ -165,3 +165,37 @@ def test_curves_png_and_plotly_give_each_of_12_trials_its_own_colour_and_line_st
     traces = [t for t in curves_figure(history, df, None).data if t.mode == "lines" and t.showlegend is not False]
     pairs = [(t.line.color, t.line.dash) for t in traces]
     assert len(pairs) == 12 and len(set(pairs)) == 12 and [dash for _, dash in pairs].count("dash") == 2
+
+
+def test_the_frontier_legend_states_the_kl_star_interval_the_summary_states():
+    """The recorded conservative sweep (tests/analysis/test_frontier.py): KL* [0.00754, unbounded] in the summary,
+    while the legend named the band cut at the axis end, [0.00754, 0.671]. An interval the axis cannot hold is not
+    drawn, and a note says so in the summary's words; a finite one within 3 × the largest KL widens the axis and
+    the legend names it whole."""
+    from dataclasses import replace
+
+    from klsweep.analysis.frontier_figure import frontier_data
+
+    from .test_frontier import conservative_frontier
+
+    def legend(data) -> list[str]:
+        figure = render(data)
+        return [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+
+    result = conservative_frontier()
+    summary = result.summary()
+    assert "KL* = 0.0404 nats/sequence [0.00754, unbounded] (80 %)" in summary
+    data = frontier_data(result)
+    assert data.kl_star is None and data.x_max == pytest.approx(1.3 * 0.5163)
+    assert ("KL* interval [0.00754, unbounded] not drawn: it reaches beyond 3 × the largest KL drawn (0.516 "
+            "nats/sequence)") in data.notes
+    assert summary in data.notes and not [t for t in legend(data) if t.startswith("KL*")]
+
+    best = result.frontier.best
+    finite = replace(result, frontier=replace(result.frontier, best=replace(
+        best, intervals={**best.intervals, "kl_star": (best.intervals["kl_star"][0], 1.2)})))
+    assert "KL* = 0.0404 nats/sequence [0.00754, 1.2] (80 %)" in finite.summary()
+    data = frontier_data(finite)
+    assert data.kl_star == pytest.approx((best.kl_star, best.intervals["kl_star"][0], 1.2))
+    assert data.x_max == pytest.approx(1.32)
+    assert "KL* interval [0.00754, 1.2]" in legend(data) and "KL* = 0.0404" in legend(data)

@@ -177,6 +177,15 @@ class SweepFrontier:
         An interval bound no resample reached reads ``unbounded``.
         A KL* bound beyond :data:`EXTRAPOLATION_FACTOR` times the largest KL reached reads ``> X (extrapolated)``.
         The peak score of an accuracy is clipped to its range (:func:`score_range`).
+        The peak and its interval are the fitted curve's: a mean over trials, and a bootstrap over trials of where
+        that mean peaks, not a bound on single runs. The points drawn beside the fit are the feasible trials' end
+        points (:attr:`points`). When some end above the fitted peak score, the line says how many, and the best
+        (its score, KL and trial number): the data, next to the fit they contradict. When the best ends above the
+        peak interval, or above the fitted peak by more than twice the fit's leave-one-trial-out RMSE (beyond the
+        scatter of trials about the curve), a ⚠ says the Gao form does not describe the trials (a score that is not
+        a function of KL alone: e.g. trials whose KL penalty pulled KL back while their score still rose); their
+        KL* is then not to be acted on. Otherwise, a trial that reached a score above the peak interval at some
+        step is named as such.
         With scale ``groups``: a head line, each fitted group's line led by its scale, then the groups without a
         frontier and why, wrapped at 80 columns."""
         if self.groups:
@@ -185,7 +194,7 @@ class SweepFrontier:
         if f is None:
             return f"KL frontier: not fitted: {self.reason}"
         b, pct = f.best, f"{f.level * 100:g} %"
-        (kl_lo, kl_hi), (p_lo, p_hi) = b.intervals["kl_star"], b.intervals["peak_score"]
+        p_lo, p_hi = b.intervals["peak_score"]
         runs = int(self.paths["trial_id"].nunique()) if len(self.paths) else f.n
         if runs > f.n:
             trials = f"{f.n} configs, {runs} runs" + (f" of which {self.running} running" if self.running else "")
@@ -200,12 +209,11 @@ class SweepFrontier:
             return head + ("no gain: the fitted score never rises above the reference policy's "
                            f"({f.reference:.3g}) at any KL")
         reached = f.d_max ** 2
-        limit = EXTRAPOLATION_FACTOR * reached
         top = score_range(self.score_metric)
         peak_score = f"{b.peak_score:.3g}"
         if top is not None and not top[0] <= b.peak_score <= top[1]:
             peak_score = f"{_clip(b.peak_score, top)} (the fit's {b.peak_score:.3g} is outside the accuracy's range)"
-        line = (f"{head}KL* = {b.kl_star:.3g} nats/sequence [{_bound(kl_lo, limit)}, {_bound(kl_hi, limit)}] ({pct}), "
+        line = (f"{head}KL* = {b.kl_star:.3g} nats/sequence {kl_star_interval(f)} ({pct}), "
                 f"peak score {peak_score} [{_clip(p_lo, top)}, {_clip(p_hi, top)}]")
         warnings = []
         width = f.interval_width()
@@ -216,10 +224,23 @@ class SweepFrontier:
         if f.extrapolated:
             warnings.append(f"extrapolated: the peak lies beyond the largest KL reached ({reached:.3g} "
                             "nats/sequence)")
-        reached_score = _best_reached(self.paths)
-        if reached_score is not None and math.isfinite(p_hi) and reached_score > p_hi:
-            line += (f"; the peak interval is of the fitted curve (a mean over trials), not of single runs: a trial "
-                     f"reached {reached_score:.3g} once")
+        above = _above_peak(self.points, b.peak_score)
+        if len(above):
+            best = above.iloc[0]
+            name = f"trial {int(best['number'])}" if pd.notna(best["number"]) else f"trial {best['trial_id']}"
+            line += (f"; {len(above)} feasible trial{'s' * (len(above) != 1)} end{'s' * (len(above) == 1)} above the "
+                     f"fitted peak (a mean over trials), the best {name} at {best['score']:.3g} "
+                     f"(KL {best['kl_seq']:.3g} nats/sequence)")
+            if best["score"] > p_hi or best["score"] - b.peak_score > 2 * b.loo_rmse:
+                beyond = ("above its interval" if best["score"] > p_hi else
+                          f"more than twice its leave-one-trial-out RMSE ({b.loo_rmse:.3g})")
+                warnings.insert(0, f"the fit does not describe these trials: {name} ends "
+                                   f"{best['score'] - b.peak_score:.3g} above its peak, {beyond}; do not act on KL*")
+        else:
+            reached_score = _best_reached(self.paths)
+            if reached_score is not None and math.isfinite(p_hi) and reached_score > p_hi:
+                line += (f"; the peak interval is of the fitted curve (a mean over trials), not of single runs: a "
+                         f"trial reached {reached_score:.3g} once")
         return line + "".join(f"; ⚠ {w}" for w in warnings)
 
 
@@ -239,12 +260,29 @@ def _groups_summary(groups: Sequence[SweepFrontier]) -> str:
     return "\n".join(lines)
 
 
+def _above_peak(points: pd.DataFrame, peak_score: float) -> pd.DataFrame:
+    """The feasible end points (:attr:`SweepFrontier.points`) with a score above ``peak_score``, best first."""
+    if not len(points) or not {"score", "kl_seq", "number", "trial_id"} <= set(points.columns):
+        return pd.DataFrame()
+    scores = pd.to_numeric(points["score"], errors="coerce").to_numpy(dtype=float)
+    above = (scores > peak_score) & ~np.isclose(scores, peak_score, rtol=1e-9, atol=1e-12)  # on the peak: not above
+    return points.assign(score=scores)[above].sort_values("score", ascending=False, kind="stable")
+
+
 def _best_reached(paths: pd.DataFrame) -> float | None:
     """The highest score a fitted trial logged at any validation step (``paths["score"]``), or None."""
     if not len(paths) or "score" not in paths:
         return None
     scores = pd.to_numeric(paths["score"], errors="coerce").dropna()
     return float(scores.max()) if len(scores) else None
+
+
+def kl_star_interval(frontier: Frontier) -> str:
+    """The best form's KL* interval as :meth:`SweepFrontier.summary` and the figure's legend state it: ``[low, high]``,
+    each bound as :func:`_bound` writes it (beyond :data:`EXTRAPOLATION_FACTOR` times the largest KL reached)."""
+    low, high = frontier.best.intervals["kl_star"]
+    limit = EXTRAPOLATION_FACTOR * frontier.d_max ** 2
+    return f"[{_bound(low, limit)}, {_bound(high, limit)}]"
 
 
 def _bound(value: float, limit: float = math.inf) -> str:

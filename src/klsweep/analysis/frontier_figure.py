@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from klsweep.analysis.figures import Points
-from klsweep.analysis.frontier import RESPONSE_LENGTH
+from klsweep.analysis.frontier import RESPONSE_LENGTH, kl_star_interval
 from klsweep.analysis.frontier_fit import FORM_NAMES, attainment_surface
 
 if TYPE_CHECKING:
@@ -24,7 +25,9 @@ class FrontierData:
     """The KL frontier of a sweep (:func:`frontier_data`): x is the per-sequence KL in nats, y the fitted score.
 
     ``curves``: ``(name, x, y, dashed)`` per Gao form, the best (solid) first; ``kl_star``: ``(KL*, low, high)`` of
-    the best form when finite (the interval drawn as a band, its ends capped at ``x_max``, the axis end);
+    the best form, the interval drawn as a band and named in the legend by these bounds. It is set only when the
+    whole interval lies on the axis (``high <= x_max``), so the legend states the interval the notes' summary states;
+    otherwise ``None``, and a note gives the interval and why it is not drawn;
     ``peak``: ``(KL*, score)`` when the peak lies on the axis; ``surfaces``: the 25/50/75 % attainment surfaces
     (staircases) over training seeds.
     ``message`` is set (and nothing else drawn) when no trial has a point to draw.
@@ -56,6 +59,9 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
     Stopped (infeasible) trials are drawn apart, never fitted; the hover names their reason.
     Both Gao forms are drawn on ``points`` KL values from 0 to the axis end.
     The axis ends at 1.3 × the largest KL drawn, or at 1.1 × KL* when KL* lies within 3 × that KL.
+    The axis is widened to 1.1 × the KL* interval's upper bound when that lies within 3 × the largest KL drawn, so
+    the band is the whole interval. A KL* interval reaching further (or unbounded) is not drawn: a band cut at the
+    axis end would state another interval than the summary.
     The reference score sits at ``d = 0``; KL* is drawn with its interval as a band, and the peak.
     The x axis is per-sequence KL in nats (verl's per-token KL × ``response_length/mean``).
     When the trials span several KL scales (``result.groups``), it draws one scale group, the first fitted one (most
@@ -91,6 +97,15 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
     x_max = 1.3 * reach
     if f is not None and reach < f.best.kl_star <= 3 * reach:
         x_max = 1.1 * f.best.kl_star
+    band = None  # the KL* interval, when the axis can hold it whole
+    if f is not None and math.isfinite(f.best.kl_star):
+        low, high = f.best.intervals["kl_star"]
+        if 0 <= low <= high <= 3 * reach:
+            x_max = max(x_max, 1.1 * high)
+            band = (f.best.kl_star, low, high)
+        else:
+            notes.append(f"KL* interval {kl_star_interval(f)} not drawn: it reaches beyond 3 × the largest KL drawn "
+                         f"({reach:.3g} nats/sequence)")
     feasible_points = (Points(f"feasible trials ({len(fitted)})", fitted["kl_seq"].tolist(), fitted["score"].tolist(),
                               fitted["hover"].tolist()) if len(fitted) else None)
     stopped_points = (Points(f"stopped or failed, not fitted ({len(stopped)})", stopped["kl_seq"].tolist(),
@@ -104,9 +119,7 @@ def frontier_data(result: SweepFrontier, points: int = 200) -> FrontierData:
             name = (f"{FORM_NAMES[fit.form]}{' (best)' if fit is f.best else ''}, leave-one-trial-out RMSE "
                     f"{fit.loo_rmse:.3g}")
             curves.append((name, grid.tolist(), f.score(np.sqrt(grid), fit.form).tolist(), fit is not f.best))
-        low, high = f.best.intervals["kl_star"]
-        if np.isfinite(f.best.kl_star):
-            kl_star = (f.best.kl_star, min(low, x_max), min(high, x_max))
+        kl_star = band
         if f.best.kl_star <= x_max:
             peak_point = (f.best.kl_star, f.best.peak_score)
         reference = f.reference
