@@ -147,8 +147,11 @@ def explain(error: ValidationError, data: Any, lines: Lines, name: str, model: t
     """
     out: list[tuple[tuple[str, ...], str]] = []
     done: set[tuple] = set()
-    for err in error.errors(include_url=False):
-        path = _data_path(data, err["loc"], keep_last=err["type"] == "missing")
+    errors = error.errors(include_url=False)
+    for err in errors:
+        if echoes_deeper(err, errors):
+            continue
+        path = data_path(data, err["loc"], keep_last=err["type"] == "missing", inline=inline)
         if path in done:
             continue
         done.add(path)
@@ -208,12 +211,27 @@ def typo_cascade(model: type[BaseModel], data: Any, path: tuple[str, ...], kind:
     return typos, bool(typos)
 
 
-def _data_path(data: Any, loc: tuple, keep_last: bool) -> tuple[str, ...]:
+def echoes_deeper(err: Mapping[str, Any], errors: list[Any]) -> bool:
+    """Whether pydantic's error ``err`` only echoes another of ``errors`` inside it: a tuple whose one item failed is
+    also "too short" (``rules.0.conditions: Tuple should have at least 1 item after validation, not 0``)."""
+    loc = tuple(err["loc"])
+    return err["type"] == "too_short" and any(len(o["loc"]) > len(loc) and tuple(o["loc"][:len(loc)]) == loc
+                                              for o in errors)
+
+
+def data_path(data: Any, loc: tuple, keep_last: bool, inline: Inline | None = None) -> tuple[str, ...]:
     """The error location as a path through the data, without pydantic's union/discriminator tags (a missing
-    field, the only element not in the data that is not a tag, is kept when ``keep_last``)."""
+    field, the only element not in the data that is not a tag, is kept when ``keep_last``). A field the data writes
+    under another name (``inline``: a rule's ``conditions`` as ``all``/``any``) takes the name the data uses."""
+    renamed = {field: aliases for field, aliases in (inline or {}).values()}
     path: list[str] = []
     node = data
     for n, part in enumerate(loc):
+        alias = next((a for a in renamed.get(part, ()) if a in node), None) if isinstance(node, dict) else None
+        if alias is not None and part not in node:
+            node = node[alias]
+            path.append(alias)
+            continue
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):

@@ -86,7 +86,15 @@ def test_load_ruleset_errors_name_the_file_and_field(tmp_path):
     bad.write_text("rules:\n  - {name: a, metric: m, above: x, action: stop}\n")
     with pytest.raises(SweepFileError) as e:
         load_ruleset(bad)
-    assert str(bad) in str(e.value) and "rules.0" in str(e.value) and "above" in str(e.value)
+    # the field as the file writes it, once: not the model's rules.0.conditions.0.value.above, nor the echo that the
+    # conditions tuple is then empty
+    assert e.value.problems == [f"{bad}: rules.0.above: Input should be a valid number, unable to parse string as a "
+                                "number (got 'x')"]
+    bad.write_text("rules:\n  - {name: a, all: [{metric: m, above: 1}, {metric: n, below: y}], action: stop}\n")
+    with pytest.raises(SweepFileError) as e:
+        load_ruleset(bad)
+    assert e.value.problems == [f"{bad}: rules.0.all.1.below: Input should be a valid number, unable to parse string "
+                                "as a number (got 'y')"]
     bad.write_text("rules: [unclosed\n")
     with pytest.raises(SweepFileError, match="cannot read YAML"):
         load_ruleset(bad)

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from klsweep._yaml import Inline, typo_cascade, unknown_field_fix
+from klsweep._yaml import Inline, data_path, echoes_deeper, typo_cascade, unknown_field_fix
 from klsweep.errors import SweepFileError
 from klsweep.health.rules import PRESETS, BuiltinConfig, HealthConfig, PresetFile, Rule, RuleSet
 
@@ -30,8 +30,12 @@ def validation_problems(error: ValidationError, where: str, data: Any = None) ->
         shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
         return f"{where}: {'.'.join(path)}: unknown field{shown} — {unknown_field_fix(HealthConfig, path, inline)}"
 
-    for e in error.errors():
-        path = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+    errors = error.errors()
+    for e in errors:
+        if echoes_deeper(e, errors):
+            continue
+        path = (data_path(data, e["loc"], keep_last=e["type"] == "missing", inline=inline) if data is not None
+                else tuple(str(p) for p in e["loc"] if not str(p).startswith("function-")))
         loc = ".".join(path)
         msg = e["msg"].removeprefix("Value error, ")
         typos, cascade = typo_cascade(HealthConfig, data, path, e["type"], msg, inline)  # a misspelt field's echo
