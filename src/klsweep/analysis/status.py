@@ -126,12 +126,13 @@ def _scale_marks(scales: pd.Series, label: str) -> tuple[pd.Series, str]:
     """Per row of ``scales``, its mark, and the caption naming the marks.
 
     ``scales`` holds the scale each trial's ``label`` value is on. The most common scale gets no mark; each other
-    gets one of :data:`_MARKS`, and a fifth and later share the last. The caption is empty when every row is on one
-    scale."""
+    gets one of :data:`_MARKS`, and a fifth and later share the last. Among scales as common, a per-token mean (verl's
+    default ``token-mean``) goes first, so KL and entropy leave the same rows unmarked. The caption is empty when every
+    row is on one scale."""
     counts = scales.value_counts()
     if len(counts) < 2:
         return pd.Series("", index=scales.index, dtype=str), ""
-    order = sorted(counts.index, key=lambda scale: (-counts[scale], scale))
+    order = sorted(counts.index, key=lambda scale: (-counts[scale], "token-mean" not in scale, scale))
     mark = {scale: "" if n == 0 else _MARKS[min(n, len(_MARKS)) - 1] for n, scale in enumerate(order)}
     others = "; ".join(f"{label}{mark[scale]}: {scale}" for scale in order[1:])
     caption = (f"{label} on different scales, not comparable across them: unmarked {order[0]}; {others}")
