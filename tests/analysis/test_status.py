@@ -243,8 +243,9 @@ def test_token_mean_and_seq_mean_token_mean_are_one_scale():
 
 
 def test_kl_and_entropy_leave_the_same_rows_unmarked_when_scales_are_as_common():
-    """One trial per scale: the KL column had marked the token-mean trial (its scale sorted after the other's) and
-    the entropy column the token-sum one. As common, the per-token mean is the unmarked scale in both columns."""
+    """One trial per scale: the KL column marked the token-mean trial (its scale "(low_var_kl, token-mean)" sorted
+    after "(kl, token-sum)") and the entropy column the token-sum one. As common, the per-token mean is the unmarked
+    scale in both columns."""
     import io
 
     import pandas as pd
@@ -255,7 +256,7 @@ def test_kl_and_entropy_leave_the_same_rows_unmarked_when_scales_are_as_common()
     sweep = load_sweep("sweeps/grpo_kl.yaml")
     agg = "config/actor_rollout_ref.actor.loss_agg_mode"
     df = pd.DataFrame({"number": [0, 1], "state": ["COMPLETE"] * 2, agg: ["token-sum", "token-mean"],
-                       "config/actor_rollout_ref.actor.kl_loss_type": ["k3", "low_var_kl"],
+                       "config/actor_rollout_ref.actor.kl_loss_type": ["kl", "low_var_kl"],
                        "steps": [80] * 2, "last/ref_kl": [267.4, 0.1918], "last/entropy": [771.8, 1.25],
                        "last/score": [0.5] * 2, "kl_metric": ["actor/kl_loss"] * 2, "health": ["healthy"] * 2})
     console = Console(file=io.StringIO(), width=400)
