@@ -204,6 +204,16 @@ def test_repeated_objective_metrics(sweep_file):
                                 "expected: metric + mode, or a list of them for a multi-objective (Pareto) sweep"]
 
 
+def test_optunas_maximize_and_minimize_are_read_as_max_and_min(sweep_file):
+    """A user of Optuna writes `mode: maximize`; it was refused, and being in a required field it hid every problem
+    of the rest of the file until it was fixed."""
+    sweep = load_sweep(sweep_file("name: t\nalgorithm: grpo\nobjective:\n"
+                                  "  - {metric: critic/score/mean, mode: maximize}\n"
+                                  "  - {metric: actor/kl_loss, mode: minimize}\n", header=False))
+    assert [o.mode for o in sweep.objectives] == ["max", "min"]
+    assert sweep.model_dump(mode="json")["objective"][0]["mode"] == "max"  # sweep.json holds Ray Tune's names
+
+
 CLI_REFUSALS = {
     "no equals sign": ("", "budget.trials", "not FIELD=VALUE — e.g. budget.trials=4"),
     "a value that is not YAML": ("", "budget.trials=[1", "the value '[1' is not valid YAML (expected ',' or ']'"),

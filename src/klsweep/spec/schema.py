@@ -193,7 +193,13 @@ class Objective(BaseModel):
     model_config = _MODEL
 
     metric: str = Field(min_length=1, description="verl metric name reported by every trial")
-    mode: Literal["max", "min"] = Field(description="max or min (Ray Tune's names)")
+    mode: Literal["max", "min"] = Field(description="max or min (Ray Tune's names; Optuna's maximize and minimize "
+                                        "are read as them)")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _optuna_direction(cls, value: Any) -> Any:
+        return {"maximize": "max", "minimize": "min"}.get(value, value) if isinstance(value, str) else value
 
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid", "cmaes")
