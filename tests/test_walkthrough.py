@@ -57,6 +57,8 @@ def reported_steps(run_dir, opened: dict) -> list[int]:
     The study is loaded once, into ``opened``, and read again on each call: loading it on every poll takes long
     enough on a loaded machine for a trial of 40 steps (a few seconds) to start and end unseen."""
     if "study" not in opened:
+        if not (run_dir / "study.db").is_file():  # opening it first would create it: the driver then finds its new
+            return []                             # directory holding a file it did not write, and refuses it
         try:
             opened["study"] = study(run_dir)
         except Exception:  # study.db or the study not created yet

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 
+import optuna
 import pytest
 
 from klsweep.cli import main
@@ -120,3 +121,28 @@ def test_a_driver_that_made_the_directory_first_wins_a_race_into_a_new_one(tmp_p
                 else "already holds a sweep: pass --resume")
     assert expected in str(refused.value)
     assert sorted(p.name for p in out.iterdir()) == ([DRIVER_LOCK] if other == "runs" else [DRIVER_LOCK, "sweep.json"])
+
+
+def test_a_file_a_reader_makes_in_the_new_directory_does_not_refuse_its_driver(tmp_path, monkeypatch):
+    """A notebook or script polling `optuna.load_study(storage="sqlite:///OUT/study.db")` creates study.db the moment
+    the driver has made OUT; the driver's check for a racing driver then refused its own new directory ("holds files
+    but no klsweep sweep"). Only a sweep left there refuses it."""
+    import klsweep.orchestrate.sweep as sweep_module
+    from klsweep.errors import ClusterError
+    from klsweep.orchestrate.sweep import run_sweep
+
+    path = sweep_file(tmp_path, "reader", budget={"trials": 1, "max_concurrent": 1, "max_steps": 2})
+    out = tmp_path / "out"
+    prepare = sweep_module._prepare_out
+
+    def made_then_read(directory, *, overwrite):
+        prepare(directory, overwrite=overwrite)
+        optuna.storages.RDBStorage(f"sqlite:///{directory / 'study.db'}")  # what load_study does first
+
+    def past_the_checks(sweep, address, out_dir):
+        raise ClusterError("past the checks")
+
+    monkeypatch.setattr(sweep_module, "_prepare_out", made_then_read)
+    monkeypatch.setattr(sweep_module, "_init_ray", past_the_checks)
+    with pytest.raises(ClusterError, match="past the checks"):
+        run_sweep(path, [], out=str(out), quiet=True)

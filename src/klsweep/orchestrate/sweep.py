@@ -166,8 +166,10 @@ def run_sweep(
         if overwrite or not locked:  # a new directory (--overwrite deleted the old one with its lock file)
             held.enter_context(driver_lock(out_dir))
             # a driver started at the same moment may have made the directory first: it holds the lock (refused
-            # above), or it ended and left its sweep there
-            _refuse_existing(out_dir, resume=False, overwrite=False)
+            # above), or it ended and left its sweep there. Another file is no sweep: a reader (a notebook opening
+            # study.db) may have made one within the moment
+            if (out_dir / SWEEP_FILE).is_file():
+                _refuse_existing(out_dir, resume=False, overwrite=False)
         record.write(out_dir)
         own_ray = not ray.is_initialized()
         try:
