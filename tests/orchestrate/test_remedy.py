@@ -645,3 +645,17 @@ def test_trainers_that_serve_recorded_runs_turn_remedies_off_and_say_so_once(tmp
     off = load_sweep("sweeps/aggressive.yaml", ["trainer=tabular", table, "parameters.horizon={values: [20000]}",
                                                 "health={preset: aggressive, remedies: false}"])
     assert not [w for w in off.warnings if "remedies off" in w]
+
+
+def test_remedies_asked_for_under_asha_are_said_to_be_off():
+    """`health: {remedies: true}` with `scheduler: asha` validated as ok, and the run stopped the flagged trials: ASHA
+    stops, it does not restart. Remedies on only by default are not worth a warning."""
+    asha = "scheduler={type: asha, grace_period: 10, reduction_factor: 3}"
+    asked = load_sweep("sweeps/aggressive.yaml", ["health.remedies=true", asha])
+    assert not remedies_on(asked)
+    assert [w for w in asked.warnings if "remedies off" in w] == [
+        "command line 'health.remedies=true': health.remedies: scheduler asha: remedies off, ASHA stops trials and "
+        "does not restart them: kl_runaway, reward_hacking stop their trial instead of restarting it (as with "
+        "health: {remedies: false}). Use scheduler: none to have them remedied"]
+    by_default = load_sweep("sweeps/aggressive.yaml", ["health={preset: aggressive}", asha])
+    assert by_default.health.remedies and not [w for w in by_default.warnings if "remedies off" in w]

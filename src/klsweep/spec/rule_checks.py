@@ -44,19 +44,25 @@ def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
 
 
 def remedies_off(sweep: Sweep) -> Iterator[Problem]:
-    """Warn once when the trainer cannot restart a trial, naming the rules whose remedy then stops it instead.
+    """Warn once when remedies are on but no trial will be restarted, naming the rules whose remedy then stops it.
 
-    Such a trainer has :attr:`klsweep.trainers.TrainerKind.no_restarts`; see
-    :func:`klsweep.orchestrate.remedy.remedies_on`. Yields nothing where remedies are off anyway (ASHA,
-    ``health: {remedies: false}``).
+    The trainer cannot restart a trial (:attr:`klsweep.trainers.TrainerKind.no_restarts`), or the file asks for
+    ``health: {remedies: true}`` under an ASHA scheduler, which stops instead (see
+    :func:`klsweep.orchestrate.remedy.remedies_on`). Yields nothing with ``health: {remedies: false}``, nor for
+    ASHA with remedies on by default only.
     """
-    why = sweep.kind.no_restarts
-    if not why or not sweep.health.remedies or sweep.scheduler.type != "none":
-        return
     named = [rule.name for rule in sweep.ruleset.rules if rule.remedy]
-    if named:
+    if not named or not sweep.health.remedies:
+        return
+    why = sweep.kind.no_restarts
+    if why and sweep.scheduler.type == "none":
         yield ("health",), (f"trainer {sweep.trainer}: remedies off, {why}: {', '.join(named)} stop their trial "
                              "instead of restarting it (as with health: {remedies: false})")
+    elif sweep.scheduler.type != "none" and "remedies" in sweep.health.model_fields_set:
+        yield ("health", "remedies"), (
+            f"scheduler {sweep.scheduler.type}: remedies off, ASHA stops trials and does not restart them: "
+            f"{', '.join(named)} stop their trial instead of restarting it (as with health: {{remedies: false}}). "
+            "Use scheduler: none to have them remedied")
 
 
 def _first_firing_step(rule: Rule) -> int:
