@@ -238,3 +238,25 @@ def test_a_remedied_trial_shows_its_proposed_parameters_and_whole_schedule():
     assert [c.strip() for c in header.split("┃")][-2:] == ["health", "remedies"]
     assert [c.strip() for c in row.split("│")][2] == "0.002"
     assert [c.strip() for c in row.split("│")][-1] == schedule
+
+
+def test_a_replayed_log_from_step_0_shows_its_last_step_not_its_report_count():
+    """verl's GRPO log holds steps 0 (the validation before training) to 105: 106 reports, 105 training steps. The
+    finished trial's line says step=105, as trials.csv's steps does, not Tune's report count 106."""
+    from klsweep.trainers.replay import ReplayTrainer
+    from tests.conftest import GRPO, TRACES
+
+    trainer = ReplayTrainer({"trainer.total_training_steps": 200}, trace=TRACES / GRPO)
+    reports = 0
+    while trainer.global_step < trainer.total_steps:  # as run_trial plays it
+        metrics = trainer.train_step()
+        reports += 1
+    assert (reports, trainer.global_step, trainer.total_steps) == (106, 105, 105)
+    trial = Trial("run_trial", config={PARAMS[0]: 0.002}, trial_id="a1b2c3d4", stub=True)
+    trial.run_metadata.last_result = {**metrics, "training_iteration": reports, "step": 105, "total_steps": 105,
+                                      "health": "healthy"}
+    out = io.StringIO()
+    progress = SweepProgress(1, ["val-core/openai/gsm8k/reward/mean@1"], params=PARAMS[:1], console=Console(file=out))
+    progress.setup()
+    progress.on_trial_complete(1, [trial], trial)
+    assert out.getvalue().startswith("[1/1] a1b2c3d4 TERMINATED kl_coef=0.002 step=105 ")

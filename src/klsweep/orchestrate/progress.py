@@ -126,7 +126,8 @@ class SweepProgress(Callback):
         for key in self._params:
             row[key] = proposed.get(key)
         row["remedies"] = schedule_line(trial.config.get(REMEDIES))
-        row["step"] = result.get("training_iteration", row.get("step"))
+        # the trainer's own step, as trials.csv's steps; Tune's report count differs when a log starts at step 0
+        row["step"] = result.get(STEP, result.get("training_iteration", row.get("step")))
         for column in _COLUMNS:
             key = resolve(result, column)
             if key is not None:
