@@ -128,3 +128,33 @@ def test_steps_a_remedy_ran_again_count_as_used():
     # without remedies nothing is run again
     plain = compute_accounting(df.drop(columns="remedies"), 40, 2.0).set_index("outcome")
     assert plain.loc["total", "steps_rerun"] == 0 and plain.loc["total", "steps_used"] == 95
+
+
+def test_a_trial_that_played_its_whole_log_saved_nothing():
+    """A replay of verl's GRPO log (steps 1-105) under budget.max_steps 200: the two trials that played it to its end
+    ran their whole run, none of the 95 steps past it were saved; the health stop at step 3 saved the 102 steps
+    the log had left, not 197."""
+    df = pd.DataFrame({
+        "state": ["COMPLETE", "PRUNED", "COMPLETE"], "health": ["healthy", "stopped", "healthy"],
+        "steps": [105, 3, 105], "wall_s": [0.5, 0.02, 0.5],
+        "stop_reason": ["", "misconfigured at step 3 by builtin.no_update: no update: actor/lr is 0", ""],
+        "stop_kind": ["", "misconfigured", ""],
+    })
+    for by, stop, run_ended in (("reason", "health: builtin.no_update", "run ended before max_steps"),
+                                ("outcome", "health stop", "run ended before max_steps")):
+        table = compute_accounting(df, max_steps=200, gpu=0.0, by=by).set_index(by)  # type: ignore[arg-type]
+        assert list(table.index) == [stop, run_ended, "total"]
+        assert table.loc[run_ended, "trials"] == 2 and table.loc[run_ended, "steps_used"] == 210
+        assert table.loc[run_ended, "steps_saved"] == 0 and table.loc[run_ended, "wall_h_saved"] == 0
+        assert table.loc[stop, "steps_saved"] == 102
+        assert table.loc["total", "steps_used"] == 213 and table.loc["total", "steps_saved"] == 102
+        assert table.loc["total", "saved_share"] == pytest.approx(102 / 315)
+
+
+def test_a_multi_objective_scheduler_stop_short_of_the_budget_still_saves():
+    """COMPLETE with a stop reason short of max_steps is a scheduler stop (a multi-objective study keeps its values),
+    not a run that ended by itself."""
+    df = pd.DataFrame({"state": ["COMPLETE", "COMPLETE"], "health": ["healthy", "healthy"], "steps": [40, 10],
+                       "wall_s": [40.0, 10.0], "stop_reason": ["", "stopped at step 10"]})
+    table = compute_accounting(df, max_steps=40, gpu=0.0).set_index("outcome")
+    assert table.loc["scheduler stop", "steps_saved"] == 30 and table.loc["full budget", "steps_saved"] == 0

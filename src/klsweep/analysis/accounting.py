@@ -1,7 +1,10 @@
 """Compute accounting of a sweep: trial-steps and GPU-hours used, and saved by stopping trials early.
 
-"Saved" compares with running every trial to ``budget.max_steps``.
-A trial stopped after ``s`` steps saved ``max_steps − s`` steps, its remaining budget.
+"Saved" compares with running every trial to ``budget.max_steps``, or to the end of the trainer's run when it ends
+sooner: a replayed log of 105 steps under ``max_steps`` 200, or a verl run whose data runs out.
+A trial stopped after ``s`` steps saved the steps it had left, ``max_steps − s`` or ``end − s``.
+A trial that ended by itself before ``max_steps`` (COMPLETE, no stop reason) ran its whole run and saved nothing:
+the budget's steps past the run's end were never there to save.
 Hours are costed at the trial's own seconds per step (``wall_s / steps``) × ``budget.resources.gpu``.
 A failed trial (FAIL without a health stop) saved nothing: its missing steps count neither as used nor as saved.
 A restart decided at step ``s`` from the checkpoint of step ``f`` ran steps ``f+1..s`` again.
@@ -22,8 +25,10 @@ from klsweep.results import STOP_KIND_OBJECTIVE, remedy_records, restarts
 #: The rule named in a health stop's reason (``klsweep.health.verdict.StopReason.text``: "KIND at step N by RULE: ...").
 _RULE = re.compile(r"\bat step \S+ by ([^\s:]+):")
 
-_OUTCOMES = ["health stop", "objective stop", "scheduler stop", "failed", "full budget", "running"]
-_LAST = ["objective stopper", "scheduler", "failed", "full budget", "running"]
+#: The group of trials that ran their whole run, which ended before ``budget.max_steps``.
+RUN_ENDED = "run ended before max_steps"
+_OUTCOMES = ["health stop", "objective stop", "scheduler stop", "failed", "full budget", RUN_ENDED, "running"]
+_LAST = ["objective stopper", "scheduler", "failed", "full budget", RUN_ENDED, "running"]
 
 
 def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
@@ -36,11 +41,12 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         max_steps: steps per trial in the budget (``budget.max_steps``).
         gpu: GPUs reserved per trial (``budget.resources.gpu``; 0 for CPU sweeps).
         by: ``"outcome"``: one row per outcome, ``health stop`` (health verdict stopped), ``objective stop``
-            (``stop_kind`` objective: :mod:`klsweep.orchestrate.objective_stop`), ``scheduler stop`` (PRUNED or
-            COMPLETE short of the budget otherwise), ``failed`` (FAIL), ``full budget`` (ran ``max_steps``),
-            ``running``. ``"reason"``: the health stops split by rule (``health: kl_runaway``, the rule named in the
-            stop reason, else ``health: <stop kind>``), then ``objective stopper``, ``scheduler``, ``failed``,
-            ``full budget``, ``running``.
+            (``stop_kind`` objective: :mod:`klsweep.orchestrate.objective_stop`), ``scheduler stop`` (PRUNED, or
+            COMPLETE with a stop reason, short of the budget otherwise), ``failed`` (FAIL), ``full budget`` (ran
+            ``max_steps``), :data:`RUN_ENDED` (COMPLETE without a stop reason, short of ``max_steps``: the trainer's
+            run ended there), ``running``. ``"reason"``: the health stops split by rule (``health: kl_runaway``, the
+            rule named in the stop reason, else ``health: <stop kind>``), then ``objective stopper``, ``scheduler``,
+            ``failed``, ``full budget``, :data:`RUN_ENDED`, ``running``.
 
     Returns:
         One row per group present, then ``total``. Columns: ``outcome`` or ``reason`` (as ``by``), ``trials``,
@@ -51,6 +57,8 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         ``gpu_h_saved_share`` is the same in GPU-hours, 0 when nothing was used.
         Hours saved = missing steps × the trial's seconds per step × gpu / 3600.
         A trial without a step or a wall time saves steps but no hours. A running or failed trial saves nothing.
+        Neither does a :data:`RUN_ENDED` trial; the longest of those is where every trial's run ends (the trials
+        of a sweep run the same trainer), so a stopped trial saves at most the steps up to it.
 
     Raises:
         ValueError: ``by`` is neither ``"outcome"`` nor ``"reason"``.
@@ -60,18 +68,22 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
     steps = _column(df, "steps", 0)
     wall = _column(df, "wall_s", 0)
     per_step = (wall / steps.where(steps > 0)).fillna(0)
-    missing = (max_steps - steps).clip(lower=0)
     health = _text(df, "health")
     kind = _text(df, "stop_kind")
     stopped = health == "stopped"
     objective = (kind == STOP_KIND_OBJECTIVE) & ~stopped
+    ended = (df["state"] == "COMPLETE") & ~stopped & ~objective & (_text(df, "stop_reason") == "") & (steps < max_steps)
+    run_end = min(max_steps, steps[ended].max()) if ended.any() else max_steps
+    missing = (run_end - steps).clip(lower=0)
     outcome = pd.Series("full budget", index=df.index, dtype=object)
-    outcome[missing > 0] = "scheduler stop"
+    outcome[steps < max_steps] = "scheduler stop"
+    outcome[ended] = RUN_ENDED
     outcome[objective] = "objective stop"
     outcome[df["state"] == "FAIL"] = "failed"
     outcome[df["state"] == "RUNNING"] = "running"
     outcome[stopped] = "health stop"
-    missing[outcome.isin(["running", "failed"])] = 0  # not stopped yet; an error lost its steps, it saved none
+    # not stopped yet; an error lost its steps, it saved none; a run that ended had none left
+    missing[outcome.isin(["running", "failed", RUN_ENDED])] = 0
     rerun = rerun_steps(df).astype(float)
     if by == "outcome":
         group, order = outcome, _OUTCOMES
