@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from klsweep.errors import KlsweepError
 from klsweep.health.signals import DERIVED
 from klsweep.spec.key_checks import Problem, check_keys_resolved, label
 from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of_reach
@@ -93,6 +94,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     warnings.extend(rules_out_of_reach(sweep))
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
+    warnings.extend(_replay_shorter_than_budget(sweep))
     stop = sweep.stopping.objective
     if stop is not None and sweep.budget.trials <= stop.min_peers:
         warnings.append((("stopping", "objective"), f"can never stop a trial: it waits for "
@@ -385,3 +387,22 @@ def _unlogged_validation(sweep: Sweep) -> Iterator[Problem]:
             f"{name!r} is not a verl validation key: verl logs them as val-core/<data_source>/<reward key>/mean@<n> "
             "(or val-aux/...), so the rules on val_score would judge nothing. Name one of those, or leave "
             "health.validation out (every validation set is judged)")
+
+
+def _replay_shorter_than_budget(sweep: Sweep) -> Iterator[Problem]:
+    """``budget.max_steps`` past the last step of the log a replay sweep plays back: every trial ends at the log's
+    last step, and the budget's steps past it are neither run nor saved. A log that cannot be read is left to the
+    trainer's own error."""
+    if sweep.kind.name != "replay" or sweep.replay is None:
+        return
+    from klsweep.trainers.replay import last_step
+
+    try:
+        steps = last_step(sweep.replay.trace, sweep.replay.run)
+    except (KlsweepError, OSError):
+        return
+    if steps < sweep.budget.max_steps:
+        yield ("budget", "max_steps"), (
+            f"{sweep.budget.max_steps} is longer than the replayed log {sweep.replay.trace}, whose last step is "
+            f"{steps}: every trial ends at step {steps}, and the budget's steps past it are neither run nor saved. "
+            f"Lower budget.max_steps to {steps}, or replay a longer log")

@@ -48,6 +48,19 @@ def played_reports(reports: list[tuple[int | None, dict[str, Any]]], total_steps
     return sorted(by_step.items())
 
 
+def last_step(trace: str | os.PathLike, run: str | None = None) -> int:
+    """The last step a replay of ``trace`` plays with no step limit, in the log's own numbering, as
+    :attr:`ReplayTrainer.total_steps`: the step every trial ends at when ``budget.max_steps`` is larger.
+
+    Raises:
+        TraceReadError: the log cannot be read or holds no report (see :func:`klsweep.health.readers.read_trace`).
+    """
+    reports = played_reports(read_trace(Path(trace), run=run).reports, None)
+    if not reports:
+        raise TraceReadError(f"{trace} holds no report to play back")
+    return reports[-1][0]
+
+
 class ReplayTrainer:
     """Plays back a training log, one logged step per :meth:`train_step`.
 
