@@ -81,8 +81,11 @@ REMEDIED = "remedied:"
 ATTR_CONFIRM_OF = "confirm_of"
 #: a confirmation run's training seed (``data.seed``), set when it is enqueued, before it has params
 ATTR_CONFIRM_SEED = "confirm_seed"
-#: the Optuna constraint a health stop violates in a multi-objective study (``FrozenTrial.constraints``)
-HEALTH_CONSTRAINT = "health"
+#: The system attribute holding a multi-objective trial's constraint values: ``[1.0]`` (infeasible) when a health
+#: rule stopped it, else ``[-1.0]``. It is the list a sampler's ``constraints_func`` writes (optuna/samplers/_base.py),
+#: which Optuna reads (``FrozenTrial.constraints == {"0": 1.0}``) and optuna-dashboard 0.21 draws; the dashboard does
+#: not read the ``constraints:<key>`` attributes of ``Trial.set_constraint``.
+CONSTRAINTS_ATTR = "constraints"
 
 
 class Objective(BaseModel):

@@ -72,6 +72,9 @@ def test_dashboard_serves_the_study_on_loopback(pareto_run):
         assert {attrs["health"] for attrs in served.values()} == {"healthy", "stopped"}
         stopped = next(a for a in served.values() if a["health"] == "stopped")
         assert "beta_high" in stopped["stop_reason"]
+        # the dashboard marks the health-stopped trial infeasible: it read no constraint Trial.set_constraint wrote
+        assert {t["number"]: t["constraints"] for t in detail["trials"]} == {
+            t.number: [1.0 if t.user_attrs["health"] == "stopped" else -1.0] for t in study.trials}
         assert json.loads(stopped["verl_overrides"])["algorithm.kl_ctrl.kl_coef"] == 0.05
     finally:
         server.terminate()

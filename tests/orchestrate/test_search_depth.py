@@ -44,10 +44,10 @@ def test_pareto_front_holds_only_feasible_trials(pareto_run):
     # kl_coef 0.05 > the rule's 0.01: stopped at step 2 (the first judged step), kept with both objectives, infeasible
     assert large.state == State.COMPLETE and large.user_attrs["health"] == "stopped"
     assert large.user_attrs["steps"] == 2 and "beta_high" in large.user_attrs["stop_reason"]
-    assert large.constraints == {"health": 1.0}
+    assert large.constraints == {"0": 1.0}
     assert len(large.values) == 2 and all(v == v for v in large.values)
     for t in (small, small2):
-        assert t.state == State.COMPLETE and t.user_attrs["steps"] == 4 and t.constraints == {"health": -1.0}
+        assert t.state == State.COMPLETE and t.user_attrs["steps"] == 4 and t.constraints == {"0": -1.0}
     # the front by hand: the non-dominated feasible trials
     feasible = [t for t in (small, small2)]
     expected = {t.number for t in feasible if not any(_dominates(o.values, t.values) for o in feasible if o is not t)}

@@ -108,11 +108,11 @@ def test_multi_objective_health_is_a_constraint(ray_local, tmp_path):
     # "sick" was stopped at step 3 with both objectives known (val 0.2 at step 2, kl 0.03 at step 3): it is kept
     # with those values, infeasible, so the sampler learns from it and the Pareto front excludes it.
     (sick,) = [t for t in study.trials if t.params["kind"] == "sick"]
-    assert sick.constraints == {"health": 1.0}
+    assert sick.constraints == {"0": 1.0}
     assert sick.values == [pytest.approx(0.2), pytest.approx(0.03)]
     front = study.best_trials
     assert front and all(t.params["kind"] == "ok" for t in front)
-    assert all(t.constraints == {"health": -1.0} for t in front)
+    assert all(t.constraints == {"0": -1.0} for t in front)
     for t in front:
         assert t.values == [pytest.approx(0.6), pytest.approx(0.006)]
     assert not any(math.isnan(v) for t in front for v in t.values)

@@ -5,7 +5,7 @@ The non-dominated sort and the hypervolume are Optuna's own: ``optuna.study._mul
 columns and directions into Optuna's minimisation convention, and decides which trials are feasible.
 
 Feasible = Optuna state COMPLETE and health verdict not ``stopped`` (the health constraint of
-:data:`klsweep.results.HEALTH_CONSTRAINT`). When no trial is feasible the front is empty, a
+:data:`klsweep.results.CONSTRAINTS_ATTR`). When no trial is feasible the front is empty, a
 :class:`EmptyFrontWarning` says so and :func:`least_infeasible` ranks the trials that came closest (optuna#6445).
 
 KL comparability: ``actor/kl_loss`` is aggregated with the run's ``actor.loss_agg_mode`` and computed with

@@ -50,8 +50,8 @@ from klsweep.results import (
     ATTR_STEPS,
     ATTR_STOP_REASON,
     ATTR_VERL_OVERRIDES,
+    CONSTRAINTS_ATTR,
     HEALTH,
-    HEALTH_CONSTRAINT,
     STEP,
     STOP_KIND,
     STOP_REASON,
@@ -68,8 +68,6 @@ from klsweep.spec.space import SEED_KEY, define_space, trial_overrides
 _CREATED = re.compile(r"_(\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})$")
 #: Tune's trial folder name: ``<trainable>_<trial id>_<index>_...``
 _INDEX = re.compile(r"_[0-9a-f]{5,}_(\d+)_")
-#: the system attribute of ``Trial.set_constraint(HEALTH_CONSTRAINT, v)`` (optuna/trial/_trial.py: "constraints:<key>")
-_CONSTRAINT = f"constraints:{HEALTH_CONSTRAINT}"
 _UNFINISHED = ("in flight when the study was lost; its Optuna trial could not be matched to Tune's saved searcher "
                "state: marked FAIL by sweep rebuild-study")
 
@@ -223,7 +221,7 @@ def _frozen(sweep: Sweep, metrics: list[str], trial: dict[str, Any], params: dic
     elif state == optuna.trial.TrialState.COMPLETE:
         told = values if len(values) > 1 else values[0]
     feasible = len(metrics) > 1 and state != optuna.trial.TrialState.FAIL
-    system = {_CONSTRAINT: 1.0 if health == "stopped" else -1.0} if feasible else {}
+    system = {CONSTRAINTS_ATTR: [1.0 if health == "stopped" else -1.0]} if feasible else {}
     return optuna.trial.create_trial(
         state=state, params=params, distributions=distributions, user_attrs=attrs, system_attrs=system,
         intermediate_values=intermediate, **({"values": told} if isinstance(told, list) else {"value": told}))

@@ -3,8 +3,8 @@
 Each is Optuna's own sampler, built for every trial with a seed derived from the sweep seed and the trial number
 (:class:`StudySeededSampler`). A resumed sweep thus continues the study's sequence instead of replaying it.
 The model-based ones (tpe, gp) start from a space-filling design instead of random draws (:class:`SpaceFillingStart`).
-Health stops reach the samplers as the trial constraint ``health`` (set by
-:class:`~klsweep.orchestrate.searcher.KlsweepSearch` with Optuna 5's ``Trial.set_constraint``).
+Health stops reach the samplers as a trial constraint (:data:`klsweep.results.CONSTRAINTS_ATTR`, set by
+:class:`~klsweep.orchestrate.searcher.KlsweepSearch`).
 """
 
 from __future__ import annotations

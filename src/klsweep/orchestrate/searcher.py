@@ -27,9 +27,9 @@ never ``study.best_trial``, optuna-dashboard's best trial or in ``study.best_tri
 its intermediate values. The summary shows it as the best run, a restart schedule, beside the best setting.
 
 Every finished trial gets user attributes ``ray_trial_id``, ``health`` (healthy|warned|stopped), ``stop_reason``,
-``steps`` and ``verl_overrides`` (JSON of the full trial config). In a multi-objective study it also gets the Optuna
-constraint ``health`` (Optuna 5's ``Trial.set_constraint``): 1.0, infeasible, when a health rule stopped it, else
--1.0, feasible. Samplers learn from it, and it keeps infeasible trials out of ``study.best_trials``.
+``steps`` and ``verl_overrides`` (JSON of the full trial config). In a multi-objective study it also gets an Optuna
+constraint (:data:`klsweep.results.CONSTRAINTS_ATTR`): 1.0, infeasible, when a health rule stopped it, else -1.0,
+feasible. Samplers learn from it, and it keeps infeasible trials out of ``study.best_trials``.
 
 The study itself carries its objectives' metric names (``Study.set_metric_names``; optuna-dashboard labels its axes
 with them). It also carries a one-line description of the sweep (user attribute ``description``).
@@ -56,8 +56,8 @@ from klsweep.results import (
     ATTR_STEPS,
     ATTR_STOP_REASON,
     ATTR_VERL_OVERRIDES,
+    CONSTRAINTS_ATTR,
     HEALTH,
-    HEALTH_CONSTRAINT,
     STEP,
     STOP_KIND,
     STOP_KIND_OBJECTIVE,
@@ -189,7 +189,8 @@ class KlsweepSearch(OptunaSearch):
         ot_trial.set_user_attr(ATTR_STOP_REASON, stop_reason)
         ot_trial.set_user_attr(ATTR_STEPS, steps)
         if len(self._metrics) > 1:  # single objective: a health stop is PRUNED (CmaEsSampler warns on constraints)
-            ot_trial.set_constraint(HEALTH_CONSTRAINT, 1.0 if health == "stopped" else -1.0)
+            self._ot_study._storage.set_trial_system_attr(ot_trial._trial_id, CONSTRAINTS_ATTR,
+                                                          [1.0 if health == "stopped" else -1.0])
         if ATTR_VERL_OVERRIDES not in stored.user_attrs:  # proposed before a driver crash, never recorded
             self._record_overrides(ot_trial)
         told = values if len(values) > 1 else values[0]
