@@ -214,6 +214,16 @@ def test_optunas_maximize_and_minimize_are_read_as_max_and_min(sweep_file):
     assert sweep.model_dump(mode="json")["objective"][0]["mode"] == "max"  # sweep.json holds Ray Tune's names
 
 
+def test_validating_a_search_space_file_says_how_to_use_it(capsys):
+    """`sweep validate search_spaces/grpo_kl_loss.yaml` asked to add name, algorithm and objective and called its
+    `description` an unknown field; it is a search space, included from a sweep file."""
+    assert main(["validate", "search_spaces/grpo_kl_loss.yaml"]) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  error: search_spaces/grpo_kl_loss.yaml:1: this is a search space (`parameters` only), not a sweep file: "
+        "include it from a sweep file with `search_space: grpo_kl_loss` and validate that file (sweeps/grpo_kl.yaml "
+        "does)"]
+
+
 CLI_REFUSALS = {
     "no equals sign": ("", "budget.trials", "not FIELD=VALUE — e.g. budget.trials=4"),
     "a value that is not YAML": ("", "budget.trials=[1", "the value '[1' is not valid YAML (expected ',' or ']'"),

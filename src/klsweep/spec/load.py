@@ -88,6 +88,10 @@ def load_partial(path: str | Path, cli_overrides: Iterable[str] = ()) -> tuple[S
         kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
         raise SweepFileError([f"{path}:1: the file is {kind} — a sweep file is a YAML mapping with at least "
                               "`name`, `algorithm` and `objective` (see sweeps/conservative.yaml)"])
+    if "parameters" in data and set(data) <= {"parameters", "description"} and not cli_overrides:
+        raise SweepFileError([f"{path}:1: this is a search space (`parameters` only), not a sweep file: include it "
+                              f"from a sweep file with `search_space: {path.stem}` and validate that file "
+                              "(sweeps/grpo_kl.yaml does)"])
     problems: list[str] = []
     reported: set[tuple[str, ...]] = set()
     # the search space the file names after the overrides, included first: an override of an included parameter's
