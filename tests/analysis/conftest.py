@@ -61,7 +61,9 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
     ``state`` (default COMPLETE), ``metrics`` (a function of (params, step) → dict; default :func:`curve`) and
     ``remedies`` (the schedule :class:`klsweep.orchestrate.remedy_tune.RemedyScheduler` records, a list of dicts) and
     ``confirm_of`` (a confirmation re-run of that trial number, with ``params["data.seed"]`` its seed).
-    Trials' told values are their last reported objectives (what KlsweepSearch tells Optuna); PRUNED/FAIL get none.
+    Trials' told values are their last reported objectives (what KlsweepSearch tells Optuna); PRUNED/FAIL get none,
+    unless ``told`` (a one-objective PRUNED trial: Optuna keeps its last intermediate value, as it does for a remedied
+    trial's).
     """
     specs = [trial_spec(i, max_steps) for i in range(trials)] if isinstance(trials, int) else trials
     root.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,8 @@ def make_sweep(root: Path, trials: int | list[dict[str, Any]], *, max_steps: int
         trial_dir.mkdir(parents=True)
         (trial_dir / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
         state = optuna.trial.TrialState[spec.get("state", "COMPLETE")]
-        values = [rows[-1][o["metric"]] for o in objectives] if state == optuna.trial.TrialState.COMPLETE else None
+        told = state == optuna.trial.TrialState.COMPLETE or spec.get("told", False)
+        values = [rows[-1][o["metric"]] for o in objectives] if told else None
         frozen.append(optuna.trial.create_trial(
             state=state, values=values, params=spec["params"],
             distributions={k: DISTRIBUTIONS[k] for k in spec["params"]},

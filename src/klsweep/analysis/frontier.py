@@ -30,6 +30,7 @@ from klsweep.analysis.frontier_fit import FORM_NAMES, MIN_POINTS, fit_frontier
 from klsweep.analysis.pareto import feasible, kl_scale
 from klsweep.analysis.sweep_dir import load, load_history, sweep_info
 from klsweep.errors import ResultsError
+from klsweep.results import REMEDIED
 from klsweep.verl.metrics import resolve
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class SweepFrontier:
         groups: when the feasible trials span several KL scales, one :class:`SweepFrontier` per scale group (most
             feasible configs first); this object then holds no fit of its own (``frontier`` is ``None``) and its
             ``points``, ``stopped`` and ``paths`` are the groups' together.
+        remedied: how many remedied trials (restart schedules, :func:`remedied_trials`) were left out of the fit.
     """
 
     score_metric: str | None
@@ -166,6 +168,7 @@ class SweepFrontier:
     scale: str = ""
     n_configs: int = 0
     groups: tuple[SweepFrontier, ...] = ()
+    remedied: int = 0
 
     def summary(self) -> str:
         """One line: ``KL frontier (Gao RL form, N trials[ + k running]): KL* = x nats/sequence [lo, hi] (80 %), peak
@@ -201,13 +204,15 @@ class SweepFrontier:
         else:
             trials = f"{f.n - self.running} trials" + (f" + {self.running} running" if self.running else "")
         head = f"KL frontier ({FORM_NAMES[b.form]}, {trials}): "
+        tail = f"; {_remedied_left_out(self.remedied)}" if self.remedied else ""
         if not math.isfinite(b.kl_star):
             return head + (f"no interior peak: the fitted gain still rises at the largest KL seen "
                            f"({f.d_max ** 2:.3g} nats/sequence; alpha {b.alpha:.3g}, beta {b.beta:.3g} <= 0 or "
-                           "a peak beyond any float): run trials with a weaker KL penalty to find where it turns")
+                           "a peak beyond any float): run trials with a weaker KL penalty to find where it turns"
+                           ) + tail
         if b.kl_star == 0:
             return head + ("no gain: the fitted score never rises above the reference policy's "
-                           f"({f.reference:.3g}) at any KL")
+                           f"({f.reference:.3g}) at any KL") + tail
         reached = f.d_max ** 2
         top = score_range(self.score_metric)
         peak_score = f"{b.peak_score:.3g}"
@@ -241,7 +246,7 @@ class SweepFrontier:
             if reached_score is not None and math.isfinite(p_hi) and reached_score > p_hi:
                 line += (f"; the peak interval is of the fitted curve (a mean over trials), not of single runs: a "
                          f"trial reached {reached_score:.3g} once")
-        return line + "".join(f"; ⚠ {w}" for w in warnings)
+        return line + tail + "".join(f"; ⚠ {w}" for w in warnings)
 
 
 def _groups_summary(groups: Sequence[SweepFrontier]) -> str:
@@ -331,9 +336,11 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
                    n_boot: int = 1000, references: Mapping[str, float] | None = None) -> SweepFrontier:
     """Fit the KL frontier of a sweep on the paths (:func:`frontier_paths`) of its feasible and running trials.
 
-    Feasible trials are COMPLETE and not stopped by a health rule. Running ones add their steps so far (the
-    forecast while the sweep runs). A running trial whose searched KL estimator or aggregation no finished trial ran
-    is left out. The KL scales are checked on the finished trials. The fit needs :data:`MIN_POINTS` feasible configs.
+    Feasible trials are COMPLETE and not stopped by a health rule. A remedied trial (:func:`remedied_trials`) is a
+    restart schedule, not one setting: it is left out of the fit, and the summary and ``reason`` say so. Running
+    ones add their steps so far (the forecast while the sweep runs). A running trial whose searched KL estimator or
+    aggregation no finished trial ran is left out. The KL scales are checked on the finished trials. The fit needs
+    :data:`MIN_POINTS` feasible configs.
     The unit of the bootstrap and of the held-out error is the config (:func:`klsweep.analysis.confirm.config_of`):
     a confirmation re-run counts with the trial it confirms, and ``Frontier.n`` counts configs.
 
@@ -372,7 +379,10 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     running = (df["state"] == "RUNNING") & (health != "stopped")
     fitted = df[ok | (running & _same_kl_settings(df, df[ok]))]
     paths, points, stopped, reason = empty, empty, empty, None
+    left_out = _left_out(df, ok, running)
     try:
+        if fitted.empty:
+            raise ResultsError(f"no feasible trial to fit: {left_out}" if left_out else "no feasible trial to fit")
         paths = frontier_paths(history[history["trial_id"].isin(fitted["trial_id"])], metric, df[ok])
         points = _points(paths, metric, df[ok])
     except MixedScalesError:
@@ -402,7 +412,8 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     if reason is None and n_configs < MIN_POINTS:
         reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
                   f"{RESPONSE_LENGTH} and {metric} at one step; {n_configs} so far"
-                  + (" (a confirmation re-run counts with the trial it confirms)" if len(points) > n_configs else ""))
+                  + (" (a confirmation re-run counts with the trial it confirms)" if len(points) > n_configs else "")
+                  + (f"; {_remedied_left_out(int(remedied_trials(df).sum()))}" if remedied_trials(df).any() else ""))
     negative = int((paths["kl_seq"] < 0).sum()) if len(paths) else 0
     if len(paths):
         paths = paths[paths["kl_seq"] >= 0].reset_index(drop=True)
@@ -417,7 +428,35 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     scales = kl_scale(df[ok]).unique() if ok.any() else []
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
                          _seed_runs(points, df), paths, n_running, negative, scales[0] if len(scales) == 1 else "",
-                         n_configs)
+                         n_configs, remedied=int(remedied_trials(df).sum()))
+
+
+def remedied_trials(df: pd.DataFrame) -> pd.Series:
+    """Boolean Series: the trial is a remedied one that ended, a restart schedule that ran to its end (its stop
+    reason starts with :data:`klsweep.results.REMEDIED`; PRUNED in the study, so that no schedule is called a
+    setting). Such a trial is not feasible and not stopped by a health rule."""
+    reasons = df["stop_reason"].fillna("").astype(str) if "stop_reason" in df else pd.Series("", index=df.index)
+    state = df["state"] if "state" in df else pd.Series("", index=df.index)
+    return reasons.str.startswith(REMEDIED) & (state != "RUNNING")
+
+
+def _remedied_left_out(n: int) -> str:
+    """``2 remedied trials ran to the end as restart schedules, not one setting each, and are left out of the fit``."""
+    if n == 1:
+        return "1 remedied trial ran to the end as a restart schedule, not one setting, and is left out of the fit"
+    return f"{n} remedied trials ran to the end as restart schedules, not one setting each, and are left out of the fit"
+
+
+def _left_out(df: pd.DataFrame, ok: pd.Series, running: pd.Series) -> str:
+    """Why the finished trials that are not feasible are not fitted, by kind: the remedied ones, and the ones a health
+    rule stopped, pruned or failed. ``""`` when every finished trial is feasible."""
+    remedied = remedied_trials(df)
+    others = int((~ok & ~running & ~remedied).sum())
+    parts = [_remedied_left_out(int(remedied.sum()))] if remedied.any() else []
+    if others:
+        parts.append(f"{others} other trial{'s' * (others != 1)} {'were' if others != 1 else 'was'} stopped by a "
+                     "health rule, pruned or failed")
+    return "; ".join(parts)
 
 
 def _by_scale(source: str | Path | tuple, df: pd.DataFrame, history: pd.DataFrame, record: SweepRecord,

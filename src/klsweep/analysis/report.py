@@ -31,12 +31,12 @@ from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.confirm import is_search, ranking
 from klsweep.analysis.curves import curves_data
 from klsweep.analysis.figures import SliceData, front_data, front_objectives, importance_data, knobs_data, table_data
-from klsweep.analysis.frontier import sweep_frontier
+from klsweep.analysis.frontier import remedied_trials, sweep_frontier
 from klsweep.analysis.frontier_figure import frontier_data
 from klsweep.analysis.pareto import feasible, pareto_front
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
-from klsweep.analysis.summary import best_rescued, best_trials, winner_line
+from klsweep.analysis.summary import best_remedied, best_rescued, best_trials, winner_line
 from klsweep.analysis.sweep_dir import load, load_history, overrides_of, study_of
 from klsweep.errors import KlsweepError, ResultsError
 from klsweep.health import load_ruleset
@@ -79,6 +79,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         front = pareto_front(search, axes)
+    front.attrs["notes"] = _front_notes(search, front)  # the page and the front figure say them
     ruleset = _ruleset(sweep.get("health"))
     study = study_of(run_dir)
 
@@ -152,9 +153,36 @@ def _winner_block(sweep: Sweep, df: pd.DataFrame) -> str:
     if not lines:
         lines = ["<p>No setting completed unchanged and healthy yet.</p>"]
     rescued = best_rescued(sweep, df, best)
-    if rescued:
+    schedule = best_remedied(sweep, df, best)
+    if rescued and schedule is not None:  # rerun as the restart schedule it was, one command per segment
         lines.append(f"<p class='warn'>{html.escape(rescued)}</p>")
+        lines += _commands(sweep.trainer, schedule)
     return "<h2 id=\"winner\">Winner</h2>" + "".join(lines) + "\n"
+
+
+def _commands(trainer: str, row: pd.Series) -> list[str]:
+    """The HTML of the commands that rerun a trial (:func:`klsweep.trainers.reproduce_commands`; a remedied trial's
+    are its restart schedule, one per segment), each under its label."""
+    return [(f"<p>{html.escape(label)}</p>" if label else "") + f"<pre>{html.escape(command)}</pre>"
+            for label, command in reproduce_commands(trainer, overrides_of(row), row.get("remedies"))]
+
+
+def _front_notes(search: pd.DataFrame, front: pd.DataFrame) -> list[str]:
+    """The notes on the Pareto front of the search trials: :func:`klsweep.analysis.pareto.pareto_front`'s, except that
+    an empty front with remedied trials (:func:`klsweep.analysis.frontier.remedied_trials`) says they are restart
+    schedules that ran to the end, not trials a health rule stopped."""
+    notes = list(front.attrs.get("notes", []))
+    remedied = remedied_trials(search)
+    if not front.empty or not remedied.any():
+        return notes
+    n, total = int(remedied.sum()), len(search)
+    note = (f"no feasible trial: {n} of {total} search trial{'s' * (total != 1)} {'were' if n != 1 else 'was'} "
+            f"remedied, restart schedule{'s' * (n != 1)} that ran to the end, PRUNED in the study so that none is "
+            "called a setting (the Winner section gives the best one and its commands)")
+    if total > n:
+        note += (f"; the other {total - n} {'were' if total - n != 1 else 'was'} stopped by a health rule, pruned, "
+                 "failed or did not report every objective")
+    return [note + "; the Pareto front is empty"]
 
 
 def _ruleset(health):
@@ -195,9 +223,14 @@ def _compute_table(accounting: pd.DataFrame) -> pd.DataFrame:
 
 
 def _trial_counts(df: pd.DataFrame) -> str:
-    """``N search trials, F feasible`` plus ``; R confirmation re-runs, G feasible`` when the sweep has re-runs."""
+    """``N search trials, F feasible`` plus ``, M remedied (...)`` when some search trials were remedied (restart
+    schedules, :func:`klsweep.analysis.frontier.remedied_trials`) and ``; R confirmation re-runs, G feasible`` when
+    the sweep has re-runs."""
     search = is_search(df)
     line = f"{int(search.sum())} search trials, {int(feasible(df[search]).sum())} feasible"
+    remedied = int(remedied_trials(df[search]).sum())
+    if remedied:
+        line += f", {remedied} remedied (restart schedules that ran to the end, not feasible settings)"
     if (~search).any():
         line += f"; {int((~search).sum())} confirmation re-runs, {int(feasible(df[~search]).sum())} feasible"
     return line
@@ -247,12 +280,14 @@ def _page(info, df, front, front_table, counts, stops, accounting, figures, max_
     commands = []
     for _, row in front.iterrows():
         commands.append(f"<p>trial {row['number']}:</p>")
-        for label, command in reproduce_commands(info["sweep"].get("trainer", "verl"), overrides_of(row),
-                                                  row.get("remedies")):
-            commands.append((f"<p>{html.escape(label)}</p>" if label else "") + f"<pre>{html.escape(command)}</pre>")
+        commands += _commands(info["sweep"].get("trainer", "verl"), row)
+    remedied = [int(n) for n in df.loc[remedied_trials(df) & is_search(df), "number"]] if "number" in df else []
+    others = [n for n in front.attrs.get("least_infeasible", []) if n not in remedied]
     if front.empty and front.attrs.get("least_infeasible"):
-        front_block = "<p>No feasible trial: the least infeasible, by steps survived: " + html.escape(
-            ", ".join(f"trial {n}" for n in front.attrs["least_infeasible"][:10])) + "</p>"
+        front_block = ("<p>No feasible trial." + (" Remedied, restart schedules that ran to the end: " + html.escape(
+            ", ".join(f"trial {n}" for n in remedied[:10])) + "." if remedied else "")
+            + (" The least infeasible, by steps survived: " + html.escape(", ".join(f"trial {n}" for n in others[:10]))
+               + "." if others else "") + "</p>")
     else:
         front_block = _table(front_table) + "".join(commands)
     total = accounting.set_index("reason").loc["total"]

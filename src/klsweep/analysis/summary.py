@@ -136,6 +136,12 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
     if best.empty and rescued:  # only restart schedules ran to the end: the best one, and how to rerun it
         console.print("\nno setting completed unchanged; the best remedied run:", highlight=False)
         _print_lines(console, wrapped(rescued, width))
+        schedule = best_remedied(sweep, df, best)
+        if schedule is not None:
+            _print_commands(console, sweep, schedule, every_command, width)
+            if not every_command and _has_own_command(sweep, schedule):
+                _print_lines(console, wrapped(f"the {sweep.trainer} trainer's own commands: sweep status "
+                                              f"{arg(out_dir)} --commands", width))
         _print_lines(console, wrapped(results, width))
         return 0
     if best.empty:
@@ -149,15 +155,20 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
         row = best.iloc[0]
         _print_lines(console, _winner_block(sweep, df, row, by_mean, verdicts, rescued, width))
         _print_commands(console, sweep, row, every_command, width)
+        schedule = best_remedied(sweep, df, best) if every_command else None
+        if schedule is not None:  # the better run beside the winner, rerun as the restart schedule it was
+            _print_lines(console, wrapped(f"trial {schedule['number']}, a restart schedule:", width))
+            _print_commands(console, sweep, schedule, True, width)
     else:
-        console.print(f"[bold]Pareto front ({len(best)} trials)[/bold]: none is better on every objective")
+        console.print(f"[bold]Pareto front ({len(best)} trial{'s' * (len(best) != 1)})[/bold]: none is better on "
+                      "every objective")
         for _, row in best.iterrows():
             values = ", ".join(f"{o.metric}={short(row[f'value/{o.metric}'])}" for o in sweep.objectives)
             _print_lines(console, wrapped(f"trial {row['number']} ({row['trial_id']}): {values}", width))
             _print_lines(console, wrapped(knob_values(sweep, row), width, INDENT))
             if every_command:
                 _print_commands(console, sweep, row, True, width)
-        if not every_command:
+        if not every_command and any(reproduce(sweep.trainer, row, overrides_of(row)) for _, row in best.iterrows()):
             _print_lines(console, wrapped(f"verl commands that reproduce them: sweep status {arg(out_dir)} --commands",
                                           width))
     if every_command or len(sweep.objectives) > 1 or not _has_own_command(sweep, best.iloc[0]):
@@ -250,13 +261,10 @@ def winner_line(sweep: Sweep, row: pd.Series, keys: list[str] | None = None) -> 
     return f"{knob_values(sweep, row, keys)} (trial {row['number']}, {values})"
 
 
-def best_rescued(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> str | None:
-    """A line on the best remedied trial when its run scored better than the best setting (one objective), or None.
-
-    A remedied trial ran as a restart schedule: its params, run unchanged, are the setting a health rule found sick
-    (:data:`klsweep.results.ATTR_RESCUED_VALUES`). The line names what had to change, and when:
-    ``best run (a restart schedule, not a setting): trial 0 scored val=0.6758 only because kl_coef 0.002 needed
-    raising to 0.14 at step 32 (restarted from step 32's checkpoint)``."""
+def best_remedied(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> pd.Series | None:
+    """The row of the best remedied search trial when its run scored better than the best setting in ``best``
+    (one objective), or None. Its reproduce commands are its restart schedule
+    (:func:`klsweep.trainers.reproduce_commands`)."""
     if len(sweep.objectives) != 1 or "stop_reason" not in df:
         return None
     metric, mode = sweep.objectives[0].metric, sweep.objectives[0].mode
@@ -267,11 +275,27 @@ def best_rescued(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> str | No
     remedied = df[reasons.str.startswith(REMEDIED) & df[column].notna() & is_search(df)]
     if remedied.empty:
         return None
-    top = remedied.sort_values(column, ascending=mode == "min").iloc[0]
+    top = remedied.sort_values([column, "number"], ascending=[mode == "min", True]).iloc[0]
     if not best.empty:
         setting = best[column].iloc[0]
         if (top[column] <= setting) if mode == "max" else (top[column] >= setting):
             return None
+    return top
+
+
+def best_rescued(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> str | None:
+    """A line on the best remedied trial (:func:`best_remedied`) when its run scored better than the best setting
+    (one objective), or None.
+
+    A remedied trial ran as a restart schedule: its params, run unchanged, are the setting a health rule found sick
+    (:data:`klsweep.results.ATTR_RESCUED_VALUES`). The line names what had to change, and when:
+    ``best run (a restart schedule, not a setting): trial 0 scored val=0.6758 only because kl_coef 0.002 needed
+    raising to 0.14 at step 32 (restarted from step 32's checkpoint)``."""
+    top = best_remedied(sweep, df, best)
+    if top is None:
+        return None
+    metric = sweep.objectives[0].metric
+    column = f"value/{metric}"
     changes = "; ".join(
         f"{key.rsplit('.', 1)[-1]} {old:.4g} needed {'raising' if new > old else 'lowering'} to {new:.4g} at step "
         f"{run.step} (restarted from step {run.from_step}'s checkpoint)"

@@ -148,6 +148,14 @@ def _embedded_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
              verl_command(transferable))]
 
 
+def _tabular_reproduce(overrides: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """:func:`_embedded_reproduce` of the trial's config: a tabular trial served the recorded embedded run of the
+    table's grid point nearest that config, so the commands run the config itself, and the labels say so."""
+    served = "(the table served the recorded run of the grid point nearest this config)"
+    return [(f"{label.removesuffix(':')} {served}:" if i == 0 else label, command)
+            for i, (label, command) in enumerate(_embedded_reproduce(overrides))]
+
+
 def _verl_reproduce(overrides: Mapping[str, Any]) -> str:
     """verl's command; for a multi-node trial (``trainer.nnodes`` > 1) the ``ray job submit`` line that runs it on a
     cluster (:func:`klsweep.verl.late_failures.job_submit_command`)."""
@@ -178,7 +186,8 @@ TRAINERS: dict[str, TrainerKind] = {
     "tabular": TrainerKind(
         "tabular", "serves the recorded embedded run of the nearest grid point (tabular: {table: PATH}), for "
         "benchmarks of thousands of sweeps", module=None, in_process=_tabular, validation_metric=EMBEDDED_VAL_METRIC,
-        defaults=_embedded_defaults, section="tabular", no_restarts="a table holds no restarted runs",
+        defaults=_embedded_defaults, reproduce=_tabular_reproduce, section="tabular",
+        no_restarts="a table holds no restarted runs",
     ),
 }
 assert set(TRAINERS) == set(get_args(TrainerName)), "TRAINERS and TrainerName must list the same trainers"
