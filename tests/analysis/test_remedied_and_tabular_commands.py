@@ -24,12 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 ONE = [{"metric": VAL, "mode": "max"}]
 
 
-def _remedied(specs: list[dict], which: list[int]) -> list[dict]:
+def _remedied(specs: list[dict], which: list[int], *, told: bool = True) -> list[dict]:
     """``specs`` with trials ``which`` remedied once (kl_runaway at step 4, restarted from step 2 with the KL
-    coefficient doubled) and run to their end, recorded as the searcher records them."""
+    coefficient doubled) and run to their end, recorded as the searcher records them; ``told``: with their values
+    (Optuna keeps a one-objective PRUNED trial's last intermediate value, none of a trial of several objectives)."""
     for i in which:
         old = specs[i]["params"][KL_COEF]
-        specs[i].update(state="PRUNED", health="warned", told=True,
+        specs[i].update(state="PRUNED", health="warned", told=told,
                         stop_reason="remedied: a restart schedule, not one setting (1× kl_runaway@4 from 2 "
                                     f"kl_loss_coef {old:g}→{2 * old:g})",
                         remedies=[{"restart": 1, "step": 4, "rule": "kl_runaway", "from_step": 2, "key": KL_COEF,
@@ -113,3 +114,23 @@ def test_a_tabular_trial_reruns_as_its_config_on_the_embedded_trainer_and_on_ver
     print_summary(sweep, df, tmp_path, console=Console(file=every, width=2000), every_command=True)
     printed = [line for line in every.getvalue().splitlines() if line.startswith("python3 -m ")]
     assert printed == [command for _, command in commands]
+
+
+def test_a_sweep_of_several_objectives_whose_trials_were_all_remedied_names_them_and_their_commands(tmp_path):
+    from .conftest import FRONTIER_OBJECTIVES
+
+    run_dir = make_sweep(tmp_path / "rem2", _remedied(frontier_specs([1.0, 4.0]), [0, 1], told=False),
+                         objectives=FRONTIER_OBJECTIVES)
+    out = io.StringIO()
+    assert status(str(run_dir), Console(file=out, width=2000)) == 0
+    lines = out.getvalue().splitlines()
+    assert "no setting completed unchanged; 2 remedied trials ran to the end as restart schedules, not settings: " \
+        "trial 0, trial 1" in lines
+    assert "no trial completed healthy: see trials.csv for the stop reasons" not in lines
+    assert f"the commands that rerun each, one per restart segment: sweep status {run_dir} --commands" in lines
+    every = io.StringIO()
+    status(str(run_dir), Console(file=every, width=2000), every_command=True)
+    text = every.getvalue().splitlines()
+    assert "trial 0, a restart schedule:" in text and "trial 1, a restart schedule:" in text
+    resumed = [line for line in text if line.startswith("python3 -m verl.trainer.main_ppo") and "global_step_2" in line]
+    assert len(resumed) == 2  # segment 2 of each trial, on verl

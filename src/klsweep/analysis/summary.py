@@ -88,8 +88,8 @@ def counts_line(sweep: Sweep, df: pd.DataFrame) -> str:
 
 def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Console | None = None, *,
                   ended: bool = True, every_command: bool = False) -> int:
-    """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy (or only a remedied
-    one ran to its end: it is shown as a restart schedule), else 1.
+    """Print what the sweep did and its best trial(s); returns 0 if a trial completed healthy (or only remedied
+    ones ran to their end: they are shown as restart schedules), else 1.
 
     It ends with the winner block (:mod:`klsweep.analysis.winner`): the best trial, its score and knob values, the
     runner-up and whether the gap is noise, verl's reproduce command, then where the files are. On a terminal every
@@ -142,6 +142,23 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
             if not every_command and _has_own_command(sweep, schedule):
                 _print_lines(console, wrapped(f"the {sweep.trainer} trainer's own commands: sweep status "
                                               f"{arg(out_dir)} --commands", width))
+        _print_lines(console, wrapped(results, width))
+        return 0
+    schedules = _remedied(df)
+    if best.empty and len(schedules):  # several objectives: only restart schedules ran to the end, none scored
+        n = len(schedules)
+        names = ", ".join(f"trial {number}" for number in schedules["number"])
+        _print_lines(console, [""] + wrapped(
+            f"no setting completed unchanged; {n} remedied trial{'s' * (n != 1)} ran to the end as restart "
+            f"schedule{'s' * (n != 1)}, not settings: {names}", width))
+        for _, schedule in schedules.iterrows():
+            if every_command:
+                _print_lines(console, wrapped(f"trial {schedule['number']}, a restart schedule:", width))
+                _print_commands(console, sweep, schedule, True, width)
+        if not every_command and any(reproduce(sweep.trainer, row, overrides_of(row))
+                                     for _, row in schedules.iterrows()):
+            _print_lines(console, wrapped(f"the commands that rerun each, one per restart segment: sweep status "
+                                          f"{arg(out_dir)} --commands", width))
         _print_lines(console, wrapped(results, width))
         return 0
     if best.empty:
@@ -245,6 +262,15 @@ def _has_own_command(sweep: Sweep, row: pd.Series) -> bool:
     """Whether the trainer has a command of its own besides verl's (the embedded trainer), printed on request."""
     return len(reproduce(sweep.trainer, row, overrides_of(row), every=True)) > len(
         reproduce(sweep.trainer, row, overrides_of(row)))
+
+
+def _remedied(df: pd.DataFrame) -> pd.DataFrame:
+    """The remedied search trials that ended: restart schedules that ran to their end (PRUNED in the study, so that
+    none is called a setting), by trial number."""
+    if "stop_reason" not in df or df.empty:
+        return df.iloc[0:0]
+    reasons = df["stop_reason"].fillna("").astype(str)
+    return df[reasons.str.startswith(REMEDIED) & (df["state"] != "RUNNING") & is_search(df)].sort_values("number")
 
 
 def _print_lines(console: Console, lines: list[str]) -> None:
