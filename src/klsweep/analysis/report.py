@@ -320,6 +320,7 @@ their trials from a checkpoint), {total['wall_h_used']:.3g} trial-hours and {tot
 GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
 and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {max_steps} steps (saved steps are costed
 at each trial's own seconds per step), per stop reason: a health rule, the objective stopper, the
-scheduler.</p>{_table(_compute_table(accounting))}
+scheduler. A run that ended before {max_steps} steps on its own (a replayed log ending there) saved
+nothing.</p>{_table(_compute_table(accounting))}
 </body></html>
 """
