@@ -98,6 +98,24 @@ def test_all_infeasible_says_so_and_ranks_the_least_infeasible():
     assert list(least_infeasible(df)["infeasible_rank"]) == [1, 2, 3, 4]
 
 
+def test_an_empty_front_of_remedied_trials_says_what_they_are():
+    """Trials remedied to the end are PRUNED restart schedules, not health stops: the note said every trial was
+    stopped by a health rule although both had run all their steps."""
+    from klsweep.results import REMEDIED
+
+    df = table([(0, "PRUNED", "warned", 60, None, None), (1, "PRUNED", "warned", 60, None, None)])
+    df["stop_reason"] = f"{REMEDIED} 2x: kl_runaway@47"
+    with pytest.warns(EmptyFrontWarning) as said:
+        pareto_front(df, [("score", "max"), ("kl", "min")])
+    assert str(said[0].message).startswith("no feasible trial: all 2 trials ran to the end as remedied restart "
+                                           "schedules, not one setting each; the Pareto front is empty")
+    df.loc[1, ["state", "health", "stop_reason"]] = ["PRUNED", "stopped", "kl_runaway"]
+    with pytest.warns(EmptyFrontWarning) as said:
+        pareto_front(df, [("score", "max"), ("kl", "min")])
+    assert str(said[0].message).startswith("no feasible trial: 1 of the 2 trials ran to the end as remedied restart "
+                                           "schedules, not one setting each; the others were stopped by a health rule")
+
+
 def test_unknown_objective_names_the_columns():
     with pytest.raises(ResultsError, match=r"objective 'reward' is not in the trials table.*value/kl, value/score"):
         pareto_front(HAND, [("reward", "max")])

@@ -27,10 +27,9 @@ import pandas as pd
 from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.confirm import config_of
 from klsweep.analysis.frontier_fit import FORM_NAMES, MIN_POINTS, fit_frontier
-from klsweep.analysis.pareto import feasible, kl_scale
+from klsweep.analysis.pareto import feasible, kl_scale, remedied_trials
 from klsweep.analysis.sweep_dir import load, load_history, sweep_info
 from klsweep.errors import ResultsError
-from klsweep.results import REMEDIED
 from klsweep.verl.metrics import resolve
 
 if TYPE_CHECKING:
@@ -429,15 +428,6 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
                          _seed_runs(points, df), paths, n_running, negative, scales[0] if len(scales) == 1 else "",
                          n_configs, remedied=int(remedied_trials(df).sum()))
-
-
-def remedied_trials(df: pd.DataFrame) -> pd.Series:
-    """Boolean Series: the trial is a remedied one that ended, a restart schedule that ran to its end (its stop
-    reason starts with :data:`klsweep.results.REMEDIED`; PRUNED in the study, so that no schedule is called a
-    setting). Such a trial is not feasible and not stopped by a health rule."""
-    reasons = df["stop_reason"].fillna("").astype(str) if "stop_reason" in df else pd.Series("", index=df.index)
-    state = df["state"] if "state" in df else pd.Series("", index=df.index)
-    return reasons.str.startswith(REMEDIED) & (state != "RUNNING")
 
 
 def _remedied_left_out(n: int) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from klsweep.errors import ResultsError
+from klsweep.results import REMEDIED
 from klsweep.verl.metrics import KlSetup, base_estimator
 
 #: verl 0.9.1 default of ``actor_rollout_ref.actor.loss_agg_mode`` (verl/trainer/config/actor/actor.yaml).
@@ -50,6 +51,15 @@ def feasible(df: pd.DataFrame) -> pd.Series:
     """Boolean Series: the trial is COMPLETE and its health verdict is not ``stopped``."""
     health = df["health"] if "health" in df else pd.Series("healthy", index=df.index)
     return (df["state"] == "COMPLETE") & (health.fillna("healthy") != "stopped")
+
+
+def remedied_trials(df: pd.DataFrame) -> pd.Series:
+    """Boolean Series: the trial is a remedied one that ended, a restart schedule that ran to its end (its stop
+    reason starts with :data:`klsweep.results.REMEDIED`; PRUNED in the study, so that no schedule is called a
+    setting). Such a trial is not feasible and not stopped by a health rule."""
+    reasons = df["stop_reason"].fillna("").astype(str) if "stop_reason" in df else pd.Series("", index=df.index)
+    state = df["state"] if "state" in df else pd.Series("", index=df.index)
+    return reasons.str.startswith(REMEDIED) & (state != "RUNNING")
 
 
 def objective_columns(df: pd.DataFrame, objectives: Objectives) -> list[tuple[str, str]]:
@@ -120,9 +130,14 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
     if front.empty:
         ranked = least_infeasible(df)
         front.attrs["least_infeasible"] = [int(n) for n in ranked["number"]] if "number" in ranked else []
+        remedied, n = int(remedied_trials(df).sum()), len(df)
+        schedules = "ran to the end as remedied restart schedules, not one setting each"
+        who = (f"all {n} trials {schedules}" if remedied == n else
+               f"{remedied} of the {n} trials {schedules}; the others were" if remedied else f"all {n} trials were")
+        stopped = "" if remedied == n else (" stopped by a health rule, pruned, failed or did not report "
+                                            f"{', '.join(c for c, _ in columns)}")
         notes.append(
-            f"no feasible trial: all {len(df)} trials were stopped by a health rule, pruned, failed or did not report "
-            f"{', '.join(c for c, _ in columns)}; the Pareto front is empty. Least infeasible (most steps survived): "
+            f"no feasible trial: {who}{stopped}; the Pareto front is empty. Least infeasible (most steps survived): "
             + (", ".join(f"trial {n}" for n in front.attrs["least_infeasible"][:5]) or "none")
         )
         warnings.warn(notes[-1], EmptyFrontWarning, stacklevel=2)

@@ -31,9 +31,9 @@ from klsweep.analysis.baseline import reference_scores
 from klsweep.analysis.confirm import is_search, ranking
 from klsweep.analysis.curves import curves_data
 from klsweep.analysis.figures import SliceData, front_data, front_objectives, importance_data, knobs_data, table_data
-from klsweep.analysis.frontier import remedied_trials, sweep_frontier
+from klsweep.analysis.frontier import sweep_frontier
 from klsweep.analysis.frontier_figure import frontier_data
-from klsweep.analysis.pareto import feasible, pareto_front
+from klsweep.analysis.pareto import feasible, pareto_front, remedied_trials
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.analysis.summary import best_remedied, best_rescued, best_trials, winner_line
@@ -169,7 +169,7 @@ def _commands(trainer: str, row: pd.Series) -> list[str]:
 
 def _front_notes(search: pd.DataFrame, front: pd.DataFrame) -> list[str]:
     """The notes on the Pareto front of the search trials: :func:`klsweep.analysis.pareto.pareto_front`'s, except that
-    an empty front with remedied trials (:func:`klsweep.analysis.frontier.remedied_trials`) says they are restart
+    an empty front with remedied trials (:func:`klsweep.analysis.pareto.remedied_trials`) says they are restart
     schedules that ran to the end, not trials a health rule stopped."""
     notes = list(front.attrs.get("notes", []))
     remedied = remedied_trials(search)
@@ -224,7 +224,7 @@ def _compute_table(accounting: pd.DataFrame) -> pd.DataFrame:
 
 def _trial_counts(df: pd.DataFrame) -> str:
     """``N search trials, F feasible`` plus ``, M remedied (...)`` when some search trials were remedied (restart
-    schedules, :func:`klsweep.analysis.frontier.remedied_trials`) and ``; R confirmation re-runs, G feasible`` when
+    schedules, :func:`klsweep.analysis.pareto.remedied_trials`) and ``; R confirmation re-runs, G feasible`` when
     the sweep has re-runs."""
     search = is_search(df)
     line = f"{int(search.sum())} search trials, {int(feasible(df[search]).sum())} feasible"
