@@ -98,6 +98,15 @@ def test_all_infeasible_says_so_and_ranks_the_least_infeasible():
     assert list(least_infeasible(df)["infeasible_rank"]) == [1, 2, 3, 4]
 
 
+def test_a_confirmation_rerun_is_no_point_of_the_front():
+    """With budget.confirm, pareto_front(load(dir)) (the README's recipe, and the notebook's chosen point) put a lucky
+    seed's re-run on the front and dropped the search trial it re-ran, which `sweep status` showed as the front."""
+    df = table([(0, "COMPLETE", "healthy", 10, 0.6, 0.10), (1, "COMPLETE", "healthy", 10, 0.5, 0.05),
+                (2, "COMPLETE", "healthy", 10, 0.7, 0.09)])  # trial 2: a re-run of trial 0 with another seed
+    df["confirm_of"] = pd.array([None, None, 0], dtype="Int64")
+    assert list(pareto_front(df, [("score", "max"), ("kl", "min")])["number"]) == [0, 1]
+
+
 def test_an_empty_front_of_remedied_trials_says_what_they_are():
     """Trials remedied to the end are PRUNED restart schedules, not health stops: the note said every trial was
     stopped by a health rule although both had run all their steps."""

@@ -96,7 +96,10 @@ def _losses(df: pd.DataFrame, columns: list[tuple[str, str]]) -> np.ndarray:
 
 
 def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
-    """The non-dominated feasible trials for any number of objectives, as rows of ``df``, in ``df``'s order.
+    """The non-dominated feasible search trials for any number of objectives, as rows of ``df``, in ``df``'s order.
+
+    A confirmation re-run (a row with ``confirm_of``) is another seed of a search trial's config, not a config of its
+    own: it is left out, as ``sweep status`` and the report leave it out (their confirmation table ranks the means).
 
     Args:
         df: the trials table (:func:`klsweep.analysis.sweep_dir.load`; needs ``state`` and, when present, ``health``).
@@ -118,6 +121,8 @@ def pareto_front(df: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
     """
     from optuna.study._multi_objective import _is_pareto_front
 
+    if "confirm_of" in df:
+        df = df[df["confirm_of"].isna()]
     columns = objective_columns(df, objectives)
     candidates = df[feasible(df)] if len(df) else df
     losses = _losses(candidates, columns)
