@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from klsweep.analysis import load, load_history
+from klsweep.analysis.sweep_dir import storage_from_url
 
 
 def test_load_gives_gpu_seconds(synthetic_sweep):
@@ -90,3 +91,30 @@ def test_a_trial_that_raised_has_its_exception_as_stop_reason_in_trials_csv_and_
     assert status(str(run_dir), console=Console(file=out, width=400)) == 0
     lines = [line for line in out.getvalue().splitlines() if "FAIL" in line and "│" in line]
     assert [line.split("│")[-1].strip() for line in lines][-2:] == [f"OverrideError: {message}", generic]
+
+
+def _open_at_the_barrier(url: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        storage_from_url(url)
+        results.put("ok")
+    except Exception as e:  # what a driver or a notebook would have raised
+        results.put(f"{type(e).__name__}: {str(e)[:80]}")
+
+
+def test_processes_opening_a_new_study_database_at_once_all_open_it(tmp_path):
+    """A driver creating study.db and a notebook polling it at the same moment: both found no tables and created
+    them, and the loser crashed ("table studies already exists", or the alembic version row's UNIQUE constraint); a
+    walkthrough test's driver died of it. Six processes at a barrier, five new databases: every open succeeds."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # the imports are done: the six reach RDBStorage's create_all together
+    for n in range(5):
+        barrier, results = ctx.Barrier(6), ctx.Queue()
+        url = f"sqlite:///{tmp_path / f'study{n}.db'}"
+        processes = [ctx.Process(target=_open_at_the_barrier, args=(url, barrier, results)) for _ in range(6)]
+        for p in processes:
+            p.start()
+        for p in processes:
+            p.join(timeout=60)
+        assert [results.get(timeout=10) for _ in processes] == ["ok"] * 6

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,8 +103,19 @@ def storage_from_url(url: str):
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal://"):]))
+    import sqlalchemy.exc
+
     engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else None
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as e:
+            # two processes opened a new database at once (a driver creating it, a notebook polling it): both saw no
+            # tables and both created them (RDBStorage's create_all); the one that lost finds them made on a retry
+            if attempt == 2 or not any(s in str(e) for s in ("already exists", "UNIQUE constraint failed")):
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 def _tune_trials(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
