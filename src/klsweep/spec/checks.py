@@ -12,13 +12,12 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from klsweep.errors import KlsweepError
 from klsweep.health.signals import DERIVED
 from klsweep.spec.key_checks import Problem, check_keys_resolved, label
-from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of_reach
+from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of_reach, unlogged_validation
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
 from klsweep.spec.space import condition, fixed_overrides, parameters
-from klsweep.spec.trainer_checks import table_problems, verl_resources
+from klsweep.spec.trainer_checks import replay_shorter_than_budget, table_problems, verl_resources
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS
 from klsweep.verl.liveness import inert_reason
@@ -94,7 +93,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     warnings.extend(rules_out_of_reach(sweep))
     warnings.extend(_zero_kl(fixed, params, resolved))
     warnings.extend(_kl_objective_scales(sweep, params, resolved))
-    warnings.extend(_replay_shorter_than_budget(sweep))
+    warnings.extend(replay_shorter_than_budget(sweep))
     stop = sweep.stopping.objective
     if stop is not None and sweep.budget.trials <= stop.min_peers:
         warnings.append((("stopping", "objective"), f"can never stop a trial: it waits for "
@@ -125,7 +124,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     errors.extend(_not_drgrpo(sweep, params, resolved))
     errors.extend(_unlogged_objectives(sweep))
     errors.extend(_unlogged_rule_metrics(sweep))
-    errors.extend(_unlogged_validation(sweep))
+    errors.extend(unlogged_validation(sweep))
     if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
@@ -364,45 +363,3 @@ def _unlogged_rule_metrics(sweep: Sweep) -> Iterator[Problem]:
             fix = (f"Did you mean {close[0]!r}? " if close else "") + \
                 f"Name a metric the trainer logs, or an alias ({', '.join(dict.fromkeys(_SIGNALS))})"
             yield ("health", "rules", i), f"rule {rule.name}: {logs}, so the rule can never fire. {fix}"
-
-
-def _unlogged_validation(sweep: Sweep) -> Iterator[Problem]:
-    """``health.validation`` naming a validation key no trial would report: the rules on ``val_score`` (reward
-    hacking) would judge nothing, and the trial would end healthy.
-
-    A trainer whose one validation metric is known (:attr:`klsweep.trainers.TrainerKind.validation_metric`) must be
-    given that one; verl's validation keys start with ``val-core/`` or ``val-aux/``
-    (verl/trainer/ppo/metric_utils.py ``process_validation_metrics``)."""
-    name = sweep.health.validation
-    kind = sweep.kind
-    if name is None or kind.name not in ("embedded", "verl", "tabular"):
-        return
-    if kind.validation_metric is not None and name != kind.validation_metric:
-        yield ("health", "validation"), (
-            f"the {kind.name} trainer never logs {name!r}: its one validation key is {kind.validation_metric!r}, so "
-            f"the rules on val_score would judge nothing. Use {kind.validation_metric!r}, or leave health.validation "
-            "out (every validation set is judged)")
-    elif kind.validation_metric is None and not name.startswith(("val-core/", "val-aux/")):
-        yield ("health", "validation"), (
-            f"{name!r} is not a verl validation key: verl logs them as val-core/<data_source>/<reward key>/mean@<n> "
-            "(or val-aux/...), so the rules on val_score would judge nothing. Name one of those, or leave "
-            "health.validation out (every validation set is judged)")
-
-
-def _replay_shorter_than_budget(sweep: Sweep) -> Iterator[Problem]:
-    """``budget.max_steps`` past the last step of the log a replay sweep plays back: every trial ends at the log's
-    last step, and the budget's steps past it are neither run nor saved. A log that cannot be read is left to the
-    trainer's own error."""
-    if sweep.kind.name != "replay" or sweep.replay is None:
-        return
-    from klsweep.trainers.replay import last_step
-
-    try:
-        steps = last_step(sweep.replay.trace, sweep.replay.run)
-    except (KlsweepError, OSError):
-        return
-    if steps < sweep.budget.max_steps:
-        yield ("budget", "max_steps"), (
-            f"{sweep.budget.max_steps} is longer than the replayed log {sweep.replay.trace}, whose last step is "
-            f"{steps}: every trial ends at step {steps}, and the budget's steps past it are neither run nor saved. "
-            f"Lower budget.max_steps to {steps}, or replay a longer log")

@@ -94,3 +94,26 @@ def rules_out_of_reach(sweep: Sweep) -> Iterator[Problem]:
         f"{steps} steps end every trial before these health rules can fire: {named}. A trial such a stop rule would "
         f"stop ends COMPLETE and healthy. Raise budget.max_steps to {max(f for _, f in late)} or more, or lower their "
         "`after`/`for` (a rule of the same name in health.rules replaces the preset's)")
+
+
+def unlogged_validation(sweep: Sweep) -> Iterator[Problem]:
+    """``health.validation`` naming a validation key no trial would report: the rules on ``val_score`` (reward
+    hacking) would judge nothing, and the trial would end healthy.
+
+    A trainer whose one validation metric is known (:attr:`klsweep.trainers.TrainerKind.validation_metric`) must be
+    given that one; verl's validation keys start with ``val-core/`` or ``val-aux/``
+    (verl/trainer/ppo/metric_utils.py ``process_validation_metrics``)."""
+    name = sweep.health.validation
+    kind = sweep.kind
+    if name is None or kind.name not in ("embedded", "verl", "tabular"):
+        return
+    if kind.validation_metric is not None and name != kind.validation_metric:
+        yield ("health", "validation"), (
+            f"the {kind.name} trainer never logs {name!r}: its one validation key is {kind.validation_metric!r}, so "
+            f"the rules on val_score would judge nothing. Use {kind.validation_metric!r}, or leave health.validation "
+            "out (every validation set is judged)")
+    elif kind.validation_metric is None and not name.startswith(("val-core/", "val-aux/")):
+        yield ("health", "validation"), (
+            f"{name!r} is not a verl validation key: verl logs them as val-core/<data_source>/<reward key>/mean@<n> "
+            "(or val-aux/...), so the rules on val_score would judge nothing. Name one of those, or leave "
+            "health.validation out (every validation set is judged)")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from klsweep.errors import TraceReadError
+from klsweep.errors import KlsweepError, TraceReadError
 from klsweep.spec.key_checks import Problem, label
 from klsweep.spec.schema import Choice, Constant, Sweep
 from klsweep.trainers.tabular import header_mismatch, load_table, read_header, recorded_for
@@ -237,3 +237,22 @@ def _other_sweeps_table(path: str, header: dict, why: str, params: dict, fixed: 
            "generate a table from this sweep file (benchmarks/tabular/generate.py, benchmarks/tabular/README.md)")
     return ("tabular", "table"), (f"{shown(table)} was recorded for {recorded_for(header)}, but {why}: every trial "
                                   f"would fail or be served another sweep's runs. Fix: {fix}")
+
+
+def replay_shorter_than_budget(sweep: Sweep) -> Iterator[Problem]:
+    """``budget.max_steps`` past the last step of the log a replay sweep plays back: every trial ends at the log's
+    last step, and the budget's steps past it are neither run nor saved. A log that cannot be read is left to the
+    trainer's own error."""
+    if sweep.kind.name != "replay" or sweep.replay is None:
+        return
+    from klsweep.trainers.replay import last_step
+
+    try:
+        steps = last_step(sweep.replay.trace, sweep.replay.run)
+    except (KlsweepError, OSError):
+        return
+    if steps < sweep.budget.max_steps:
+        yield ("budget", "max_steps"), (
+            f"{sweep.budget.max_steps} is longer than the replayed log {sweep.replay.trace}, whose last step is "
+            f"{steps}: every trial ends at step {steps}, and the budget's steps past it are neither run nor saved. "
+            f"Lower budget.max_steps to {steps}, or replay a longer log")
