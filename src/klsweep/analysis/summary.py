@@ -23,7 +23,7 @@ from klsweep._format import console as plain_console
 from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.confirm import is_search
-from klsweep.analysis.pareto import feasible, pareto_front
+from klsweep.analysis.pareto import feasible, pareto_front, remedied_trials
 from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.analysis.winner import INDENT, knob_values, reproduce, runner_up, shell_lines, wrapped
 from klsweep.errors import ResultsError
@@ -267,10 +267,9 @@ def _has_own_command(sweep: Sweep, row: pd.Series) -> bool:
 def _remedied(df: pd.DataFrame) -> pd.DataFrame:
     """The remedied search trials that ended: restart schedules that ran to their end (PRUNED in the study, so that
     none is called a setting), by trial number."""
-    if "stop_reason" not in df or df.empty:
+    if df.empty:
         return df.iloc[0:0]
-    reasons = df["stop_reason"].fillna("").astype(str)
-    return df[reasons.str.startswith(REMEDIED) & (df["state"] != "RUNNING") & is_search(df)].sort_values("number")
+    return df[remedied_trials(df) & is_search(df)].sort_values("number")
 
 
 def _print_lines(console: Console, lines: list[str]) -> None:
