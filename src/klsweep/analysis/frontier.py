@@ -378,7 +378,9 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     running = (df["state"] == "RUNNING") & (health != "stopped")
     fitted = df[ok | (running & _same_kl_settings(df, df[ok]))]
     paths, points, stopped, reason = empty, empty, empty, None
-    left_out = _left_out(df, ok, running)
+    remedied = remedied_trials(df)
+    n_remedied = int(remedied.sum())
+    left_out = _left_out(ok, running, remedied)
     try:
         if fitted.empty:
             raise ResultsError(f"no feasible trial to fit: {left_out}" if left_out else "no feasible trial to fit")
@@ -412,7 +414,7 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
         reason = (f"the KL frontier needs at least {MIN_POINTS} feasible trials with a reference KL, "
                   f"{RESPONSE_LENGTH} and {metric} at one step; {n_configs} so far"
                   + (" (a confirmation re-run counts with the trial it confirms)" if len(points) > n_configs else "")
-                  + (f"; {_remedied_left_out(int(remedied_trials(df).sum()))}" if remedied_trials(df).any() else ""))
+                  + (f"; {_remedied_left_out(n_remedied)}" if n_remedied else ""))
     negative = int((paths["kl_seq"] < 0).sum()) if len(paths) else 0
     if len(paths):
         paths = paths[paths["kl_seq"] >= 0].reset_index(drop=True)
@@ -427,7 +429,7 @@ def sweep_frontier(source: str | Path | tuple[pd.DataFrame, pd.DataFrame, SweepR
     scales = kl_scale(df[ok]).unique() if ok.any() else []
     return SweepFrontier(metric, score_source, reference_source, points, stopped, frontier, reason,
                          _seed_runs(points, df), paths, n_running, negative, scales[0] if len(scales) == 1 else "",
-                         n_configs, remedied=int(remedied_trials(df).sum()))
+                         n_configs, remedied=n_remedied)
 
 
 def _remedied_left_out(n: int) -> str:
@@ -437,10 +439,9 @@ def _remedied_left_out(n: int) -> str:
     return f"{n} remedied trials ran to the end as restart schedules, not one setting each, and are left out of the fit"
 
 
-def _left_out(df: pd.DataFrame, ok: pd.Series, running: pd.Series) -> str:
-    """Why the finished trials that are not feasible are not fitted, by kind: the remedied ones, and the ones a health
-    rule stopped, pruned or failed. ``""`` when every finished trial is feasible."""
-    remedied = remedied_trials(df)
+def _left_out(ok: pd.Series, running: pd.Series, remedied: pd.Series) -> str:
+    """Why the finished trials that are not feasible are not fitted, by kind: the ``remedied`` ones, and the ones a
+    health rule stopped, pruned or failed. ``""`` when every finished trial is feasible."""
     others = int((~ok & ~running & ~remedied).sum())
     parts = [_remedied_left_out(int(remedied.sum()))] if remedied.any() else []
     if others:
