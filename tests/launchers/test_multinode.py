@@ -130,9 +130,15 @@ def _sweep(*args: str, wait: bool = True) -> subprocess.Popen | subprocess.Compl
 
 
 def _trials(out: Path) -> dict[float, Path]:
-    """kl_loss_coef → trial directory."""
-    dirs = [d for d in (out / "tune").iterdir() if (d / "params.json").exists()]
-    return {json.loads((d / "params.json").read_text())["actor_rollout_ref.actor.kl_loss_coef"]: d for d in dirs}
+    """kl_loss_coef → trial directory, for the trials whose ``params.json`` is written in full (Tune writes it in place,
+    so a poll can read it empty)."""
+    trials = {}
+    for d in (out / "tune").iterdir():
+        try:
+            trials[json.loads((d / "params.json").read_text())["actor_rollout_ref.actor.kl_loss_coef"]] = d
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            continue
+    return trials
 
 
 def _workers(attempt: Path) -> tuple[float, list[dict]]:
