@@ -11,7 +11,7 @@ the trials whose fate the sweep already knows:
   the loss) and ``proxy_gap`` (``critic/score/mean`` − ``embedded/gold_score/mean``, where the trainer logs both);
 * a trial is stopped at step s when, on every signal it logs, its path is more than ``margin`` (a fraction) above
   the path of every trial that finished healthy and at or above the median path of the trials the health rules
-  stopped, both at step s; while no trial has finished healthy, more than ``margin`` above that median. It needs a
+  stopped, both at step s; while no trial has finished healthy, at or above that median. It needs a
   health-stopped trial that reached step s (and ``min_finished`` finished healthy ones, 0 by default), ``grace`` of
   the budget run and the trial's first validation (a stop is recorded with the trial's last objective value); a
   trial is never stopped at its last step (a finished trial is a result);
@@ -162,13 +162,13 @@ class FateRule:
             if not failed or (s.min_finished and not healthy):
                 return None
             low = statistics.median(failed.values())
-            top = max(healthy, default=low)  # before any trial finished, the failed path itself by the margin
-            if mine <= top + s.margin * abs(top) or mine < low:
+            top = max(healthy, default=-math.inf)  # before any trial finished, the failed median alone bounds it
+            if (healthy and mine <= top + s.margin * abs(top)) or mine < low:
                 return None
             bound = (f"the {top:.4g} of the {len(healthy)} trials that finished healthy and at or above the median "
                      f"{low:.4g}" if healthy else f"the median {low:.4g}")
-            parts.append(f"{self.keys[name]} {mine:.4g} is more than {s.margin:.0%} above {bound} of the "
-                         f"{len(failed)} trials the health rules stopped")
+            past = f"is more than {s.margin:.0%} above {bound}" if healthy else f"is at or above {bound}"
+            parts.append(f"{self.keys[name]} {mine:.4g} {past} of the {len(failed)} trials the health rules stopped")
         if not parts:
             return None
         return (f"fate at step {step:g} (mean of the last {s.window} steps): {'; '.join(parts)}: it is heading where "

@@ -286,8 +286,8 @@ class FateStop(BaseModel):
         ["kl", "proxy_gap"], min_length=1, description="paths compared, each where a trial logs it, every one past "
         "to stop: kl (the reference KL of the sweep's KL placement), proxy_gap (training score − gold score)")
     margin: float = Field(0.1, ge=0, allow_inf_nan=False, description="how far above the highest path of the trials "
-                          "that finished healthy (before any did: the stopped trials' median path) a trial's path "
-                          "must be, as a fraction of that value")
+                          "that finished healthy a trial's path must be, as a fraction of that value (before any "
+                          "did, at or above the stopped trials' median path is enough)")
     grace: float = Field(0.1, ge=0, lt=1, description="fraction of budget.max_steps every trial runs")
     window: int = Field(3, ge=1, description="steps averaged into a path's value at a step")
     min_finished: int = Field(0, ge=0, description="trials that must have finished healthy before any is stopped")
