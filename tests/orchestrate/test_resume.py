@@ -72,6 +72,18 @@ def _alive(processes: dict[psutil.Process, str], timeout: float) -> list[str]:
         time.sleep(0.5)
 
 
+def _named(processes: list[psutil.Process]) -> dict[psutil.Process, str]:
+    """``{process: its first two arguments}``, leaving out the processes that ended since they were listed (Ray starts
+    and ends workers on its own: a finished trial's actor, an idle worker)."""
+    named = {}
+    for process in processes:
+        try:
+            named[process] = " ".join(process.cmdline()[:2])
+        except psutil.NoSuchProcess:
+            continue
+    return named
+
+
 def _session_processes(session_dir: str) -> dict[psutil.Process, str]:
     """Every live process of a Ray session, found with psutil (independently of the module under test): its command
     line names the session directory, or it holds a file under it open (Ray's workers and agents, whose process
@@ -141,7 +153,7 @@ def test_resume_after_driver_sigkill(tmp_path):
         assert driver.poll() is None, f"the sweep ended before it could be killed:\n{driver.stdout.read()}"
         assert time.monotonic() < deadline, "two trials did not finish in time"
         time.sleep(0.5)
-    ray_processes = {p: " ".join(p.cmdline()[:2]) for p in psutil.Process(driver.pid).children(recursive=True)}
+    ray_processes = _named(psutil.Process(driver.pid).children(recursive=True))
     recorded = json.loads((out / _ray_session.RAY_SESSION_FILE).read_text())
     assert recorded["driver"]["pid"] == driver.pid
     old_session = _session_processes(recorded["session_dir"]) | ray_processes
