@@ -51,9 +51,20 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def _holders(root: Path) -> list[int]:
-    """Pids of the stand-ins' rollout workers that are alive (they hold the stand-in GPU's memory)."""
-    pids = [json.loads(p.read_text())["pid"] for p in (root / "gpu").glob("*.json")]
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    """Pids of the stand-ins' rollout workers that are alive (they hold the stand-in GPU's memory).
+
+    A stand-in that ends while this reads (a driver left training finishes its trial) removes its file
+    (``Rollout.close``) between the glob and the read, and its worker may exit between the two process checks: both
+    count as not holding, as in ``tests/standins/bin/nvidia-smi``."""
+    held = []
+    for path in (root / "gpu").glob("*.json"):
+        try:
+            pid = json.loads(path.read_text())["pid"]
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                held.append(pid)
+        except (FileNotFoundError, psutil.NoSuchProcess):
+            continue
+    return held
 
 
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
