@@ -50,10 +50,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 
-from klsweep.launchers.supervisor import proc_stat
+from klsweep.errors import ClusterError
+from klsweep.launchers.supervisor import descendants, proc_stat
 from klsweep.results import RAY_SESSION_FILE
 
 #: Seconds between SIGTERM and SIGKILL when ending an orphaned session (Ray's own reaper waits 1 s,
@@ -64,6 +66,46 @@ _RAY_TITLE = "ray::"
 #: A Ray session directory's name: ``session_<%Y-%m-%d_%H-%M-%S_%f>_<pid of the process that started it>``
 #: (``ray/_private/node.py``). A record naming anything else (``/tmp``) would match unrelated processes: refused.
 _SESSION_NAME = re.compile(r"session_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_\d+_\d+")
+
+
+#: The start of Ray's exception when a new node's raylet does not register with the GCS within 30 s (a constant in
+#: ``ray/_private/node.py``, Ray 2.60): on an overloaded machine.
+_STARTUP_TIMEOUT = "The current node timed out during startup"
+
+
+def start_local_ray(*, attempts: int = 2, **init_kwargs: Any) -> None:
+    """``ray.init(address="local", **init_kwargs)``, started again when Ray's node start timed out.
+
+    A timed-out start leaves the daemons it spawned running; they are ended (SIGTERM, then SIGKILL) before the next
+    attempt, and a warning says so on stderr.
+
+    Raises:
+        ClusterError: every one of ``attempts`` starts timed out.
+    """
+    for attempt in range(1, attempts + 1):
+        before = _children()
+        try:
+            ray.init(address="local", **init_kwargs)
+            return
+        except Exception as e:  # Ray raises a bare Exception for it
+            if _STARTUP_TIMEOUT not in str(e):
+                raise
+            _terminate({pid: (ticks, "ray daemon") for pid, ticks in _children().items() if before.get(pid) != ticks},
+                       GRACE_S)
+            ray.shutdown()
+            if attempt == attempts:
+                load = os.getloadavg()[0]
+                raise ClusterError(
+                    f"Ray's local node did not start: its raylet did not register with the GCS within Ray's 30 s, "
+                    f"{attempts} times (load {load:.1f} on {os.cpu_count()} cores). Run it again when the machine is "
+                    "less busy, or on a running cluster with --address") from None
+            print(f"warning: Ray's local node did not start within Ray's 30 s (load {os.getloadavg()[0]:.1f}); "
+                  "ended what it started, starting it again", file=sys.stderr)
+
+
+def _children() -> dict[int, int]:
+    """This process's live descendants: pid → start ticks."""
+    return {pid: ticks for pid in descendants(os.getpid()) if (ticks := _start_ticks(pid)) is not None}
 
 
 def record_session(out_dir: Path) -> dict | None:

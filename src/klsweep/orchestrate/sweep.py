@@ -254,7 +254,8 @@ def _init_ray(sweep: Sweep, address: str | None, out_dir: Path) -> None:
     that Ray can hold (:func:`klsweep.orchestrate.capacity.check_trial_fits`), leaving a Ray started here shut down.
 
     Raises:
-        ClusterError: no cluster at the address, or no node for a trial's ``budget.resources``.
+        ClusterError: no cluster at the address, no node for a trial's ``budget.resources``, or a local Ray that did
+            not start (:func:`klsweep.orchestrate._ray_session.start_local_ray`).
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Validation metrics come every trainer.test_freq steps, not in every result; KlsweepSearch handles the gaps and
@@ -281,7 +282,7 @@ def _init_ray(sweep: Sweep, address: str | None, out_dir: Path) -> None:
         require_shared_results(out_dir)  # a node that cannot see --out would keep its trials' files
         return
     cpus = max(os.cpu_count() or 1, int(sweep.budget.max_concurrent * sweep.budget.resources.cpu))
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    _ray_session.start_local_ray(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         check_trial_fits(sweep)
     except ClusterError:
