@@ -80,7 +80,9 @@ def ray_local():
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # as `sweep run` sets it: validation comes every N steps
     # Ray workers import test modules by name (tests.<dir>.<module>): give them the repo root.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    from klsweep.orchestrate._ray_session import start_local_ray
+
+    if not ray.is_initialized():  # as `sweep run` starts it: once more if Ray's start timed out on a busy machine
+        start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
