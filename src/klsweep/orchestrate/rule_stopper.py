@@ -9,10 +9,12 @@ PRUNED with that reason, as it does a health stop. A subclass says how one resul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ray.tune.stopper import Stopper
 
 from klsweep.health.stopper import REMEDY_NOTE
-from klsweep.results import STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
+from klsweep.results import HEALTH, STEP, STOP_KIND, STOP_KIND_OBJECTIVE, STOP_REASON
 
 
 def result_step(result: dict) -> float | None:
@@ -71,3 +73,23 @@ class StopperChain(Stopper):
     def stop_all(self) -> bool:
         """True when any stopper stops the whole experiment."""
         return any(stopper.stop_all() for stopper in self.stoppers)
+
+    def replay(self, trial_id: str, rows: Sequence[dict]) -> None:
+        """Tell the rule stoppers an ended trial's results (``result.json`` rows, in step order) as they heard them.
+
+        A Tuner that extends a sweep starts with new stoppers: replayed, they judge its trials against the trials
+        that ran before, as one Tuner would have. A last row the health rules stopped (``health`` ``stopped``,
+        ``stop_kind`` not ``objective``) is told as a stop; the health stopper itself is not asked again.
+        """
+        rules = [stopper for stopper in self.stoppers if isinstance(stopper, RuleStopper)]
+        for i, row in enumerate(rows):
+            if i == len(rows) - 1 and row.get(HEALTH) == "stopped" and row.get(STOP_KIND) != STOP_KIND_OBJECTIVE:
+                for rule in rules:
+                    rule.stopped(trial_id, dict(row))
+                return
+            for rule in rules:
+                if rule(trial_id, result := dict(row)):
+                    for other in rules:
+                        if other is not rule:
+                            other.stopped(trial_id, result)
+                    return

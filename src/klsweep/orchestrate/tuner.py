@@ -33,7 +33,7 @@ from klsweep.orchestrate.rule_stopper import StopperChain
 from klsweep.orchestrate.samplers import build_sampler
 from klsweep.orchestrate.searcher import KlsweepSearch
 from klsweep.orchestrate.trainable import run_trial
-from klsweep.results import TUNE_DIR, SweepRecord
+from klsweep.results import TUNE_DIR, SweepRecord, result_rows
 from klsweep.spec.space import SEED_KEY, define_space, parameters, seed_params, trial_overrides
 from klsweep.trainers import trainer_kind
 
@@ -80,6 +80,10 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
         if sweep.stopping.median is not None:
             stoppers.append(MedianStopper(objectives, sweep.budget.max_steps, sweep.stopping.median))
     stopper = StopperChain(*stoppers)
+    if confirm is None:  # a Tuner that extends a sweep: its stoppers know the trials that ran before
+        for result_json in sorted((out_dir / TUNE_DIR).glob("*/result.json")):
+            if rows := result_rows(result_json):
+                stopper.replay(str(rows[0].get("trial_id")), rows)
     callbacks: list[Callback] = [
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet,
                       params=[*parameters(sweep), *([SEED_KEY] if confirm is not None else [])]),  # a re-run's seed
