@@ -379,3 +379,23 @@ def test_an_objective_window_longer_than_the_run_is_a_warning(sweep_file):
                for w in long.warnings), long.warnings
     fits = load_sweep(sweep_file(), ["stopping={objective: {window: 80}}", "budget.max_steps=80"])
     assert not any("window" in w for w in fits.warnings)
+
+
+def test_a_setting_under_a_short_form_keeps_what_the_short_form_said(sweep_file):
+    """``scheduler: asha`` is ``{type: asha}``: ``scheduler.grace_period=20`` after it keeps the type (it was reset to
+    the default ``none``, silently dropping the scheduler), and likewise ``sampler`` and ``health``."""
+    path = sweep_file("sampler: random\nhealth: aggressive\n")
+    sweep = load_sweep(path, ["scheduler=asha", "scheduler.grace_period=20", "sampler.options.seed=3",
+                              "health.remedies=true", "budget.max_steps=40"])
+    assert (sweep.scheduler.type, sweep.scheduler.grace_period) == ("asha", 20)
+    assert (sweep.sampler.name, sweep.sampler.options) == ("random", {"seed": 3})
+    assert (sweep.health.preset, sweep.health.remedies) == ("aggressive", True)
+
+
+def test_an_asha_grace_period_past_the_last_step_is_refused(sweep_file):
+    path = sweep_file("scheduler: {type: asha, grace_period: 100}\nbudget: {max_steps: 20}\n")
+    with pytest.raises(SweepFileError) as e:
+        load_sweep(path)
+    assert "scheduler.grace_period 100 is above budget.max_steps 20" in e.value.problems[0]
+    assert "Lower scheduler.grace_period or raise budget.max_steps" in e.value.problems[0]
+    assert load_sweep(path, ["budget.max_steps=100"]).scheduler.grace_period == 100  # equal is Ray's ASHA's limit

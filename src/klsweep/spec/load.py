@@ -236,6 +236,9 @@ def _line(sweep: Sweep, path: tuple, message: str) -> str:
 
 
 _FLAT_KEYED = (("overrides",), ("parameters",))
+#: The fields whose short form is a string (``sampler: tpe``, ``scheduler: asha``, ``health: conservative``): the key
+#: that string stands for, in the models' ``_short_form`` validators.
+_SHORT_FORMS: dict[tuple[str, ...], str] = {("sampler",): "name", ("scheduler",): "type", ("health",): "preset"}
 
 
 def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
@@ -275,7 +278,8 @@ def _apply_override(data: dict, text: str, lines: Lines) -> str | None:
             lines[trail] = f"command line {text!r}"
             return None
         if isinstance(node, dict) and not isinstance(node.get(key), (dict, list)):
-            node[key] = {}
+            short = _SHORT_FORMS.get(trail)  # `scheduler: asha` is {type: asha}: a setting under it keeps the type
+            node[key] = {short: node[key]} if short and isinstance(node.get(key), str) else {}
             lines[trail] = f"command line {text!r}"  # a mapping the override made: its problems are the override's
         node = node[key]
         i += j

@@ -547,6 +547,12 @@ class Sweep(BaseModel):
                 f"{len(self.objectives)} (multi-objective studies cannot prune: optuna#5260). "
                 "Use scheduler: none; health rules still stop sick trials"
             )
+        if self.scheduler.type == "asha" and self.scheduler.grace_period > self.budget.max_steps:
+            raise ValueError(
+                f"scheduler.grace_period {self.scheduler.grace_period} is above budget.max_steps "
+                f"{self.budget.max_steps}: ASHA's first rung would come after a trial's last step (Ray's ASHA "
+                "refuses grace_period > max_t). Lower scheduler.grace_period or raise budget.max_steps"
+            )
         needed = self.kind.section
         if needed is not None and getattr(self, needed) is None:
             raise ValueError(f"trainer {self.trainer} needs {_SECTION_HINT[needed]}")
