@@ -6,7 +6,7 @@ with ``seed=S`` asked one trial at a time, each trial served its recorded run
 
 * ``klsweep``: the file's sampler and seed trials, its health rules (:class:`klsweep.health.HealthEngine`, as the
   sweep's stopper judges) and its ``stopping`` (the objective stopper; the paths of the trials the rules stopped:
-  :class:`klsweep.orchestrate.fate_stop.FateRule`; the median of the trials that finished healthy:
+  :class:`klsweep.orchestrate.fate_stop.FateStopper`; the median of the trials that finished healthy:
   :class:`klsweep.orchestrate.median_stop.MedianRule`); a stopped trial is told PRUNED.
   ``klsweep-rules``: the health rules alone; ``klsweep+median``: ``stopping: {median: on}`` alone (the files
   before ``fate``).
@@ -75,11 +75,11 @@ from reference import reference  # noqa: E402
 
 from klsweep.health import HealthEngine, load_ruleset  # noqa: E402
 from klsweep.orchestrate.asha import HealthAwareASHA  # noqa: E402
-from klsweep.orchestrate.fate_stop import FateRule, signal_readers  # noqa: E402
+from klsweep.orchestrate.fate_stop import FateStopper  # noqa: E402
 from klsweep.orchestrate.median_stop import MedianRule  # noqa: E402
 from klsweep.orchestrate.objective_stop import ObjectiveRule  # noqa: E402
 from klsweep.orchestrate.samplers import build_sampler  # noqa: E402
-from klsweep.results import HEALTH, STOP_KIND  # noqa: E402
+from klsweep.results import HEALTH, STEP, STOP_KIND  # noqa: E402
 from klsweep.spec import load_sweep  # noqa: E402
 from klsweep.spec.space import define_space, seed_params, trial_overrides  # noqa: E402
 from klsweep.trainers.tabular import TabularTrainer, load_table, recorded_values  # noqa: E402
@@ -169,15 +169,16 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
                           settings) if settings else None
     median = MedianRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
                         sweep.stopping.median) if arm.health and sweep.stopping.median else None
-    fate = FateRule([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps,
-                    signal_readers(sweep.stopping.fate.signals, sweep.placement),
-                    sweep.stopping.fate) if arm.health and sweep.stopping.fate else None
+    current: dict = {}  # the asked trial's verl overrides, for the fate stopper's KL scale
+    fate = FateStopper([(o.metric, o.mode) for o in sweep.objectives], sweep.budget.max_steps, sweep.placement,
+                       sweep.stopping.fate, run_config_of=lambda _config: current["overrides"]) \
+        if arm.health and sweep.stopping.fate else None
     table_ = load_table(str(table))
     out = []
     for _ in range(trials):
         trial = study.ask()
         constants = space(trial)
-        overrides = trial_overrides(sweep, {**trial.params, **constants})
+        overrides = current["overrides"] = trial_overrides(sweep, {**trial.params, **constants})
         trainer = TabularTrainer(overrides, table=table)
         engine = HealthEngine(rules, overrides) if rules else None
         handle = _Trial(str(trial.number))
@@ -190,10 +191,9 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
             if engine is not None and engine.update(step, metrics).stop:
                 used, stopped = step, "health"
                 if fate is not None:
-                    fate.record(str(trial.number), step, metrics)
-                    fate.fail(str(trial.number))
+                    fate.stopped(str(trial.number), {**metrics, STEP: step, HEALTH: "stopped"})
                 break
-            if fate is not None and (reason := fate.update(str(trial.number), step, metrics)):
+            if fate is not None and (reason := fate.judge(str(trial.number), step, metrics)):
                 used, stopped = step, "fate"
                 break
             if judge is not None and judge.update(str(trial.number), step, metrics):
@@ -216,7 +216,7 @@ def run_sweep(table: Path, seed: int, trials: int, arm: Arm) -> list[dict]:
         if median is not None and stopped is None:
             median.finish(str(trial.number))
         if fate is not None:
-            fate.finish(str(trial.number)) if stopped is None else fate.forget(str(trial.number))
+            fate.rule.finish(str(trial.number)) if stopped is None else fate.rule.forget(str(trial.number))
         if asha is not None:
             end = {**last, HEALTH: "stopped" if stopped == "health" else "healthy",
                    STOP_KIND: "objective" if stopped in ("objective", "fate") else ""}

@@ -191,3 +191,32 @@ def test_a_sweep_without_reference_kl_and_only_the_kl_signal_is_refused_by_valid
                        r"reference KL \(kl_placement none\): fate stopping would have nothing to read"):
         load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml", ["stopping={fate: {signals: [kl]}}"])
     assert load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml").stopping.fate.signals == ["kl", "proxy_gap"]
+
+
+def test_a_kl_path_is_compared_per_token_and_with_trials_of_its_own_estimator():
+    """grpo_kl searches kl_loss_type and loss_agg_mode: an abs/token-sum trial logs actor/kl_loss in the hundreds (a
+    sum over mini-batch tokens), a low_var_kl/token-mean one below 1. Each is judged against its own estimator's
+    trials, per token (divided by response_length/mean × ppo_mini_batch_size × rollout.n = 10 × 4 × 2)."""
+    sizes = {"actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.rollout.n": 2}
+    configs = {
+        "k3": {"actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "actor_rollout_ref.actor.loss_agg_mode":
+               "token-mean", **sizes},
+        "abs": {"actor_rollout_ref.actor.kl_loss_type": "abs", "actor_rollout_ref.actor.loss_agg_mode": "token-sum",
+                **sizes},
+    }
+    fate = FateStopper([(VAL, "max")], 20, "loss", FateStop(signals=["kl"], grace=0.0, window=1),
+                       run_config_of=lambda config: configs[config["kind"]])
+
+    def result(kind: str, kl: float, **more) -> dict:
+        return {"actor/kl_loss": kl, "response_length/mean": 10.0, VAL: 0.5, "config": {"kind": kind}, **more}
+
+    fate.stopped("k3 failed", result("k3", 0.1, step=5, health="stopped"))
+    assert fate.judge("abs, not compared", 5, result("abs", 140.0)) is None  # no abs trial failed yet
+    assert fate.judge("k3 below", 5, result("k3", 0.09)) is None
+    assert fate.judge("k3 at", 5, result("k3", 0.1)) == (
+        "fate at step 5 (mean of the last 1 steps): actor/kl_loss 0.1 is at or above the median 0.1 of the 1 trials "
+        "(kl_loss_type=low_var_kl) the health rules stopped: it is heading where the stopped trials went")
+    fate.stopped("abs failed", result("abs", 40.0, step=5, health="stopped"))  # 0.5 per token
+    assert fate.judge("abs below", 5, result("abs", 39.0)) is None  # 0.4875 per token
+    assert "actor/kl_loss 0.5 is at or above the median 0.5 of the 1 trials (kl_loss_type=abs)" in fate.judge(
+        "abs at", 5, result("abs", 40.0))

@@ -8,7 +8,10 @@ the trials whose fate the sweep already knows:
 
 * a trial's *path* at step s is the mean of a signal over its last ``window`` steps: ``kl`` (the reference KL of the
   sweep's placement: ``actor/reward_kl_penalty`` or ``critic/kl`` for KL in the reward, ``actor/kl_loss`` for KL in
-  the loss) and ``proxy_gap`` (``critic/score/mean`` − ``embedded/gold_score/mean``, where the trainer logs both);
+  the loss, per token under a token-sum ``loss_agg_mode``: :class:`klsweep.health.signals.TokenScale`) and
+  ``proxy_gap`` (``critic/score/mean`` − ``embedded/gold_score/mean``, where the trainer logs both); a ``kl`` path
+  is compared only with trials of the same KL estimator (``kl_loss_type``, ``kl_penalty``), whose values share a
+  scale;
 * a trial is stopped at step s when, on every signal it logs, its path is more than ``margin`` (a fraction) above
   the path of every trial that finished healthy and at or above the median path of the trials the health rules
   stopped, both at step s; while no trial has finished healthy, at or above that median. It needs a
@@ -34,12 +37,16 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from klsweep.health.signals import first_present
+from klsweep.health.signals import TokenScale, first_present
 from klsweep.orchestrate.rule_stopper import RuleStopper, result_step
 from klsweep.results import HEALTH, STOP_KIND, STOP_KIND_OBJECTIVE
 from klsweep.spec.schema import FateStop
 from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
 
+#: The verl keys of the KL estimator, in the loss and in the reward, and verl 0.9.1's defaults
+#: (``trainer/config/_generated_ppo_trainer.yaml``): estimators put the same divergence on different scales.
+_ESTIMATOR_KEYS = ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty")
+_ESTIMATOR_DEFAULTS = {"actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "algorithm.kl_penalty": "kl"}
 #: The embedded trainer's training (proxy) score and gold score of the same batch (``trainers/embedded/trainer.py``).
 PROXY, GOLD = "critic/score/mean", "embedded/gold_score/mean"
 Reader = Callable[[Mapping[str, Any]], "tuple[str, float] | None"]
@@ -95,11 +102,14 @@ class FateRule:
         self.paths: dict[str, list[dict[str, float]]] = {}  # trial → per step of self.steps: signal → value
         self.scores: dict[str, dict[float, list[float]]] = {}  # trial → validation step → signed objectives
         self.keys: dict[str, str] = {}  # signal → the metric it read, for the stop reason
+        self.estimators: dict[str, str] = {}  # trial → its KL estimator ("" when one for all), for the kl signal
         self.finished: list[str] = []
         self.failed: list[str] = []
 
-    def record(self, trial_id: str, step: float, values: Mapping[str, Any]) -> None:
-        """Keep the trial's signals and objectives at ``step``; a step before its last (a restart) drops the later."""
+    def record(self, trial_id: str, step: float, values: Mapping[str, Any], estimator: str = "") -> None:
+        """Keep the trial's signals and objectives at ``step``; a step before its last (a restart) drops the later.
+        ``estimator`` names the trial's KL estimator: its ``kl`` path is compared with those of the same one."""
+        self.estimators[trial_id] = estimator
         steps, path = self.steps.setdefault(trial_id, []), self.paths.setdefault(trial_id, [])
         scores = self.scores.setdefault(trial_id, {})  # insertion order is step order: the last is the latest
         while steps and steps[-1] >= step:
@@ -144,9 +154,9 @@ class FateRule:
         values = [v[signal] for v in self.paths[trial_id][start:end] if signal in v]
         return statistics.fmean(values) if values else None
 
-    def update(self, trial_id: str, step: float, values: Mapping[str, Any]) -> str | None:
-        """Record the trial's report at ``step``; the stop reason, or None."""
-        self.record(trial_id, step, values)
+    def update(self, trial_id: str, step: float, values: Mapping[str, Any], estimator: str = "") -> str | None:
+        """Record the trial's report at ``step`` (:meth:`record`); the stop reason, or None."""
+        self.record(trial_id, step, values, estimator)
         s = self.settings
         if step < s.grace * self.total_steps or step >= self.total_steps or not self.scores.get(trial_id):
             return None  # judged from its first validation on: the searcher records a stop with its last value
@@ -157,8 +167,9 @@ class FateRule:
             mine = self._path(trial_id, name, step)
             if mine is None:
                 continue
-            healthy = [v for t in self.finished if (v := self._path(t, name, step)) is not None]
-            failed = {t: v for t in self.failed if (v := self._path(t, name, step)) is not None}
+            peers = [t for t in self.estimators if name != "kl" or self.estimators[t] == estimator]
+            healthy = [v for t in self.finished if t in peers and (v := self._path(t, name, step)) is not None]
+            failed = {t: v for t in self.failed if t in peers and (v := self._path(t, name, step)) is not None}
             if not failed or (s.min_finished and not healthy):
                 return None
             low = statistics.median(failed.values())
@@ -168,7 +179,9 @@ class FateRule:
             bound = (f"the {top:.4g} of the {len(healthy)} trials that finished healthy and at or above the median "
                      f"{low:.4g}" if healthy else f"the median {low:.4g}")
             past = f"is more than {s.margin:.0%} above {bound}" if healthy else f"is at or above {bound}"
-            parts.append(f"{self.keys[name]} {mine:.4g} {past} of the {len(failed)} trials the health rules stopped")
+            among = f" ({estimator})" if name == "kl" and estimator else ""
+            parts.append(f"{self.keys[name]} {mine:.4g} {past} of the {len(failed)} trials{among} the health rules "
+                         "stopped")
         if not parts:
             return None
         return (f"fate at step {step:g} (mean of the last {s.window} steps): {'; '.join(parts)}: it is heading where "
@@ -196,16 +209,42 @@ class FateStopper(RuleStopper):
         total_steps: the sweep's ``budget.max_steps``.
         placement: the sweep's KL placement (``Sweep.placement``).
         settings: the sweep file's ``stopping.fate``.
+        run_config_of: maps a trial's Tune config to its flat verl overrides, for its KL estimator and
+            ``loss_agg_mode``; None: every trial's KL is on one scale.
     """
 
     def __init__(self, objectives: Sequence[tuple[str, str]], total_steps: int, placement: str,
-                 settings: FateStop | None = None):
+                 settings: FateStop | None = None, run_config_of: Callable[[dict], Mapping[str, Any]] | None = None):
         settings = settings or FateStop()
         self.rule = FateRule(objectives, total_steps, signal_readers(settings.signals, placement), settings)
+        self.placement = placement
+        self.run_config_of = run_config_of
+        self._scales: dict[str, tuple[TokenScale, str]] = {}  # trial → its token scale and KL estimator
+
+    def _on_scale(self, trial_id: str, result: dict) -> tuple[dict, str]:
+        """The result with its KL in the loss per token, and the trial's KL estimator."""
+        if self.run_config_of is None:
+            return result, ""
+        if trial_id not in self._scales:
+            config = self.run_config_of(result.get("config") or {})
+            keys = {"loss": _ESTIMATOR_KEYS[:1], "reward": _ESTIMATOR_KEYS[1:]}.get(self.placement, _ESTIMATOR_KEYS)
+            estimator = ", ".join(f"{k.rsplit('.', 1)[1]}={config.get(k, _ESTIMATOR_DEFAULTS[k])}" for k in keys)
+            self._scales[trial_id] = TokenScale(config), estimator
+        scale, estimator = self._scales[trial_id]
+        values = dict(result)
+        for key in KL_IN_LOSS_METRICS:
+            if isinstance(values.get(key), (int, float)):
+                per_token = scale.per_token(key, float(values[key]), result)
+                if per_token is None:
+                    del values[key]
+                else:
+                    values[key] = per_token
+        return values, estimator
 
     def judge(self, trial_id: str, step: float, result: dict) -> str | None:
         """Record the result; the stop reason or None. A result at the budget finishes the trial healthy."""
-        reason = self.rule.update(trial_id, step, result)
+        values, estimator = self._on_scale(trial_id, result)
+        reason = self.rule.update(trial_id, step, values, estimator)
         if step >= self.rule.total_steps:
             self.rule.finish(trial_id)
         return reason
@@ -215,7 +254,7 @@ class FateStopper(RuleStopper):
         if result.get(HEALTH) == "stopped" and result.get(STOP_KIND) != STOP_KIND_OBJECTIVE:
             step = result_step(result)
             if step is not None:
-                self.rule.record(trial_id, step, result)
+                self.rule.record(trial_id, step, *self._on_scale(trial_id, result))
             self.rule.fail(trial_id)
         else:
             self.rule.forget(trial_id)

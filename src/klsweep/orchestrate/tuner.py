@@ -61,18 +61,20 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
     ruleset = sweep.ruleset
     retention: list[Callback] = []  # checkpoints: the newest alone (checkpoint_config), or the restart points too
     stopper: Stopper
+    run_config_of = functools.partial(overrides_of if remedies_on(sweep) else trial_overrides, sweep)
     if remedies_on(sweep):
         retention = [KeepRestartPoints(sweep)]
         scheduler = remedies = RemedyScheduler(sweep, search)  # restarts the remedied trials
-        stopper = HealthStopper(ruleset, run_config_of=functools.partial(overrides_of, sweep), remedies=remedies)
+        stopper = HealthStopper(ruleset, run_config_of=run_config_of, remedies=remedies)
     else:  # under ASHA, or with health: {remedies: false}, a rule with a remedy stops as any other
-        stopper = HealthStopper(ruleset, run_config_of=functools.partial(trial_overrides, sweep))
+        stopper = HealthStopper(ruleset, run_config_of=run_config_of)
     stoppers = [stopper]
     objectives = [(o.metric, o.mode) for o in sweep.objectives]
     if confirm is None:  # a confirmation run runs to the end
         # then trials heading where the health rules stopped others (it hears of those stops through the chain)
         if sweep.stopping.fate is not None:
-            stoppers.append(FateStopper(objectives, sweep.budget.max_steps, sweep.placement, sweep.stopping.fate))
+            stoppers.append(FateStopper(objectives, sweep.budget.max_steps, sweep.placement, sweep.stopping.fate,
+                                        run_config_of=run_config_of))
         # trials their peers beat by more than the noise
         if sweep.stopping.objective is not None:
             stoppers.append(ObjectiveStopper(objectives, sweep.budget.max_steps, sweep.stopping.objective))
