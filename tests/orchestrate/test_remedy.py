@@ -160,7 +160,7 @@ def test_a_remedy_under_asha_is_said_to_stop_instead(tmp_path):
     rule = _rule(name="a", remedy={"kl_coef": "*1.5"}).model_dump(by_alias=True)
     rule.pop("conditions"), rule.update(metric="ref_kl", above=0.25)
     health = {"preset": "default", "rules": [rule]}
-    asha = load_sweep(sweep_file(tmp_path, health=health, scheduler={"type": "asha", "grace_period": 5}))
+    asha = load_sweep(sweep_file(tmp_path, health=health, scheduler={"type": "asha", "grace_period": 2}))
     (warning,) = [w for w in asha.warnings if "has a remedy but scheduler" in w]
     assert "health.rules.0.remedy: rule 'a' has a remedy but scheduler is asha" in warning
     assert "Use scheduler: none for remedies" in warning
