@@ -167,9 +167,11 @@ class FateRule:
             mine = self._path(trial_id, name, step)
             if mine is None:
                 continue
-            peers = [t for t in self.estimators if name != "kl" or self.estimators[t] == estimator]
-            healthy = [v for t in self.finished if t in peers and (v := self._path(t, name, step)) is not None]
-            failed = {t: v for t in self.failed if t in peers and (v := self._path(t, name, step)) is not None}
+            any_estimator = name != "kl"  # the kl path is compared only between trials of one estimator
+            healthy = [v for t in self.finished if (any_estimator or self.estimators.get(t) == estimator)
+                       and (v := self._path(t, name, step)) is not None]
+            failed = {t: v for t in self.failed if (any_estimator or self.estimators.get(t) == estimator)
+                      and (v := self._path(t, name, step)) is not None}
             if not failed or (s.min_finished and not healthy):
                 return None
             low = statistics.median(failed.values())

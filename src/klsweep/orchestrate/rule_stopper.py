@@ -62,13 +62,7 @@ class StopperChain(Stopper):
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         """True when a stopper stops the trial; the stoppers after it are not asked, as in ``CombinedStopper``."""
-        for stopper in self.stoppers:
-            if stopper(trial_id, result):
-                for other in self.stoppers:
-                    if other is not stopper and isinstance(other, RuleStopper):
-                        other.stopped(trial_id, result)
-                return True
-        return False
+        return _ask(self.stoppers, trial_id, result)
 
     def stop_all(self) -> bool:
         """True when any stopper stops the whole experiment."""
@@ -87,9 +81,16 @@ class StopperChain(Stopper):
                 for rule in rules:
                     rule.stopped(trial_id, dict(row))
                 return
-            for rule in rules:
-                if rule(trial_id, result := dict(row)):
-                    for other in rules:
-                        if other is not rule:
-                            other.stopped(trial_id, result)
-                    return
+            if _ask(rules, trial_id, dict(row)):
+                return
+
+
+def _ask(stoppers: Sequence[Stopper], trial_id: str, result: dict) -> bool:
+    """Ask ``stoppers`` in order; at the first that stops the trial, tell the other rule stoppers and return True."""
+    for stopper in stoppers:
+        if stopper(trial_id, result):
+            for other in stoppers:
+                if other is not stopper and isinstance(other, RuleStopper):
+                    other.stopped(trial_id, result)
+            return True
+    return False
