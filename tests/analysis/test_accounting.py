@@ -158,3 +158,40 @@ def test_a_multi_objective_scheduler_stop_short_of_the_budget_still_saves():
                        "wall_s": [40.0, 10.0], "stop_reason": ["", "stopped at step 10"]})
     table = compute_accounting(df, max_steps=40, gpu=0.0).set_index("outcome")
     assert table.loc["scheduler stop", "steps_saved"] == 30 and table.loc["full budget", "steps_saved"] == 0
+
+
+def test_median_fate_and_objective_stops_are_counted_apart():
+    """The three stoppers of ``stopping:`` all record ``stop_kind`` objective; the compute table by stop reason tells
+    them apart by their reasons, as the stoppers write them."""
+    from klsweep.orchestrate.fate_stop import FateRule, signal_readers
+    from klsweep.orchestrate.median_stop import MedianRule
+    from klsweep.spec.schema import FateStop, MedianStop
+
+    val, kl = "val-core/arith/acc/mean@1", "actor/reward_kl_penalty"
+    median = MedianRule([(val, "max")], total_steps=40, settings=MedianStop(margin=0.1, min_finished=1))
+    median.update("done", 10, {val: 0.6})
+    median.finish("done")
+    median_reason = median.update("low", 10, {val: 0.3})
+    fate = FateRule([(val, "max")], 40, signal_readers(["kl"], "reward"),
+                    FateStop(margin=0.1, grace=0.1, window=1, min_finished=1))
+    for step in (5, 40):
+        fate.update("ok", step, {kl: 0.1, val: 0.6})
+    fate.finish("ok")
+    fate.update("sick", 5, {kl: 0.2, val: 0.5})
+    fate.fail("sick")
+    fate_reason = fate.update("hot", 5, {kl: 0.25, val: 0.5})
+    assert median_reason and fate_reason
+    df = pd.DataFrame({
+        "state": ["PRUNED"] * 4 + ["COMPLETE"],
+        "health": ["healthy"] * 5,
+        "steps": [10, 5, 20, 30, 40],
+        "wall_s": [20.0, 10.0, 40.0, 60.0, 80.0],
+        "stop_reason": [median_reason, fate_reason, "objective: at step 20 3 of 3 trials at that step beat "
+                        f"{val} 0.3 (margin 0.1) by more than the margin on every objective", median_reason, ""],
+        "stop_kind": ["objective"] * 4 + [""],
+    })
+    table = compute_accounting(df, max_steps=40, gpu=0.0, by="reason").set_index("reason")
+    assert list(table.index) == ["median stopping", "fate stopping", "objective stopper", "full budget", "total"]
+    assert table.loc["median stopping", "trials"] == 2 and table.loc["median stopping", "steps_saved"] == 30 + 10
+    assert table.loc["fate stopping", "steps_saved"] == 35 and table.loc["objective stopper", "steps_saved"] == 20
+    assert table.loc["total", "steps_saved"] == 40 + 35 + 20

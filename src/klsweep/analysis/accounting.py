@@ -28,7 +28,12 @@ _RULE = re.compile(r"\bat step \S+ by ([^\s:]+):")
 #: The group of trials that ran their whole run, which ended before ``budget.max_steps``.
 RUN_ENDED = "run ended before max_steps"
 _OUTCOMES = ["health stop", "objective stop", "scheduler stop", "failed", "full budget", RUN_ENDED, "running"]
-_LAST = ["objective stopper", "scheduler", "failed", "full budget", RUN_ENDED, "running"]
+_LAST = ["median stopping", "fate stopping", "objective stopper", "scheduler", "failed", "full budget", RUN_ENDED,
+         "running"]
+#: The stoppers of ``stopping:`` that record ``stop_kind`` objective, by how their stop reasons begin (the texts of
+#: ``MedianRule`` in :mod:`klsweep.orchestrate.median_stop` and ``FateRule`` in :mod:`klsweep.orchestrate.fate_stop`);
+#: any other reason of that kind is the objective stopper's (:mod:`klsweep.orchestrate.objective_stop`).
+_OBJECTIVE_STOPPERS = {"median stopping at step ": "median stopping", "fate at step ": "fate stopping"}
 
 
 def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
@@ -45,8 +50,9 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
             COMPLETE with a stop reason, short of the budget otherwise), ``failed`` (FAIL), ``full budget`` (ran
             ``max_steps``), :data:`RUN_ENDED` (COMPLETE without a stop reason, short of ``max_steps``: the trainer's
             run ended there), ``running``. ``"reason"``: the health stops split by rule (``health: kl_runaway``, the
-            rule named in the stop reason, else ``health: <stop kind>``), then ``objective stopper``, ``scheduler``,
-            ``failed``, ``full budget``, :data:`RUN_ENDED`, ``running``.
+            rule named in the stop reason, else ``health: <stop kind>``), then the objective stops split by stopper
+            (``median stopping``, ``fate stopping``: told by the start of the stop reason; ``objective stopper``:
+            any other), ``scheduler``, ``failed``, ``full budget``, :data:`RUN_ENDED`, ``running``.
 
     Returns:
         One row per group present, then ``total``. Columns: ``outcome`` or ``reason`` (as ``by``), ``trials``,
@@ -91,6 +97,9 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         rules = _text(df, "stop_reason").str.extract(_RULE, expand=False).fillna("")
         health_group = "health: " + rules.where(rules != "", kind.where(kind != "", "stopped"))
         group = outcome.map({"objective stop": "objective stopper", "scheduler stop": "scheduler"}).fillna(outcome)
+        reason = _text(df, "stop_reason")
+        for start, stopper in _OBJECTIVE_STOPPERS.items():
+            group[objective & reason.str.startswith(start)] = stopper
         group[stopped] = health_group[stopped]
         order = sorted(g for g in set(group) if g.startswith("health: ")) + _LAST
     table = pd.DataFrame({

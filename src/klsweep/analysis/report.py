@@ -319,8 +319,8 @@ KL plotted: {html.escape(kl)}.</p>{notes}{fig('front')}
 their trials from a checkpoint), {total['wall_h_used']:.3g} trial-hours and {total['gpu_h_used']:.3g}
 GPU-hours used; stopping early saved {int(total['steps_saved'])} trial-steps, {total['wall_h_saved']:.3g} trial-hours
 and {total['gpu_h_saved']:.3g} GPU-hours compared with running every trial to {max_steps} steps (saved steps are costed
-at each trial's own seconds per step), per stop reason: a health rule, the objective stopper, the
-scheduler. A run that ended before {max_steps} steps on its own (a replayed log ending there) saved
-nothing.</p>{_table(_compute_table(accounting))}
+at each trial's own seconds per step), per stop reason: a health rule, median stopping, fate stopping, the
+objective stopper, the scheduler. A run that ended before {max_steps} steps on its own (a replayed log ending there)
+saved nothing.</p>{_table(_compute_table(accounting))}
 </body></html>
 """
