@@ -195,3 +195,51 @@ def test_median_fate_and_objective_stops_are_counted_apart():
     assert table.loc["median stopping", "trials"] == 2 and table.loc["median stopping", "steps_saved"] == 30 + 10
     assert table.loc["fate stopping", "steps_saved"] == 35 and table.loc["objective stopper", "steps_saved"] == 20
     assert table.loc["total", "steps_saved"] == 40 + 35 + 20
+
+
+def _with_start_up(result, start_up: float, restarts: tuple[int, ...] = ()) -> None:
+    """Rewrite a trial's result.json as a trial's process writes it: the first report after each (re)start (Tune's
+    ``iterations_since_restore`` 1) also took the process's start-up, which ``time_this_iter_s`` and ``time_total_s``
+    hold."""
+    import json
+
+    rows = [json.loads(line) for line in result.read_text().splitlines()]
+    step_times = [b["time_total_s"] - a["time_total_s"] for a, b in zip([{"time_total_s": 0.0}, *rows], rows)]
+    total, since = 0.0, 0
+    for i, (row, step_time) in enumerate(zip(rows, step_times)):
+        since = 1 if i == 0 or row["training_iteration"] in restarts else since + 1
+        this = step_time + (start_up if since == 1 else 0.0)
+        total += this
+        row.update(time_this_iter_s=this, time_total_s=total, iterations_since_restore=since)
+    result.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_hours_saved_are_costed_at_a_step_rate_without_the_start_up(synthetic_sweep, capsys):
+    """A trial's first report (and the first after a resume) holds its process's start-up: 30 s here, against 2 s
+    per step. A trial stopped at step 5 of 10 saved 5 steps x 2 s, not 5 x (30 + 10) / 5 = 40 s; one stopped at its
+    first step is costed at the sweep's median rate."""
+    from klsweep.analysis import load
+    from klsweep.analysis.sweep_dir import step_seconds
+    from klsweep.cli import main
+    from tests.analysis.conftest import KL_COEF
+
+    healthy = {"steps": 10, "health": "healthy", "stop_reason": ""}
+    stopped = {"health": "stopped", "stop_reason": "diverged at step 5 by kl_runaway: KL 2 > 1"}
+    run_dir = synthetic_sweep([{**healthy, "params": {KL_COEF: 0.01}},
+                               {**stopped, "params": {KL_COEF: 0.02}, "steps": 5},
+                               {**stopped, "params": {KL_COEF: 0.03}, "steps": 1}], max_steps=10, gpu=0.0)
+    results = sorted((run_dir / "tune").glob("*/result.json"))
+    _with_start_up(results[0], 30.0, restarts=(6,))  # resumed at step 6: its start-up again
+    for result in results[1:]:
+        _with_start_up(result, 30.0)
+    assert step_seconds(run_dir) == {"t00000": pytest.approx(2.0), "t00001": pytest.approx(2.0)}
+    table = compute_accounting(load(run_dir).assign(step_s=lambda d: d["trial_id"].map(step_seconds(run_dir))),
+                               max_steps=10, gpu=0.0, by="reason").set_index("reason")
+    # saved: 5 steps x 2 s (its own rate) + 9 steps x 2 s (one step: the median of the others' rates)
+    assert table.loc["health: kl_runaway", "wall_h_saved"] == pytest.approx((5 + 9) * 2.0 / 3600)
+    # used: the trials' whole wall time, start-ups included: 3 x 30 s + 2 resume + 16 steps x 2 s
+    assert table.loc["total", "wall_h_used"] == pytest.approx((4 * 30 + 16 * 2) / 3600)
+    assert main(["status", str(run_dir)]) == 0
+    rows = {line.split("│")[0].strip(): [c.strip() for c in line.split("│")[1:]]
+            for line in capsys.readouterr().out.splitlines() if "│" in line}
+    assert rows["health: kl_runaway"][-1] == f"{14 * 2.0 / 3600:.3g}"
