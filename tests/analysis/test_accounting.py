@@ -158,3 +158,88 @@ def test_a_multi_objective_scheduler_stop_short_of_the_budget_still_saves():
                        "wall_s": [40.0, 10.0], "stop_reason": ["", "stopped at step 10"]})
     table = compute_accounting(df, max_steps=40, gpu=0.0).set_index("outcome")
     assert table.loc["scheduler stop", "steps_saved"] == 30 and table.loc["full budget", "steps_saved"] == 0
+
+
+def test_median_fate_and_objective_stops_are_counted_apart():
+    """The three stoppers of ``stopping:`` all record ``stop_kind`` objective; the compute table by stop reason tells
+    them apart by their reasons, as the stoppers write them."""
+    from klsweep.orchestrate.fate_stop import FateRule, signal_readers
+    from klsweep.orchestrate.median_stop import MedianRule
+    from klsweep.spec.schema import FateStop, MedianStop
+
+    val, kl = "val-core/arith/acc/mean@1", "actor/reward_kl_penalty"
+    median = MedianRule([(val, "max")], total_steps=40, settings=MedianStop(margin=0.1, min_finished=1))
+    median.update("done", 10, {val: 0.6})
+    median.finish("done")
+    median_reason = median.update("low", 10, {val: 0.3})
+    fate = FateRule([(val, "max")], 40, signal_readers(["kl"], "reward"),
+                    FateStop(margin=0.1, grace=0.1, window=1, min_finished=1))
+    for step in (5, 40):
+        fate.update("ok", step, {kl: 0.1, val: 0.6})
+    fate.finish("ok")
+    fate.update("sick", 5, {kl: 0.2, val: 0.5})
+    fate.fail("sick")
+    fate_reason = fate.update("hot", 5, {kl: 0.25, val: 0.5})
+    assert median_reason and fate_reason
+    df = pd.DataFrame({
+        "state": ["PRUNED"] * 4 + ["COMPLETE"],
+        "health": ["healthy"] * 5,
+        "steps": [10, 5, 20, 30, 40],
+        "wall_s": [20.0, 10.0, 40.0, 60.0, 80.0],
+        "stop_reason": [median_reason, fate_reason, "objective: at step 20 3 of 3 trials at that step beat "
+                        f"{val} 0.3 (margin 0.1) by more than the margin on every objective", median_reason, ""],
+        "stop_kind": ["objective"] * 4 + [""],
+    })
+    table = compute_accounting(df, max_steps=40, gpu=0.0, by="reason").set_index("reason")
+    assert list(table.index) == ["median stopping", "fate stopping", "objective stopper", "full budget", "total"]
+    assert table.loc["median stopping", "trials"] == 2 and table.loc["median stopping", "steps_saved"] == 30 + 10
+    assert table.loc["fate stopping", "steps_saved"] == 35 and table.loc["objective stopper", "steps_saved"] == 20
+    assert table.loc["total", "steps_saved"] == 40 + 35 + 20
+
+
+def _with_start_up(result, start_up: float, restarts: tuple[int, ...] = ()) -> None:
+    """Rewrite a trial's result.json as a trial's process writes it: the first report after each (re)start (Tune's
+    ``iterations_since_restore`` 1) also took the process's start-up, which ``time_this_iter_s`` and ``time_total_s``
+    hold."""
+    import json
+
+    rows = [json.loads(line) for line in result.read_text().splitlines()]
+    step_times = [b["time_total_s"] - a["time_total_s"] for a, b in zip([{"time_total_s": 0.0}, *rows], rows)]
+    total, since = 0.0, 0
+    for i, (row, step_time) in enumerate(zip(rows, step_times)):
+        since = 1 if i == 0 or row["training_iteration"] in restarts else since + 1
+        this = step_time + (start_up if since == 1 else 0.0)
+        total += this
+        row.update(time_this_iter_s=this, time_total_s=total, iterations_since_restore=since)
+    result.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_hours_saved_are_costed_at_a_step_rate_without_the_start_up(synthetic_sweep, capsys):
+    """A trial's first report (and the first after a resume) holds its process's start-up: 30 s here, against 2 s
+    per step. A trial stopped at step 5 of 10 saved 5 steps x 2 s, not 5 x (30 + 10) / 5 = 40 s; one stopped at its
+    first step is costed at the sweep's median rate."""
+    from klsweep.analysis import load
+    from klsweep.analysis.sweep_dir import step_seconds
+    from klsweep.cli import main
+    from tests.analysis.conftest import KL_COEF
+
+    healthy = {"steps": 10, "health": "healthy", "stop_reason": ""}
+    stopped = {"health": "stopped", "stop_reason": "diverged at step 5 by kl_runaway: KL 2 > 1"}
+    run_dir = synthetic_sweep([{**healthy, "params": {KL_COEF: 0.01}},
+                               {**stopped, "params": {KL_COEF: 0.02}, "steps": 5},
+                               {**stopped, "params": {KL_COEF: 0.03}, "steps": 1}], max_steps=10, gpu=0.0)
+    results = sorted((run_dir / "tune").glob("*/result.json"))
+    _with_start_up(results[0], 30.0, restarts=(6,))  # resumed at step 6: its start-up again
+    for result in results[1:]:
+        _with_start_up(result, 30.0)
+    assert step_seconds(run_dir) == {"t00000": pytest.approx(2.0), "t00001": pytest.approx(2.0)}
+    table = compute_accounting(load(run_dir).assign(step_s=lambda d: d["trial_id"].map(step_seconds(run_dir))),
+                               max_steps=10, gpu=0.0, by="reason").set_index("reason")
+    # saved: 5 steps x 2 s (its own rate) + 9 steps x 2 s (one step: the median of the others' rates)
+    assert table.loc["health: kl_runaway", "wall_h_saved"] == pytest.approx((5 + 9) * 2.0 / 3600)
+    # used: the trials' whole wall time, start-ups included: 3 x 30 s + 2 resume + 16 steps x 2 s
+    assert table.loc["total", "wall_h_used"] == pytest.approx((4 * 30 + 16 * 2) / 3600)
+    assert main(["status", str(run_dir)]) == 0
+    rows = {line.split("│")[0].strip(): [c.strip() for c in line.split("│")[1:]]
+            for line in capsys.readouterr().out.splitlines() if "│" in line}
+    assert rows["health: kl_runaway"][-1] == f"{14 * 2.0 / 3600:.3g}"

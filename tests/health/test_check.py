@@ -12,6 +12,7 @@ from klsweep.health import load_ruleset
 from klsweep.health.check import backtest
 from klsweep.health.readers import read_trace
 from tests.conftest import GRPO, NO_SIGNAL, PPO_CONSOLE, PPO_JSONL, trace
+from tests.orchestrate import conftest as orchestrate_conftest
 
 
 def _first_step_where(path, predicate):
@@ -207,3 +208,33 @@ def test_a_wandb_export_of_two_runs_asks_for_run_and_judges_each_alone(tmp_path,
     assert "wandb_export.csv (run sweep-a-t03): csv, 20 reports (steps 1-20)" in capsys.readouterr().out
     assert main(["health", "check", str(path), "--run", "t99"]) == 2
     assert "its runs: sweep-a-t03, sweep-a-t07" in capsys.readouterr().err
+
+
+#: A finished real sweep (tests/orchestrate/conftest.py): embedded PPO trials of 4 steps, validation at steps 2 and 4.
+pareto_run = orchestrate_conftest.pareto_run
+
+
+@pytest.mark.slow
+def test_a_tune_progress_csv_is_judged_from_the_result_json_beside_it(pareto_run, tmp_path, capsys):
+    # Ray Tune writes progress.csv's header from a trial's first report: the validation metric, first reported at
+    # step 2, has no column in it; result.json holds every report whole
+    val = orchestrate_conftest.VAL
+    trial = sorted(p.parent for p in (pareto_run / "tune").glob("*/result.json"))[0]
+    header = (trial / "progress.csv").read_text().splitlines()[0].split(",")
+    rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+    assert val not in header and [r["training_iteration"] for r in rows if val in r][0] == 2
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("preset: default\nrules:\n"
+                     "  - {name: val_low, metric: val_score, below: 2, action: stop, kind: diverged}\n")
+    assert main(["health", "check", str(trial / "progress.csv"), "--rules", str(rules)]) == 1
+    out, err = capsys.readouterr()
+    assert "verdict: STOPPED: diverged at step 2 by val_low" in out
+    assert f"reading {trial / 'result.json'}" in err
+    # progress.csv alone: judged as it is, with a warning naming what the rules read that it lacks
+    alone = tmp_path / "trial" / "progress.csv"
+    alone.parent.mkdir()
+    alone.write_text((trial / "progress.csv").read_text())
+    assert main(["health", "check", str(alone), "--rules", str(rules), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["not_applicable"]["val_low"].startswith("val_score: never logged")
+    assert "no result.json beside it" in err and "val_score (val-core/*/mean@N" in err

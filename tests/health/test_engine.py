@@ -228,3 +228,21 @@ def test_non_finite_rule_metric_is_skipped_not_compared():
     rule = {"name": "low", "metric": "m", "below": 1.0, "action": "stop"}
     engine, v = _run(_rules(rule, nonfinite_loss=False), [(1, {"m": math.nan}), (2, {"m": -math.inf})])
     assert not v[-1].stop and "low" in engine.summary()["not_applicable"]
+
+
+@pytest.mark.parametrize("preset", ["default", "conservative", "aggressive"])
+def test_reward_hacking_advice_fits_the_runs_kl_placement(preset):
+    # validation falls from its best while the training score holds (as above); the advice must name a lever the
+    # run has: with no KL term at all (kl_placement none), raising kl_coef changes nothing
+    val = {10: 0.58, 20: 0.5, 30: 0.3, 40: 0.2, 50: 0.1, 60: 0.1}  # below each preset's threshold for 11+ steps
+    stream = [(s, {"critic/score/mean": 1.0 + 0.002 * s, **({"val-core/arith/acc/mean@1": val[s]} if s in val else {})})
+              for s in range(1, 61)]
+    no_kl = {"actor_rollout_ref.actor.use_kl_loss": False, "algorithm.use_kl_in_reward": False}
+    engine, _ = _run(load_ruleset(preset), stream, no_kl)
+    reason = engine.summary()["reason"]
+    assert reason["rule"] == "reward_hacking"
+    assert "kl_coef" not in reason["advice"]
+    assert all(key in reason["advice"] for key in ("algorithm.use_kl_in_reward", "actor_rollout_ref.actor.use_kl_loss"))
+    # KL in the reward: kl_coef is the lever
+    engine, _ = _run(load_ruleset(preset), stream, {**no_kl, "algorithm.use_kl_in_reward": True})
+    assert "raise kl_coef" in engine.summary()["reason"]["advice"]

@@ -5,7 +5,11 @@ sooner: a replayed log of 105 steps under ``max_steps`` 200, or a verl run whose
 A trial stopped after ``s`` steps saved the steps it had left, ``max_steps − s`` or ``end − s``.
 A trial that ended by itself before ``max_steps`` (COMPLETE, no stop reason) ran its whole run and saved nothing:
 the budget's steps past the run's end were never there to save.
-Hours are costed at the trial's own seconds per step (``wall_s / steps``) × ``budget.resources.gpu``.
+Hours are costed at the trial's own seconds per step × ``budget.resources.gpu``. The rate is ``step_s``: the time
+between the trial's reports over the steps between them, start-up left out
+(:func:`klsweep.analysis.sweep_dir.step_seconds`). A trial without one (a single step) gets the median ``step_s`` of
+the sweep's other trials. Without any, it is ``wall_s / steps``, which holds the start-up and so overstates the hours
+a trial stopped early saved.
 A failed trial (FAIL without a health stop) saved nothing: its missing steps count neither as used nor as saved.
 A restart decided at step ``s`` from the checkpoint of step ``f`` ran steps ``f+1..s`` again.
 Those ``s − f`` steps count as used (``steps_rerun``), at the trial's seconds per step.
@@ -28,7 +32,12 @@ _RULE = re.compile(r"\bat step \S+ by ([^\s:]+):")
 #: The group of trials that ran their whole run, which ended before ``budget.max_steps``.
 RUN_ENDED = "run ended before max_steps"
 _OUTCOMES = ["health stop", "objective stop", "scheduler stop", "failed", "full budget", RUN_ENDED, "running"]
-_LAST = ["objective stopper", "scheduler", "failed", "full budget", RUN_ENDED, "running"]
+_LAST = ["median stopping", "fate stopping", "objective stopper", "scheduler", "failed", "full budget", RUN_ENDED,
+         "running"]
+#: The stoppers of ``stopping:`` that record ``stop_kind`` objective, by how their stop reasons begin (the texts of
+#: ``MedianRule`` in :mod:`klsweep.orchestrate.median_stop` and ``FateRule`` in :mod:`klsweep.orchestrate.fate_stop`);
+#: any other reason of that kind is the objective stopper's (:mod:`klsweep.orchestrate.objective_stop`).
+_OBJECTIVE_STOPPERS = {"median stopping at step ": "median stopping", "fate at step ": "fate stopping"}
 
 
 def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
@@ -37,7 +46,8 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
 
     Args:
         df: the trials table (:func:`klsweep.analysis.sweep_dir.load`: ``state``, ``health``, ``steps``, ``wall_s``, and
-            for ``by="reason"`` or an objective stop ``stop_reason`` and ``stop_kind``).
+            for ``by="reason"`` or an objective stop ``stop_reason`` and ``stop_kind``), with ``step_s`` when known
+            (seconds per step without the start-up, :func:`klsweep.analysis.sweep_dir.step_seconds`).
         max_steps: steps per trial in the budget (``budget.max_steps``).
         gpu: GPUs reserved per trial (``budget.resources.gpu``; 0 for CPU sweeps).
         by: ``"outcome"``: one row per outcome, ``health stop`` (health verdict stopped), ``objective stop``
@@ -45,8 +55,9 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
             COMPLETE with a stop reason, short of the budget otherwise), ``failed`` (FAIL), ``full budget`` (ran
             ``max_steps``), :data:`RUN_ENDED` (COMPLETE without a stop reason, short of ``max_steps``: the trainer's
             run ended there), ``running``. ``"reason"``: the health stops split by rule (``health: kl_runaway``, the
-            rule named in the stop reason, else ``health: <stop kind>``), then ``objective stopper``, ``scheduler``,
-            ``failed``, ``full budget``, :data:`RUN_ENDED`, ``running``.
+            rule named in the stop reason, else ``health: <stop kind>``), then the objective stops split by stopper
+            (``median stopping``, ``fate stopping``: told by the start of the stop reason; ``objective stopper``:
+            any other), ``scheduler``, ``failed``, ``full budget``, :data:`RUN_ENDED`, ``running``.
 
     Returns:
         One row per group present, then ``total``. Columns: ``outcome`` or ``reason`` (as ``by``), ``trials``,
@@ -55,7 +66,7 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         (:func:`rerun_steps`).
         ``saved_share`` is the group's steps saved ÷ (steps used + steps saved) of the whole sweep: groups add up.
         ``gpu_h_saved_share`` is the same in GPU-hours, 0 when nothing was used.
-        Hours saved = missing steps × the trial's seconds per step × gpu / 3600.
+        Hours saved = missing steps × the trial's seconds per step (module docstring) × gpu / 3600.
         A trial without a step or a wall time saves steps but no hours. A running or failed trial saves nothing.
         Neither does a :data:`RUN_ENDED` trial; the longest of those is where every trial's run ends (the trials
         of a sweep run the same trainer), so a stopped trial saves at most the steps up to it.
@@ -67,7 +78,7 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         raise ValueError(f"compute_accounting(by={by!r}): use 'outcome' or 'reason'")
     steps = _column(df, "steps", 0)
     wall = _column(df, "wall_s", 0)
-    per_step = (wall / steps.where(steps > 0)).fillna(0)
+    per_step = _step_rate(df, wall, steps)
     health = _text(df, "health")
     kind = _text(df, "stop_kind")
     stopped = health == "stopped"
@@ -91,6 +102,9 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
         rules = _text(df, "stop_reason").str.extract(_RULE, expand=False).fillna("")
         health_group = "health: " + rules.where(rules != "", kind.where(kind != "", "stopped"))
         group = outcome.map({"objective stop": "objective stopper", "scheduler stop": "scheduler"}).fillna(outcome)
+        reason = _text(df, "stop_reason")
+        for start, stopper in _OBJECTIVE_STOPPERS.items():
+            group[objective & reason.str.startswith(start)] = stopper
         group[stopped] = health_group[stopped]
         order = sorted(g for g in set(group) if g.startswith("health: ")) + _LAST
     table = pd.DataFrame({
@@ -161,6 +175,20 @@ def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:
         rows.append([rule, int((remedied | stopped).sum()), int(remedied.sum()), int((remedied & ok).sum()),
                      int((stopped & at_cap).sum()), int((stopped & ~at_cap).sum())])
     return pd.DataFrame(rows, columns=columns)
+
+
+def _step_rate(df: pd.DataFrame, wall: pd.Series, steps: pd.Series) -> pd.Series:
+    """Seconds per step of each trial: ``step_s``, else the median ``step_s`` of the others, else ``wall / steps``
+    (0 for a trial without a step or a wall time)."""
+    timed = (wall > 0) & (steps > 0)
+    rate = (wall / steps).where(timed, 0.0)
+    if "step_s" not in df:
+        return rate
+    own = pd.to_numeric(df["step_s"], errors="coerce")
+    own = own.where(own > 0)
+    if own.notna().any():
+        rate = rate.where(~timed, own.median())
+    return own.fillna(rate)
 
 
 def _column(df: pd.DataFrame, name: str, fill: float) -> pd.Series:

@@ -169,6 +169,34 @@ def _summarise(rows: list[dict[str, Any]], objectives: list[Objective]) -> dict[
     return out
 
 
+def step_seconds(path: str | Path) -> dict[str, float]:
+    """Each trial's seconds per training step, its process's start-up left out: ``{trial_id: seconds}``.
+
+    Tune's ``time_total_s`` counts from the trainable's start, so a trial's first report also holds the start-up of
+    its process (Ray's worker, imports, the model's load: minutes for verl), and so does the first report after a
+    resume (``iterations_since_restore`` 1). The rate is therefore the time between reports over the steps between
+    them, ``Σ (time_total_s[i] − time_total_s[i−1]) / Σ (step[i] − step[i−1])``, over the reports ``i`` after a
+    trial's first that are not the first of a (re)start and whose step is past the one before. A trial with no such
+    pair (a single step) has no entry.
+    """
+    rates = {}
+    for trial_id, rows in _tune_trials(Path(path)):
+        seconds = steps = 0.0
+        for before, row in zip(rows, rows[1:]):
+            if row.get("iterations_since_restore") == 1:
+                continue
+            times = [row.get("time_total_s"), before.get("time_total_s")]
+            marks = [row.get(STEP, row.get("training_iteration")), before.get(STEP, before.get("training_iteration"))]
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in times + marks):
+                continue
+            if marks[0] > marks[1] and times[0] >= times[1]:
+                seconds += times[0] - times[1]
+                steps += marks[0] - marks[1]
+        if steps:
+            rates[str(trial_id)] = seconds / steps
+    return rates
+
+
 def load(path: str | Path) -> pd.DataFrame:
     """One row per trial of the sweep in ``path`` (columns: see the module docstring), ordered by trial number.
 

@@ -11,19 +11,26 @@ Verdicts and exit codes (``docs/health-rules.md``):
 Every verdict says how many rules and checks judged the log. It also says whether the run's config turns on a KL
 mechanism that the log has no KL metric for. A log whose step goes back (a restart from a checkpoint) is judged as
 the run that continued, as the trial's ``result.json`` holds it, and says so (:func:`continued`).
+
+A Ray Tune ``progress.csv`` lacks the metrics a trial first reported after its first report
+(:func:`klsweep.health.readers.tune_progress`). With the trial's ``result.json`` beside it, that file is judged
+instead, and stderr says so. Without one, stderr warns, naming what the rules read that the file lacks
+(:func:`absent_signals`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from klsweep.health.coef import KlCoefJump
 from klsweep.health.engine import HealthEngine
 from klsweep.health.load import load_ruleset
-from klsweep.health.readers import FullConfig, Trace, read_trace
+from klsweep.health.readers import TUNE_RESULT, FullConfig, Trace, read_trace, tune_progress
+from klsweep.health.signals import Signals
 from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS, KlSetup
 
 #: Exit codes of ``sweep health check`` per verdict (2 is a log that cannot be read: the CLI's input errors).
@@ -104,6 +111,30 @@ def coverage(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def absent_signals(trace: Trace, ruleset) -> dict[str, tuple[str, ...]]:
+    """The signals the rules of ``ruleset`` read that no report of ``trace`` holds under any of their names:
+    ``{signal: the metric names looked for}`` (:meth:`klsweep.health.signals.Signals.looked_for`), in rule order.
+    Signals computed from the run config, or of a KL the config turns off, are never absent."""
+    signals = Signals(KlSetup.from_overrides(trace.config), [m for rule in ruleset.rules for m in rule.metrics])
+    for _, metrics in trace.reports:
+        signals.read(metrics)
+    return {name: looked for name in signals.names
+            if name not in signals.keys_seen and (looked := signals.looked_for(name))}
+
+
+def _tune_progress_note(path: Path) -> tuple[Path, bool]:
+    """The log to judge for ``path``, and whether it is a Tune progress.csv without its result.json; prints on
+    stderr when it judges the result.json instead."""
+    if not tune_progress(path):
+        return path, False
+    result = path.with_name(TUNE_RESULT)
+    if not result.is_file():
+        return path, True
+    print(f"note: {path} is a Ray Tune progress.csv, whose columns are the keys of the trial's first report: reading "
+          f"{result} beside it, which holds every key of every report", file=sys.stderr)
+    return result, False
+
+
 def continued(trace: Trace) -> tuple[Trace, list[str]]:
     """The run as it continued, and a sentence per restart that dropped reports.
 
@@ -144,7 +175,8 @@ def health_check(
     """Print the timeline and final verdict of a log under a rule set.
 
     Args:
-        trace: verl jsonl, verl console log, W&B CSV export, or Ray Tune progress.csv/result.json.
+        trace: verl jsonl, verl console log, W&B CSV export, or Ray Tune progress.csv/result.json (a progress.csv
+            with a result.json beside it is judged from the result.json).
         preset: a preset name (default ``default``); ignored when ``rules`` is given.
         rules: a YAML rules file (a ``health:`` value).
         as_json: print one JSON object instead of text (the engine's summary, with ``verdict`` as below, the
@@ -162,7 +194,15 @@ def health_check(
         SweepFileError: unknown preset or invalid rules file (the CLI exits 2).
     """
     ruleset = load_ruleset(rules if rules is not None else (preset or "default"))
-    t, restarts = continued(read_trace(trace, run=run, full_config=full_config))
+    path, lone_progress = _tune_progress_note(Path(trace))
+    t, restarts = continued(read_trace(path, run=run, full_config=full_config))
+    if lone_progress:
+        absent = "; ".join(f"{name} ({', '.join(looked)})" for name, looked in absent_signals(t, ruleset).items())
+        print(f"warning: {path} is a Ray Tune progress.csv with no {TUNE_RESULT} beside it: Tune writes its header "
+              "from the trial's first report, so a metric first reported later (validation, every "
+              "trainer.test_freq steps) has no column. "
+              + (f"The rules of {ruleset.name} read these, absent here: {absent}. " if absent else "")
+              + f"Judge the trial's {TUNE_RESULT} where you have it", file=sys.stderr)
     timeline, summary = backtest(t, ruleset)
     summary = {**summary, **coverage(t, summary), "restarts": restarts}
     if as_json:

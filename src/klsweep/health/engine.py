@@ -191,7 +191,7 @@ class HealthEngine:
             kind=rule.kind,
             step=step,
             values=seen,
-            advice=rule.advice,
+            advice=rule.advice_without_kl if self.setup.kl_off and rule.advice_without_kl else rule.advice,
             message=f"{bounds} over {steps_text(first, step)} ({state.describe})",
             action=rule.action,
         )

@@ -8,9 +8,10 @@ Formats, by content (then by file name):
 - verl console log: lines containing ``step:N - key:value - key:value ...``, possibly prefixed by Ray's
   ``(main_task pid=...)`` and ANSI colour codes, values possibly printed as ``np.float32(0.5)``; other lines
   (config dumps, sample generations) are skipped. Values are rounded to 3 decimals.
-- CSV (Tune ``progress.csv`` or a W&B export): a step column (``step``, ``_step``, ``Step``, ``global_step``,
-  ``training_iteration``); W&B's ``"<run> - metric"`` headers and ``__MIN``/``__MAX`` columns are handled (a W&B
-  export holding several runs is read one run at a time: ``run=``); Tune's ``config/...`` columns give the run config.
+- CSV (Tune ``progress.csv``, which may lack columns: :func:`tune_progress`; or a W&B export): a step column
+  (``step``, ``_step``, ``Step``, ``global_step``, ``training_iteration``); W&B's ``"<run> - metric"`` headers and
+  ``__MIN``/``__MAX`` columns are handled (a W&B export holding several runs is read one run at a time: ``run=``);
+  Tune's ``config/...`` columns give the run config.
 
 JSON lines are decoded by :func:`klsweep.verl.stream.decode_json_line`, as live trials read them
 (:mod:`klsweep.verl.stream` gives each writer's spelling of a non-finite value). Text (console lines, Tune
@@ -37,6 +38,9 @@ _STEP_LINE = re.compile(r"(?:^|[\s\]])step:(\d+) - (.*)$")
 _WRAPPED = re.compile(r"^(?:np\.)?(?:float\d*|int\d*|tensor)\((.*?)(?:,.*)?\)$")
 _STEP_COLUMNS = ("step", "_step", "Step", "global_step", "training_iteration")
 _DECIMALS = re.compile(r"\.(\d+)(?:[eE]|$)")
+
+#: The file of a Ray Tune trial that holds every result whole (``EXPR_RESULT_FILE`` of ``ray.air.constants``).
+TUNE_RESULT = "result.json"
 
 #: ``(log path, the log's own config) -> the run's whole verl overrides``, or None where it cannot tell.
 FullConfig = Callable[[Path, Mapping[str, Any]], dict[str, Any] | None]
@@ -83,6 +87,27 @@ def parse_value(text: str) -> float | str:
         return float(text)
     except ValueError:
         return text
+
+
+def tune_progress(path: Path) -> bool:
+    """Whether ``path`` is a Ray Tune ``progress.csv``: a ``.csv`` whose header holds Tune's own result keys
+    ``training_iteration`` and ``time_total_s``.
+
+    Such a file may lack metrics. Tune's CSV logger (``CSVLoggerCallback.log_trial_result`` in
+    ``ray/tune/logger/csv.py``, Ray 2.x) makes its ``csv.DictWriter`` from the keys of the trial's first result and
+    writes only those fields of every later result. A metric first reported after that has no column: verl's
+    validation metrics, every ``trainer.test_freq`` steps, unless the run validates before training. The trial's
+    ``result.json`` beside it (:data:`TUNE_RESULT`; ``JsonLoggerCallback`` in ``ray/tune/logger/json.py``) holds
+    every result whole.
+    """
+    if not path.name.lower().endswith(".csv"):
+        return False
+    try:
+        with path.open(errors="replace") as f:
+            header = next(csv.reader([f.readline()]), [])
+    except OSError:
+        return False
+    return {"training_iteration", "time_total_s"} <= {h.strip() for h in header}
 
 
 def read_trace(path: str | Path, run: str | None = None, full_config: FullConfig | None = None) -> Trace:

@@ -12,6 +12,7 @@ A rule (YAML, validated here; never evaluated as code)::
       action: stop                # stop | warn | advise
       kind: diverged
       advice: lower the learning rate or raise kl_coef
+      advice_without_kl: lower the learning rate, or add a KL term   # optional: the advice when the run has none
       source: our calibration (verl's PPO baseline peaks at 0.227)
       remedy: {kl_coef: "*1.5"}   # optional, stop rules only: restart from the last checkpoint before the onset
       max_remedies: 2             #   with kl_coef × 1.5, at most twice per trial; then stop
@@ -129,6 +130,12 @@ class Rule(BaseModel):
     action: Action = Field(description="stop the trial, warn, or advise (informational, verdict stays healthy)")
     kind: Kind = Field("unhealthy", description="what a stop means: diverged, no_signal, collapsed, ...")
     advice: str = Field("", description="the remedy shown with the verdict")
+    advice_without_kl: str = Field(
+        "",
+        description="the remedy shown instead of advice for a run with no KL term (the run config sets "
+        "actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward false: kl_placement none), where a KL "
+        "coefficient does nothing; empty: advice",
+    )
     source: str = Field("", description="where the threshold comes from (seed table, public log, calibration)")
     remedy: dict[_Knob, _Operation] = Field(
         default_factory=dict,

@@ -336,12 +336,18 @@ class Signals:
             return "actor/kl_loss or actor/pg_loss never logged"
         if name == "kl_coef" and s.kl_off:
             return "KL is off by config"
-        looked = {
+        return f"never logged (looked for {', '.join(self.looked_for(name))})"
+
+    def looked_for(self, name: str) -> tuple[str, ...]:
+        """The metric names (or patterns) signal ``name`` is read from; () for ``kl_loss_share`` (computed from
+        several metrics and the run config) and for a KL signal of a run whose config turns the KL off."""
+        if name == "kl_loss_share" or name in ("ref_kl", "kl_coef") and self.setup.kl_off:
+            return ()
+        return {
             "ref_kl": self.ref_kl_keys(),
             "kl_coef": ALIASES["kl_coef"],
             VAL_SCORE: ("val-core/*/mean@N", "val/test_score/*", "test_score/*"),
         }.get(name, ALIASES.get(name, (name,)))
-        return f"never logged (looked for {', '.join(looked)})"
 
 
 def _positive(value: Any) -> float | None:
