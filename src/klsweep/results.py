@@ -53,6 +53,10 @@ STOP_KIND = "stop_kind"
 #: the stop kind of :class:`klsweep.orchestrate.objective_stop.ObjectiveStopper`: peers beat the trial by more than
 #: the noise; recorded PRUNED with its reason, not as a health stop
 STOP_KIND_OBJECTIVE = "objective"
+#: how the stop reasons of median stopping (:mod:`klsweep.orchestrate.median_stop`) and fate stopping
+#: (:mod:`klsweep.orchestrate.fate_stop`) begin; both are recorded with :data:`STOP_KIND_OBJECTIVE`
+MEDIAN_STOP_REASON = "median stopping at step "
+FATE_STOP_REASON = "fate at step "
 
 #: the start of the stop reason the searcher records for a trial that raised (Ray Tune's ERROR state,
 #: ``KlsweepSearch._outcome``): the exception itself is in the trial's ``error.txt`` (:func:`error_line`)

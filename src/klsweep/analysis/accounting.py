@@ -24,7 +24,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from klsweep.analysis.pareto import feasible
-from klsweep.results import STOP_KIND_OBJECTIVE, remedy_records, restarts
+from klsweep.results import FATE_STOP_REASON, MEDIAN_STOP_REASON, STOP_KIND_OBJECTIVE, remedy_records, restarts
 
 #: The rule named in a health stop's reason (``klsweep.health.verdict.StopReason.text``: "KIND at step N by RULE: ...").
 _RULE = re.compile(r"\bat step \S+ by ([^\s:]+):")
@@ -34,10 +34,9 @@ RUN_ENDED = "run ended before max_steps"
 _OUTCOMES = ["health stop", "objective stop", "scheduler stop", "failed", "full budget", RUN_ENDED, "running"]
 _LAST = ["median stopping", "fate stopping", "objective stopper", "scheduler", "failed", "full budget", RUN_ENDED,
          "running"]
-#: The stoppers of ``stopping:`` that record ``stop_kind`` objective, by how their stop reasons begin (the texts of
-#: ``MedianRule`` in :mod:`klsweep.orchestrate.median_stop` and ``FateRule`` in :mod:`klsweep.orchestrate.fate_stop`);
-#: any other reason of that kind is the objective stopper's (:mod:`klsweep.orchestrate.objective_stop`).
-_OBJECTIVE_STOPPERS = {"median stopping at step ": "median stopping", "fate at step ": "fate stopping"}
+#: The stoppers of ``stopping:`` that record ``stop_kind`` objective, by how their stop reasons begin; any other
+#: reason of that kind is the objective stopper's (:mod:`klsweep.orchestrate.objective_stop`).
+_OBJECTIVE_STOPPERS = {MEDIAN_STOP_REASON: "median stopping", FATE_STOP_REASON: "fate stopping"}
 
 
 def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,

@@ -39,7 +39,7 @@ from typing import Any
 
 from klsweep.health.signals import TokenScale, first_present
 from klsweep.orchestrate.rule_stopper import RuleStopper, result_step
-from klsweep.results import HEALTH, STOP_KIND, STOP_KIND_OBJECTIVE
+from klsweep.results import FATE_STOP_REASON, HEALTH, STOP_KIND, STOP_KIND_OBJECTIVE
 from klsweep.spec.schema import FateStop
 from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
 
@@ -186,8 +186,8 @@ class FateRule:
                          "stopped")
         if not parts:
             return None
-        return (f"fate at step {step:g} (mean of the last {s.window} steps): {'; '.join(parts)}: it is heading where "
-                "the stopped trials went")
+        return (f"{FATE_STOP_REASON}{step:g} (mean of the last {s.window} steps): {'; '.join(parts)}: it is heading "
+                "where the stopped trials went")
 
     def _leads(self, trial_id: str) -> bool:
         """Whether the trial's last validation is at least the best finished healthy one's at that step, on some

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from klsweep.orchestrate.rule_stopper import RuleStopper
-from klsweep.results import HEALTH
+from klsweep.results import HEALTH, MEDIAN_STOP_REASON
 from klsweep.spec.schema import MedianStop
 
 
@@ -81,7 +81,7 @@ class MedianRule:
                 return None
             parts.append(f"{metric} = {sign * signed[i]:.4g}, more than {self.settings.margin:.0%} "
                          f"{'below' if sign > 0 else 'above'} the median {sign * median:.4g}")
-        return (f"median stopping at step {step:g}: {'; '.join(parts)} of the {len(peers)} trials that finished "
+        return (f"{MEDIAN_STOP_REASON}{step:g}: {'; '.join(parts)} of the {len(peers)} trials that finished "
                 "healthy, at the same step")
 
 
