@@ -351,13 +351,24 @@ def test_a_trainer_section_with_its_own_error_is_not_also_reported_missing(sweep
     assert "trainer tabular needs the table to serve: add `tabular: {table: PATH}`" in missing
 
 
-def test_objective_stopper_fields_given_flat_are_told_to_nest(sweep_file):
+def test_stopper_fields_given_flat_name_every_stopper_that_takes_them_and_the_nested_fix(sweep_file):
+    # margin is a setting of all three stoppers (each its own scale), grace of the objective and fate stoppers
     [problem] = _problems(sweep_file(), ["stopping={margin: 4, grace: 0.3}"])
-    assert ("stopping: grace, margin are settings of the objective stopper: nest them under `objective:`, e.g. "
-            "stopping: {objective: {grace: 0.3, margin: 4}}") in problem
+    assert ("stopping: grace, margin are settings of the stoppers (grace: objective and fate; margin: objective, "
+            "median and fate), each with its own: nest each under the stopper it is for, e.g. stopping: {objective: "
+            "{grace: 0.3, margin: 4}, median: {margin: 4}, fate: {grace: 0.3, margin: 4}}") in problem
     [problem] = _problems(sweep_file(), ["stopping={margin: 4}"])
-    assert problem.endswith("stopping: margin is a setting of the objective stopper: nest it under `objective:`, "
-                            "e.g. stopping: {objective: {margin: 4}} — expected: early stopping on the objective")
+    assert problem.endswith("stopping: margin is a setting of the objective, median and fate stoppers, each with its "
+                            "own: nest it under the stopper it is for, e.g. stopping: {objective: {margin: 4}, median: "
+                            "{margin: 4}, fate: {margin: 4}} — expected: early stopping besides the health rules: "
+                            "{objective, median, fate}, each on | off | its settings")
+    # the stoppers the file turns on are the example, with their own settings kept
+    path = sweep_file("stopping: {median: on, fate: {window: 4}, margin: 0.2}\n")
+    [problem] = _problems(path)
+    assert problem.startswith(f"{path}:4: stopping: margin is a setting of the objective, median and fate stoppers")
+    assert "e.g. stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}} — " in problem
+    fixed = load_sweep(sweep_file("stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}}\n"))
+    assert (fixed.stopping.median.margin, fixed.stopping.fate.margin, fixed.stopping.fate.window) == (0.2, 0.2, 4)
     assert load_sweep(sweep_file(), ["stopping={objective: {margin: 4, grace: 0.3}}"]).stopping.objective.margin == 4
 
 
