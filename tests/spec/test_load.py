@@ -382,6 +382,22 @@ def test_reversed_or_empty_range_says_the_fix(sweep_file):
                           "{value: 0.01}")
 
 
+def test_an_error_the_command_line_caused_inside_a_field_is_located_at_the_override_not_the_files_line(sweep_file):
+    # conservative.yaml:15 holds kl_coef {min: 0.001, max: 1.0}: the max the range check reads is the command line's
+    conservative = REPO / "sweeps/conservative.yaml"
+    [problem] = _problems(conservative, ["parameters.kl_coef.max=0.0001"])
+    assert problem == ("command line 'parameters.kl_coef.max=0.0001': parameters.kl_coef: min (0.001) must be below "
+                       "max (0.0001): swap them: min: 0.0001, max: 0.001")
+    # a check after the schema (a negative KL coefficient) too, naming each override that went into the field
+    [negative] = _problems(conservative, ["parameters.kl_coef.distribution=uniform", "parameters.kl_coef.min=-0.1"])
+    assert negative.startswith("command line 'parameters.kl_coef.distribution=uniform', 'parameters.kl_coef.min=-0.1':"
+                               " parameters.kl_coef: kl_coef (algorithm.kl_ctrl.kl_coef) can be -0.1")
+    # the file's own error keeps its line, with an override elsewhere
+    path = sweep_file("parameters:\n  kl_coef: {distribution: log_uniform_values, min: 0.1, max: 0.01}\n")
+    [own] = _problems(path, ["budget.trials=3"])
+    assert own.startswith(f"{path}:5: parameters.kl_coef: min (0.1) must be below max (0.01)")
+
+
 def test_an_objective_window_longer_than_the_run_is_a_warning(sweep_file):
     long = load_sweep(sweep_file(), ["stopping={objective: {window: 100}}", "budget.max_steps=80"])
     assert any(w.endswith("stopping.objective.window: window 100 is longer than the run (budget.max_steps 80, at "
