@@ -110,6 +110,18 @@ def test_plans_random_draws_are_the_ones_a_sweep_draws_before_results_guide_the_
     assert planned[2:] != ran[2:]
 
 
+def test_the_plan_of_a_grid_sweep_runs_every_cell_once_the_seed_trials_cells_included():
+    """drgrpo_vs_grpo's grid has 2 × 2 × 3 = 12 cells and budget.trials 12; its 2 seed trials are 2 of them."""
+    sweep = load_sweep(REPO / "sweeps" / "drgrpo_vs_grpo.yaml")
+    grid = [(std, agg, lr) for std in (False, True) for agg in ("seq-mean-token-sum-norm", "token-mean")
+            for lr in (0.0003, 0.0001, 0.001)]
+    keys = ("algorithm.norm_adv_by_std_in_grpo", "actor_rollout_ref.actor.loss_agg_mode",
+            "actor_rollout_ref.actor.optim.lr")
+    cells = [tuple(params[k] for k in keys) for params in planned_params(sweep, sweep.budget.trials)]
+    assert cells[:2] == [(False, "seq-mean-token-sum-norm", 0.0003), (True, "token-mean", 0.0003)]
+    assert sorted(cells, key=repr) == sorted(grid, key=repr)
+
+
 def test_planned_trials_are_reproducible_from_the_sweep_seed():
     sweep = load_sweep(REPO / "sweeps" / "aggressive.yaml")
     a, b = planned_params(sweep, 4), planned_params(sweep, 4)

@@ -187,9 +187,56 @@ def test_grid_is_optunas_grid_sampler_over_the_listed_values(tmp_path):
     grid = {"kl_coef": {"values": [0.0005, 0.001]}, "entropy_coeff": {"values": [0.0, 0.01]}}
     sweep = load_sweep(sweep_file(tmp_path, parameters=grid, sampler="grid", seed=7, budget={"trials": 4}))
     sampler = build_sampler(sweep)
-    assert type(sampler) is optuna.samplers.GridSampler
+    assert isinstance(sampler, optuna.samplers.GridSampler)
     study = optuna.create_study(sampler=sampler, direction="maximize")
     assert sorted(_ask(study, sweep, 4)) == sorted(
         (("actor_rollout_ref.actor.entropy_coeff", e), ("algorithm.kl_ctrl.kl_coef", k))
         for e in (0.0, 0.01) for k in (0.0005, 0.001)
     )
+
+
+GRID = {"kl_coef": {"values": [0.0005, 0.001, 0.002]}, "entropy_coeff": {"values": [0.0, 0.01]}}
+# two seed trials on cells of the grid: each of the 6 cells must run once in 6 trials
+GRID_SEEDS = [{"kl_coef": 0.001, "entropy_coeff": 0.0}, {"kl_coef": 0.002, "entropy_coeff": 0.01}]
+WHOLE_GRID = {(("actor_rollout_ref.actor.entropy_coeff", e), ("algorithm.kl_ctrl.kl_coef", k))
+              for e in (0.0, 0.01) for k in (0.0005, 0.001, 0.002)}
+
+
+def _grid_sweep(tmp_path, seed: int) -> Sweep:
+    return load_sweep(sweep_file(tmp_path, parameters=GRID, sampler="grid", seed_trials=GRID_SEEDS, seed=seed,
+                                 budget={"trials": 6}))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_grid_runs_each_cell_once_with_the_seed_trials_cells_among_them(tmp_path, seed):
+    # as Ray's OptunaSearch: seed trials enqueued, then every trial asked before any is told (6 running at once)
+    sweep = _grid_sweep(tmp_path, seed)
+    study = optuna.create_study(sampler=build_sampler(sweep), direction="maximize")
+    for point in seed_params(sweep):
+        study.enqueue_trial(point)
+    space = define_space(sweep)
+    trials = [study.ask() for _ in range(6)]
+    for trial in trials:
+        space(trial)
+    proposed = [tuple(sorted(t.params.items())) for t in trials]
+    assert proposed[:2] == [(("actor_rollout_ref.actor.entropy_coeff", 0.0), ("algorithm.kl_ctrl.kl_coef", 0.001)),
+                            (("actor_rollout_ref.actor.entropy_coeff", 0.01), ("algorithm.kl_ctrl.kl_coef", 0.002))]
+    assert set(proposed) == WHOLE_GRID
+    for trial in trials:
+        try:
+            study.tell(trial, 1.0)
+        except RuntimeError:  # GridSampler's Study.stop() once the grid ran
+            pass
+    assert build_sampler(sweep).is_exhausted(study)  # Optuna counts the seed trials' cells as run
+
+
+def test_a_resumed_grid_with_seed_trials_runs_each_remaining_cell_once(tmp_path):
+    sweep = _grid_sweep(tmp_path, 0)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = optuna.create_study(study_name="g", storage=storage, sampler=build_sampler(sweep), direction="maximize")
+    for point in seed_params(sweep):
+        first.enqueue_trial(point)
+    proposed = _ask(first, sweep, 3)
+    resumed = optuna.load_study(study_name="g", storage=storage, sampler=build_sampler(sweep))
+    proposed += _ask(resumed, sweep, 3)
+    assert set(proposed) == WHOLE_GRID

@@ -351,13 +351,24 @@ def test_a_trainer_section_with_its_own_error_is_not_also_reported_missing(sweep
     assert "trainer tabular needs the table to serve: add `tabular: {table: PATH}`" in missing
 
 
-def test_objective_stopper_fields_given_flat_are_told_to_nest(sweep_file):
+def test_stopper_fields_given_flat_name_every_stopper_that_takes_them_and_the_nested_fix(sweep_file):
+    # margin is a setting of all three stoppers (each its own scale), grace of the objective and fate stoppers
     [problem] = _problems(sweep_file(), ["stopping={margin: 4, grace: 0.3}"])
-    assert ("stopping: grace, margin are settings of the objective stopper: nest them under `objective:`, e.g. "
-            "stopping: {objective: {grace: 0.3, margin: 4}}") in problem
+    assert ("stopping: grace, margin are settings of the stoppers (grace: objective and fate; margin: objective, "
+            "median and fate), each with its own: nest each under the stopper it is for, e.g. stopping: {objective: "
+            "{grace: 0.3, margin: 4}, median: {margin: 4}, fate: {grace: 0.3, margin: 4}}") in problem
     [problem] = _problems(sweep_file(), ["stopping={margin: 4}"])
-    assert problem.endswith("stopping: margin is a setting of the objective stopper: nest it under `objective:`, "
-                            "e.g. stopping: {objective: {margin: 4}} — expected: early stopping on the objective")
+    assert problem.endswith("stopping: margin is a setting of the objective, median and fate stoppers, each with its "
+                            "own: nest it under the stopper it is for, e.g. stopping: {objective: {margin: 4}, median: "
+                            "{margin: 4}, fate: {margin: 4}} — expected: early stopping besides the health rules: "
+                            "{objective, median, fate}, each on | off | its settings")
+    # the stoppers the file turns on are the example, with their own settings kept
+    path = sweep_file("stopping: {median: on, fate: {window: 4}, margin: 0.2}\n")
+    [problem] = _problems(path)
+    assert problem.startswith(f"{path}:4: stopping: margin is a setting of the objective, median and fate stoppers")
+    assert "e.g. stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}} — " in problem
+    fixed = load_sweep(sweep_file("stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}}\n"))
+    assert (fixed.stopping.median.margin, fixed.stopping.fate.margin, fixed.stopping.fate.window) == (0.2, 0.2, 4)
     assert load_sweep(sweep_file(), ["stopping={objective: {margin: 4, grace: 0.3}}"]).stopping.objective.margin == 4
 
 
@@ -369,6 +380,22 @@ def test_reversed_or_empty_range_says_the_fix(sweep_file):
     [empty] = _problems(sweep_file(), ["parameters.kl_coef={min: 0.01, max: 0.01}"])
     assert empty.endswith("min and max are both 0.01: a range needs min below max; for one value write "
                           "{value: 0.01}")
+
+
+def test_an_error_the_command_line_caused_inside_a_field_is_located_at_the_override_not_the_files_line(sweep_file):
+    # conservative.yaml:15 holds kl_coef {min: 0.001, max: 1.0}: the max the range check reads is the command line's
+    conservative = REPO / "sweeps/conservative.yaml"
+    [problem] = _problems(conservative, ["parameters.kl_coef.max=0.0001"])
+    assert problem == ("command line 'parameters.kl_coef.max=0.0001': parameters.kl_coef: min (0.001) must be below "
+                       "max (0.0001): swap them: min: 0.0001, max: 0.001")
+    # a check after the schema (a negative KL coefficient) too, naming each override that went into the field
+    [negative] = _problems(conservative, ["parameters.kl_coef.distribution=uniform", "parameters.kl_coef.min=-0.1"])
+    assert negative.startswith("command line 'parameters.kl_coef.distribution=uniform', 'parameters.kl_coef.min=-0.1':"
+                               " parameters.kl_coef: kl_coef (algorithm.kl_ctrl.kl_coef) can be -0.1")
+    # the file's own error keeps its line, with an override elsewhere
+    path = sweep_file("parameters:\n  kl_coef: {distribution: log_uniform_values, min: 0.1, max: 0.01}\n")
+    [own] = _problems(path, ["budget.trials=3"])
+    assert own.startswith(f"{path}:5: parameters.kl_coef: min (0.1) must be below max (0.01)")
 
 
 def test_an_objective_window_longer_than_the_run_is_a_warning(sweep_file):

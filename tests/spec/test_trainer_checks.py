@@ -1,4 +1,4 @@
-"""The trainer's checks: a verl trial's GPUs and a tabular sweep's table.
+"""The trainer's checks: a verl trial's GPUs, a tabular sweep's table, and fate stopping's signals.
 
 trainer: verl sweeps reserve exactly the GPUs verl asks for: budget.resources.gpu = trainer.n_gpus_per_node (verl's
 default is 8) on one node per trial; a multi-node trial (trainer.nnodes > 1) is a Ray job that reserves its own GPUs,
@@ -226,3 +226,42 @@ def test_the_cpu_figures_are_verls_own():
 
     assert CPUS_PER_GPU == ResourcePoolManager.max_colocate_count == 3
     assert TransferQueueController._default_options["num_cpus"] == SimpleStorageUnit._default_options["num_cpus"] == 1
+
+
+FATE_ON_GAP = "stopping:\n  fate: {signals: [proxy_gap]}\n"
+VERL_ONE_GPU = "trainer: verl\noverrides:\n  trainer.n_gpus_per_node: 1\nbudget: {resources: {cpu: 12, gpu: 1}}\n"
+
+
+def test_fate_on_proxy_gap_alone_is_refused_where_the_trainer_logs_no_gold_score(sweep_file):
+    # proxy_gap = critic/score/mean − embedded/gold_score/mean: verl's main_ppo logs verl's metrics, no gold score
+    path = sweep_file(VERL_ONE_GPU + FATE_ON_GAP)  # the fate line is line 9 (3 header lines)
+    (problem,) = _problems(path)
+    assert problem.startswith(f"{path}:9: stopping.fate.signals: signals [proxy_gap], but the verl trainer logs no "
+                              "gold score (proxy_gap is critic/score/mean − embedded/gold_score/mean")
+    assert problem.endswith("Use signals: [kl] (the reference KL of kl_placement loss), or turn stopping.fate off")
+    # the fix validates; kl and proxy_gap together read the kl where proxy_gap is not logged
+    assert load_sweep(path, ["stopping.fate.signals=[kl]"]).stopping.fate.signals == ["kl"]
+    assert load_sweep(path, ["stopping.fate.signals=[kl, proxy_gap]"]).stopping.fate is not None
+    # without a reference KL either, no signal is left: the default signals are refused too
+    (neither,) = _problems(path, "kl_placement=none", "stopping.fate=on")
+    assert "signals [kl, proxy_gap] on a sweep without a reference KL (kl_placement none), and the verl trainer " \
+           "logs no gold score" in neither and neither.endswith("Set kl_placement: loss or reward, or turn "
+                                                                 "stopping.fate off")
+
+
+def test_fate_on_proxy_gap_alone_passes_where_the_trainer_logs_both_scores(sweep_file):
+    assert load_sweep(sweep_file(FATE_ON_GAP)).stopping.fate.signals == ["proxy_gap"]  # the embedded trainer
+    # a table of embedded runs holds both scores
+    sweep = load_sweep(REPO / "sweeps/grpo_kl.yaml", ["trainer=tabular", TABLE, "parameters.loss_agg_mode={values: "
+                                                      "[token-mean]}", "stopping={fate: {signals: [proxy_gap]}}"])
+    assert sweep.stopping.fate.signals == ["proxy_gap"]
+
+
+def test_a_replayed_log_is_judged_by_the_scores_it_holds(sweep_file, tmp_path):
+    verl_log = REPO / "tests/data/traces/grpo_no_signal.jsonl"  # verl's metrics: critic/score/mean, no gold score
+    (problem,) = _problems(sweep_file(f"trainer: replay\nreplay: {{trace: {verl_log}}}\n" + FATE_ON_GAP))
+    assert f"signals [proxy_gap], but the replayed log {verl_log} holds no gold score" in problem
+    embedded_log = tmp_path / "embedded.jsonl"
+    embedded_log.write_text('{"step": 1, "data": {"critic/score/mean": 0.6, "embedded/gold_score/mean": 0.5}}\n')
+    sweep = load_sweep(sweep_file(f"trainer: replay\nreplay: {{trace: {embedded_log}}}\n" + FATE_ON_GAP))
+    assert sweep.stopping.fate.signals == ["proxy_gap"]

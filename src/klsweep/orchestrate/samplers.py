@@ -233,8 +233,55 @@ def _new_sampler(name: str, options: dict[str, Any], trials: int, grid: dict[str
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(**options, seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler(grid or {}, seed=seed, **options)
+        return GridAfterSeeds(grid or {}, seed=seed, **options)
     raise ValueError(f"unknown sampler {name!r}: use one of tpe, gp, nsga2, random, grid, cmaes")
+
+
+class GridAfterSeeds(optuna.samplers.GridSampler):
+    """Optuna's GridSampler that gives no trial a grid cell another trial of the study has, seed trials included.
+
+    Optuna's own gives trial ``n`` cell ``n`` of its shuffled grid (while ``n`` is below the grid's size) and counts a
+    cell as run only by a trial holding its ``grid_id``. An enqueued trial (a seed trial, a confirmation run) holds
+    none, so the grid ran the seed trials' cells again and left as many cells out. Here an enqueued trial whose
+    values are a cell's is given that cell's ``grid_id`` (its values stay its own). A trial whose cell ``n`` another
+    trial holds or is queued with gets the first cell, in the grid's seeded order, that none does; every other trial
+    gets Optuna's own choice. The cells taken are read from the study, so a resumed sweep continues the grid.
+    Reads GridSampler's grid (``_all_grids``, ``_param_names``: private in Optuna 5.0, no public accessor).
+    """
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if "grid_id" in trial.system_attrs:  # a trial Optuna re-runs keeps its cell
+            return
+        fixed = trial.system_attrs.get("fixed_params")
+        if fixed is None:
+            taken = {self._taken(t) for t in study.get_trials(deepcopy=False) if t.number != trial.number}
+            if trial.number < len(self._all_grids) and trial.number in taken:
+                cell = next((i for i in range(len(self._all_grids)) if i not in taken), None)
+            else:
+                cell = None
+            if cell is None:
+                super().before_trial(study, trial)
+                return
+        else:
+            cell = self._cell(fixed)
+        if cell is not None:
+            study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+            study._storage.set_trial_system_attr(trial._trial_id, "grid_id", cell)
+
+    def _taken(self, trial: FrozenTrial) -> int | None:
+        """The cell of this grid a trial of the study holds, or is queued with (None: none)."""
+        attrs = trial.system_attrs
+        if "grid_id" in attrs:
+            return attrs["grid_id"] if self._same_search_space(attrs.get("search_space", {})) else None
+        return self._cell(attrs.get("fixed_params") or {})
+
+    def _cell(self, params: dict[str, Any]) -> int | None:
+        """The index of the cell whose values ``params`` holds (None when it holds no cell's)."""
+        if not all(name in params for name in self._param_names):
+            return None
+        values = [params[name] for name in self._param_names]
+        return next((i for i, cell in enumerate(self._all_grids)
+                     if all(map(self._grid_value_equal, values, cell))), None)
 
 
 def _grid_space(sweep: Sweep) -> dict[str, list[Any]]:

@@ -17,7 +17,7 @@ from klsweep.spec.key_checks import Problem, check_keys_resolved, label
 from klsweep.spec.rule_checks import remedies_off, remedy_problems, rules_out_of_reach, unlogged_validation
 from klsweep.spec.schema import Choice, Constant, ObjectiveStop, Range, Sweep
 from klsweep.spec.space import condition, fixed_overrides, parameters
-from klsweep.spec.trainer_checks import replay_shorter_than_budget, table_problems, verl_resources
+from klsweep.spec.trainer_checks import fate_unread, replay_shorter_than_budget, table_problems, verl_resources
 from klsweep.verl import presets
 from klsweep.verl.config import KL_COEF_KEYS
 from klsweep.verl.liveness import inert_reason
@@ -47,7 +47,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     - ``algorithm: drgrpo`` with a fixed (or only searched) value that is not DrGRPO's;
     - for ``trainer: verl``: ``budget.resources.gpu`` that differs from the GPUs a trial's verl uses
       (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), and multi-node trials;
-    - an objective metric the trainer never logs (every trial would run its whole budget, then fail).
+    - an objective metric the trainer never logs (every trial would run its whole budget, then fail);
+    - ``stopping.fate`` with no signal the trials log (:func:`~klsweep.spec.trainer_checks.fate_unread`).
 
     Sampler options are checked where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.
 
@@ -105,11 +106,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                          "so a trial's value at a step is the mean of all its values so far, early ones included. "
                          f"Use a window of a few values (the default is "
                          f"{ObjectiveStop.model_fields['window'].default})"))
-    fate = sweep.stopping.fate
-    if fate is not None and sweep.placement == "none" and set(fate.signals) == {"kl"}:
-        errors.append((("stopping", "fate", "signals"), "signals [kl] on a sweep without a reference KL (kl_placement "
-                       "none): fate stopping would have nothing to read. Add proxy_gap (read where the trainer logs a "
-                       "gold score, as the embedded trainer does) or turn stopping.fate off"))
+    errors.extend(fate_unread(sweep, EMBEDDED_METRICS))
     confirm = sweep.budget.confirm
     if confirm is not None and confirm.top > sweep.budget.trials:
         warnings.append((("budget", "confirm", "top"), f"top {confirm.top} is more than budget.trials "

@@ -232,7 +232,25 @@ def _pop_remedy(data: dict, path: tuple[str, ...]) -> bool:
 
 
 def _line(sweep: Sweep, path: tuple, message: str) -> str:
-    return f"{sweep.where(*path)}: {'.'.join(map(str, path))}: {message}"
+    return f"{_overridden(sweep._where, path, str(sweep.where(*path)))}: {'.'.join(map(str, path))}: {message}"
+
+
+#: How ``lines`` locates a field a command-line override set: ``command line 'FIELD=VALUE'``.
+_COMMAND_LINE = "command line "
+
+
+def _overridden(lines: Lines, path: tuple, where: str) -> str:
+    """Where the problem of the field at ``path`` comes from: ``where`` (its line, or its nearest parent's), or the
+    command-line overrides that set a field inside it when ``where`` is a line of the file.
+
+    A check of the whole field (a range's min below its max) reads the overridden value, which that line of the file
+    does not hold."""
+    parts = tuple(map(str, path))
+    inside = [w.removeprefix(_COMMAND_LINE) for k, w in lines.items()
+              if len(k) > len(parts) and k[:len(parts)] == parts and w.startswith(_COMMAND_LINE)]
+    if not parts or not inside or where.startswith(_COMMAND_LINE):
+        return where
+    return _COMMAND_LINE + ", ".join(dict.fromkeys(inside))
 
 
 _FLAT_KEYED = (("overrides",), ("parameters",))
@@ -364,5 +382,11 @@ def _include_search_space(sweep_path: Path, data: dict, lines: Lines, name: str,
 
 def _explain(error: ValidationError, data: Any, lines: Lines, name: str,
              model: type[BaseModel]) -> list[tuple[tuple[str, ...], str]]:
-    """Pydantic errors as ``(field path, "FILE:LINE: field.path: what is wrong (value) — fix")``, one per field."""
-    return explain(error, data, lines, name, model, _INLINE)
+    """Pydantic errors as ``(field path, "FILE:LINE: field.path: what is wrong (value) — fix")``, one per field; an
+    error of a field the command line set a field inside is located there (:func:`_overridden`)."""
+    out = []
+    for path, message in explain(error, data, lines, name, model, _INLINE):
+        where = next((lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in lines), f"{name}:1")  # explain's
+        blamed = _overridden(lines, path, where)
+        out.append((path, blamed + message[len(where):] if message.startswith(f"{where}: ") else message))
+    return out

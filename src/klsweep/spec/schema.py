@@ -293,6 +293,10 @@ class FateStop(BaseModel):
     min_finished: int = Field(0, ge=0, description="trials that must have finished healthy before any is stopped")
 
 
+#: The stoppers of ``stopping:`` by their field name.
+_STOPPERS: dict[str, type[BaseModel]] = {"objective": ObjectiveStop, "median": MedianStop, "fate": FateStop}
+
+
 class Stopping(BaseModel):
     """Early stopping besides the health rules (``health:``): ``objective``, ``median`` and ``fate`` (each off unless
     given)."""
@@ -321,14 +325,39 @@ class Stopping(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nested(cls, data: Any) -> Any:
-        flat = sorted(set(data) & set(ObjectiveStop.model_fields)) if isinstance(data, dict) else []
-        if flat:
-            given = ", ".join(f"{k}: {data[k]}" for k in flat)
-            fields, verb, pronoun = (flat[0], "is a setting", "it") if len(flat) == 1 else (
-                ", ".join(flat), "are settings", "them")
-            raise ValueError(f"{fields} {verb} of the objective stopper: nest {pronoun} under `objective:`, e.g. "
-                             f"stopping: {{objective: {{{given}}}}}")
-        return data
+        """A stopper's setting given flat under ``stopping:`` is an error that names every stopper taking it. Its
+        example nests it under the stoppers the file turns on that take it (else under every one that does)."""
+        flat = sorted(k for k in data if any(k in m.model_fields for m in _STOPPERS.values())) \
+            if isinstance(data, dict) else []
+        if not flat:
+            return data
+        takers = {k: [name for name, model in _STOPPERS.items() if k in model.model_fields] for k in flat}
+        taking = [name for name in _STOPPERS if any(name in names for names in takers.values())]
+        shown = [name for name in taking if data.get(name) not in (None, False, "off")] or taking
+        nested = ", ".join(f"{name}: {{{', '.join(f'{k}: {v}' for k, v in _settings(data, name, flat).items())}}}"
+                           for name in shown)
+        if len(flat) == 1:
+            names = takers[flat[0]]
+            head = f"{flat[0]} is a setting of the {_and(names)} stopper{'s' * (len(names) > 1)}"
+            nest = "nest it under the stopper it is for"
+        else:
+            head = (f"{', '.join(flat)} are settings of the stoppers ("
+                    f"{'; '.join(f'{k}: {_and(names)}' for k, names in takers.items())})")
+            nest = "nest each under the stopper it is for"
+        own = ", each with its own" if any(len(names) > 1 for names in takers.values()) else ""
+        raise ValueError(f"{head}{own}: {nest}, e.g. stopping: {{{nested}}}")
+
+
+def _settings(data: dict, name: str, flat: list[str]) -> dict[str, Any]:
+    """The settings of stopper ``name`` with the ``flat`` ones it takes nested in: what the fix of a flat setting
+    shows."""
+    own = data.get(name)
+    return {**(own if isinstance(own, dict) else {}), **{k: data[k] for k in flat if k in _STOPPERS[name].model_fields}}
+
+
+def _and(names: list[str]) -> str:
+    """``["a"]`` → ``a``; ``["a", "b", "c"]`` → ``a, b and c``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
 
 
 class Resources(BaseModel):
@@ -465,7 +494,8 @@ class Sweep(BaseModel):
     sampler: Sampler = Field(default_factory=Sampler, description="Optuna sampler")
     scheduler: Scheduler = Field(default_factory=Scheduler, description="Ray Tune scheduler")
     budget: Budget = Field(default_factory=Budget, description="trials, concurrency, steps and resources")
-    stopping: Stopping = Field(default_factory=Stopping, description="early stopping on the objective")
+    stopping: Stopping = Field(default_factory=Stopping, description="early stopping besides the health rules: "
+                               "{objective, median, fate}, each on | off | its settings")
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="health rules: a preset name or {preset, rules, builtin}"
     )

@@ -1,5 +1,5 @@
-"""Checks that depend on the trainer: a verl trial's GPUs (on one node, or one job over several), and a tabular
-sweep's table.
+"""Checks that depend on the trainer: a verl trial's GPUs (on one node, or one job over several), a tabular
+sweep's table, and fate stopping's signals (what the trainer logs).
 
 Each problem is ``(path, message)`` with ``path`` the tuple of the sweep-file field it concerns.
 """
@@ -256,3 +256,60 @@ def replay_shorter_than_budget(sweep: Sweep) -> Iterator[Problem]:
             f"{sweep.budget.max_steps} is longer than the replayed log {sweep.replay.trace}, whose last step is "
             f"{steps}: every trial ends at step {steps}, and the budget's steps past it are neither run nor saved. "
             f"Lower budget.max_steps to {steps}, or replay a longer log")
+
+
+def recorded_metrics(sweep: Sweep) -> frozenset[str] | None:
+    """The metric names a ``replay`` or ``tabular`` sweep's trials report: every name of the replayed log, or of the
+    table's runs. None for another trainer, or for a log or table that cannot be read (its own check reports it)."""
+    try:
+        if sweep.kind.name == "replay" and sweep.replay is not None:
+            from klsweep.health.readers import read_trace
+            from klsweep.trainers.replay import played_reports  # on use: it imports Ray
+
+            reports = played_reports(read_trace(Path(sweep.replay.trace), run=sweep.replay.run).reports, None)
+            return frozenset(name for _, metrics in reports for name in metrics)
+        if sweep.kind.name == "tabular" and sweep.tabular is not None:
+            runs = load_table(sweep.tabular.table).runs.values()
+            return frozenset(name for run in runs for _, metrics in run for name in metrics)
+    except (KlsweepError, OSError):
+        return None
+    return None
+
+
+#: What fate stopping's proxy_gap reads (:mod:`klsweep.orchestrate.fate_stop`): the training score and the gold score.
+PROXY_GAP = ("critic/score/mean", "embedded/gold_score/mean")
+
+
+def fate_unread(sweep: Sweep, embedded: frozenset[str]) -> Iterator[Problem]:
+    """``stopping.fate`` with no signal a trial logs: the stopper would have nothing to read.
+
+    ``kl`` needs a KL placement. ``proxy_gap`` needs both scores of :data:`PROXY_GAP`, logged where the trainer's
+    metrics have them: the embedded trainer's (``embedded``, the names it logs), a replayed log's or a table's
+    (:func:`recorded_metrics`). A trainer whose trials are verl's own ``main_ppo`` logs verl's metrics, no gold
+    score. A log or table that cannot be read is given the benefit of the doubt."""
+    fate, kind = sweep.stopping.fate, sweep.kind
+    if fate is None:
+        return
+    logged = embedded if kind.name == "embedded" else frozenset() if kind.runs_verl else recorded_metrics(sweep)
+    no_kl, no_gold = sweep.placement == "none", logged is not None and not set(PROXY_GAP) <= logged
+    if ("kl" in fate.signals and not no_kl) or ("proxy_gap" in fate.signals and not no_gold):
+        return
+    recorded = {"replay": f"the replayed log {sweep.replay and sweep.replay.trace} holds",
+                "tabular": f"the table {sweep.tabular and sweep.tabular.table} holds"}
+    source = recorded.get(kind.name, f"the {kind.name} trainer logs")
+    gold = (f"{source} no gold score (proxy_gap is {' − '.join(PROXY_GAP)}, which the embedded trainer logs, and the "
+            "logs and tables recorded from it)")
+    shown = f"signals [{', '.join(fate.signals)}]"
+    if "proxy_gap" not in fate.signals:
+        fix = "Add proxy_gap (read where the trainer logs a gold score, as the embedded trainer does)" if not no_gold \
+            else f"proxy_gap cannot replace it: {gold}. Set kl_placement: loss or reward"
+        message = (f"{shown} on a sweep without a reference KL (kl_placement none): fate stopping would have nothing "
+                   f"to read. {fix}")
+    elif "kl" in fate.signals:
+        message = (f"{shown} on a sweep without a reference KL (kl_placement none), and {gold}: fate stopping would "
+                   "have nothing to read. Set kl_placement: loss or reward")
+    else:
+        fix = (f"Use signals: [kl] (the reference KL of kl_placement {sweep.placement})" if not no_kl else
+               "Set kl_placement: loss or reward and signals: [kl]")
+        message = f"{shown}, but {gold}: fate stopping would have nothing to read. {fix}"
+    yield ("stopping", "fate", "signals"), f"{message}, or turn stopping.fate off"
