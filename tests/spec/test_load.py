@@ -283,8 +283,8 @@ def test_a_rules_file_typo_gets_the_closest_field_and_the_valid_ones(tmp_path):
     # the typo alone: not also "rules.0.action: Field required", its echo
     assert e.value.problems == [
         f"{rules}: rules.0.acton: unknown field (got 'stop') — did you mean 'action'? Valid fields here: name, match, "
-        "for, after, action, kind, advice, source, remedy, max_remedies, on_same_finding, all, any, metric, above, "
-        "below, stat, window, peak_above, early"]
+        "for, after, action, kind, advice, advice_without_kl, source, remedy, max_remedies, on_same_finding, all, any, "
+        "metric, above, below, stat, window, peak_above, early"]
 
 
 def test_a_misspelt_condition_field_is_said_instead_of_its_cascade(tmp_path, sweep_file):
