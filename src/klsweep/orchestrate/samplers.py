@@ -246,7 +246,10 @@ class GridAfterSeeds(optuna.samplers.GridSampler):
     values are a cell's is given that cell's ``grid_id`` (its values stay its own). A trial whose cell ``n`` another
     trial holds or is queued with gets the first cell, in the grid's seeded order, that none does; every other trial
     gets Optuna's own choice. The cells taken are read from the study, so a resumed sweep continues the grid.
-    Reads GridSampler's grid (``_all_grids``, ``_param_names``: private in Optuna 5.0, no public accessor).
+    GridSampler internals used (private in Optuna 5.0, no public accessor; ``tests/orchestrate/test_samplers.py``
+    fails when they move): ``_all_grids``, ``_param_names``, ``_search_space``, ``_same_search_space``,
+    ``_grid_value_equal``, and the trial attributes ``grid_id`` and ``search_space`` it sets through
+    ``study._storage``, as its own ``before_trial`` does.
     """
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
