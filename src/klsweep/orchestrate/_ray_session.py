@@ -73,7 +73,7 @@ _SESSION_NAME = re.compile(r"session_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_\d+_\d+
 _STARTUP_TIMEOUT = "The current node timed out during startup"
 
 
-def start_local_ray(*, attempts: int = 2, **init_kwargs: Any) -> None:
+def start_local_ray(*, attempts: int = 3, **init_kwargs: Any) -> None:
     """``ray.init(address="local", **init_kwargs)``, started again when Ray's node start timed out.
 
     A timed-out start leaves the daemons it spawned running; they are ended (SIGTERM, then SIGKILL) before the next
