@@ -138,3 +138,16 @@ def test_nan_and_infinity_written_by_verls_own_file_logger_are_non_finite(tmp_pa
 
     _, summary = backtest(read_trace(path), load_ruleset("default"))
     assert summary["verdict"] == "stopped" and summary["stop_step"] == 2 and "nonfinite" in summary["stop_reason"]
+
+
+def test_a_tune_trial_directory_names_the_log_to_give(tmp_path):
+    trial = tmp_path / "run_trial_1"
+    trial.mkdir()
+    with pytest.raises(TraceReadError) as e:
+        read_trace(trial)
+    assert str(e.value) == f"cannot read trace {trial}: it is a directory; give a log file, not a directory"
+    (trial / "progress.csv").write_text("training_iteration,time_total_s\n1,1.0\n")
+    (trial / "result.json").write_text('{"training_iteration": 1, "time_total_s": 1.0}\n')
+    with pytest.raises(TraceReadError) as e:
+        read_trace(trial)
+    assert str(e.value) == f"cannot read trace {trial}: it is a directory; give its log: {trial / 'result.json'}"

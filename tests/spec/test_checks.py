@@ -129,3 +129,19 @@ def test_the_embedded_metric_names_are_what_the_embedded_trainer_logs():
         for _ in range(2):
             logged |= set(trainer.train_step())
     assert logged == EMBEDDED_METRICS
+
+
+def test_a_grid_sweep_with_more_trials_than_cells_warns_that_the_rest_repeat_cells(sweep_file):
+    grid = ("parameters:\n  actor_rollout_ref.actor.optim.lr: {values: [0.001, 0.01]}\n"
+            "  loss_agg_mode: {values: [token-mean, seq-mean-token-mean, seq-mean-token-sum-norm]}\nsampler: grid\n")
+    over = [w for w in load_sweep(sweep_file(grid + "budget: {trials: 8}\n")).warnings if "grid" in w]
+    assert len(over) == 1
+    assert over[0].endswith("budget.trials: 8 trials but the grid has 6 cells (2 × 3 values): trials 6-7 would run "
+                            "cells that already ran, with the same settings and seed. Lower budget.trials to 6, or add "
+                            "values to the grid")
+    assert not [w for w in load_sweep(sweep_file(grid + "budget: {trials: 6}\n")).warnings if "grid" in w]
+    [one] = [w for w in load_sweep(sweep_file(grid), ["budget.trials=7"]).warnings if "grid" in w]
+    assert one.startswith("command line 'budget.trials=7': budget.trials: 7 trials") and "trial 6 would run" in one
+    # another sampler may run more trials than the values' combinations
+    assert not [w for w in load_sweep(sweep_file(grid.replace("grid", "tpe") + "budget: {trials: 8}\n")).warnings
+                if "grid" in w]

@@ -360,13 +360,17 @@ def test_stopper_fields_given_flat_name_every_stopper_that_takes_them_and_the_ne
     [problem] = _problems(sweep_file(), ["stopping={margin: 4}"])
     assert problem.endswith("stopping: margin is a setting of the objective, median and fate stoppers, each with its "
                             "own: nest it under the stopper it is for, e.g. stopping: {objective: {margin: 4}, median: "
-                            "{margin: 4}, fate: {margin: 4}} — expected: early stopping besides the health rules: "
+                            "{margin: 4}, fate: {margin: 4}} (defaults differ, so choose each: margin: objective 4.0, "
+                            "median 0.08, fate 0.1) — expected: early stopping besides the health rules: "
                             "{objective, median, fate}, each on | off | its settings")
     # the stoppers the file turns on are the example, with their own settings kept
     path = sweep_file("stopping: {median: on, fate: {window: 4}, margin: 0.2}\n")
     [problem] = _problems(path)
     assert problem.startswith(f"{path}:4: stopping: margin is a setting of the objective, median and fate stoppers")
-    assert "e.g. stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}} — " in problem
+    assert "e.g. stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}} (defaults differ" in problem
+    # a setting only one stopper takes lists no defaults
+    [problem] = _problems(sweep_file(), ["stopping={signals: [kl]}"])
+    assert "e.g. stopping: {fate: {signals: ['kl']}} — expected" in problem
     fixed = load_sweep(sweep_file("stopping: {median: {margin: 0.2}, fate: {window: 4, margin: 0.2}}\n"))
     assert (fixed.stopping.median.margin, fixed.stopping.fate.margin, fixed.stopping.fate.window) == (0.2, 0.2, 4)
     assert load_sweep(sweep_file(), ["stopping={objective: {margin: 4, grace: 0.3}}"]).stopping.objective.margin == 4

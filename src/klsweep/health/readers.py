@@ -126,6 +126,10 @@ def read_trace(path: str | Path, run: str | None = None, full_config: FullConfig
             export of several runs without ``run`` or ``run`` not among its runs (the message lists them).
     """
     path = Path(path)
+    if path.is_dir():
+        logs = [p for p in (path / "result.json", path / "progress.csv") if p.is_file()]
+        fix = f"give its log: {logs[0]}" if logs else "give a log file, not a directory"
+        raise TraceReadError(f"cannot read trace {path}: it is a directory; {fix}")
     try:
         if path.suffix.lower() == ".gz":
             with gzip.open(path, "rt", errors="replace") as f:

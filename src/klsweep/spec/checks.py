@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,7 +54,8 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     Sampler options are checked where the sampler is built: :func:`klsweep.orchestrate.samplers.build_sampler`.
 
     Warnings: a knob inert in some trials only; use_kl_* with coefficient 0 (verl#6519); a KL objective compared
-    across searched estimators or loss aggregations, which are on different scales.
+    across searched estimators or loss aggregations, which are on different scales; a grid sweep with more trials
+    than grid cells (the trials past them run cells again).
     """
     warnings: list[Problem] = []
     errors, resolved = check_keys_resolved(sweep)
@@ -107,6 +109,7 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
                          f"Use a window of a few values (the default is "
                          f"{ObjectiveStop.model_fields['window'].default})"))
     errors.extend(fate_unread(sweep, EMBEDDED_METRICS))
+    warnings.extend(_grid_overrun(sweep, params))
     confirm = sweep.budget.confirm
     if confirm is not None and confirm.top > sweep.budget.trials:
         warnings.append((("budget", "confirm", "top"), f"top {confirm.top} is more than budget.trials "
@@ -125,6 +128,20 @@ def check_sweep(sweep: Sweep) -> tuple[list[Problem], list[Problem]]:
     if on_verl:
         errors.extend(verl_resources(sweep, fixed, params, resolved))
     return errors, warnings
+
+
+def _grid_overrun(sweep: Sweep, params: dict) -> Iterator[Problem]:
+    """A ``sampler: grid`` sweep with more trials than grid cells: Optuna's GridSampler gives the trials past the
+    grid cells that already ran, the same settings and seed again."""
+    sizes = [len(p.values) for p in params.values() if isinstance(p, Choice)]
+    if sweep.sampler.name != "grid" or not sizes or any(not isinstance(p, (Choice, Constant)) for p in params.values()):
+        return
+    cells, trials = math.prod(sizes), sweep.budget.trials
+    if trials > cells:
+        extra = f"trial {cells}" if trials == cells + 1 else f"trials {cells}-{trials - 1}"
+        yield (("budget", "trials"), f"{trials} trials but the grid has {cells} cells "
+               f"({' × '.join(map(str, sizes))} values): {extra} would run cells that already ran, with the same "
+               f"settings and seed. Lower budget.trials to {cells}, or add values to the grid")
 
 
 def _scenarios(sweep: Sweep, fixed: dict, params: dict, when: dict | None) -> Iterator[dict[str, Any]]:

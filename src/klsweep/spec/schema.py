@@ -345,7 +345,19 @@ class Stopping(BaseModel):
                     f"{'; '.join(f'{k}: {_and(names)}' for k, names in takers.items())})")
             nest = "nest each under the stopper it is for"
         own = ", each with its own" if any(len(names) > 1 for names in takers.values()) else ""
-        raise ValueError(f"{head}{own}: {nest}, e.g. stopping: {{{nested}}}")
+        raise ValueError(f"{head}{own}: {nest}, e.g. stopping: {{{nested}}}{_defaults(takers)}")
+
+
+def _defaults(takers: dict[str, list[str]]) -> str:
+    """Each stopper's default of a flat setting that differs among the stoppers taking it (``margin``: noise
+    standard deviations for the objective stopper, a fraction for median and fate), so that one value copied into
+    every stopper of the example is not taken for right in each."""
+    parts = []
+    for key, names in takers.items():
+        defaults = {name: _STOPPERS[name].model_fields[key].default for name in names}
+        if len(set(map(repr, defaults.values()))) > 1:
+            parts.append(f"{key}: " + ", ".join(f"{name} {value}" for name, value in defaults.items()))
+    return f" (defaults differ, so choose each: {'; '.join(parts)})" if parts else ""
 
 
 def _settings(data: dict, name: str, flat: list[str]) -> dict[str, Any]:
