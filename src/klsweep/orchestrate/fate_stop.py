@@ -41,14 +41,13 @@ from klsweep.health.signals import TokenScale, first_present
 from klsweep.orchestrate.rule_stopper import RuleStopper, result_step
 from klsweep.results import FATE_STOP_REASON, HEALTH, STOP_KIND, STOP_KIND_OBJECTIVE
 from klsweep.spec.schema import FateStop
-from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS
+from klsweep.verl.metrics import KL_IN_LOSS_METRICS, KL_IN_REWARD_METRICS, PROXY_GAP
 
 #: The verl keys of the KL estimator, in the loss and in the reward, and verl 0.9.1's defaults
 #: (``trainer/config/_generated_ppo_trainer.yaml``): estimators put the same divergence on different scales.
 _ESTIMATOR_KEYS = ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty")
 _ESTIMATOR_DEFAULTS = {"actor_rollout_ref.actor.kl_loss_type": "low_var_kl", "algorithm.kl_penalty": "kl"}
-#: The embedded trainer's training (proxy) score and gold score of the same batch (``trainers/embedded/trainer.py``).
-PROXY, GOLD = "critic/score/mean", "embedded/gold_score/mean"
+PROXY, GOLD = PROXY_GAP
 Reader = Callable[[Mapping[str, Any]], "tuple[str, float] | None"]
 
 

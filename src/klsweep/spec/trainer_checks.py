@@ -18,6 +18,7 @@ from klsweep.spec.schema import Choice, Constant, Sweep
 from klsweep.trainers.tabular import header_mismatch, load_table, read_header, recorded_for
 from klsweep.verl.config import compose
 from klsweep.verl.late_failures import ray_cpus
+from klsweep.verl.metrics import PROXY_GAP
 
 #: The keys that size a verl trial's GPUs: verl's ResourcePoolManager asks Ray for nnodes × n_gpus_per_node.
 _GPU_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
@@ -274,10 +275,6 @@ def recorded_metrics(sweep: Sweep) -> frozenset[str] | None:
     except (KlsweepError, OSError):
         return None
     return None
-
-
-#: What fate stopping's proxy_gap reads (:mod:`klsweep.orchestrate.fate_stop`): the training score and the gold score.
-PROXY_GAP = ("critic/score/mean", "embedded/gold_score/mean")
 
 
 def fate_unread(sweep: Sweep, embedded: frozenset[str]) -> Iterator[Problem]:

@@ -34,6 +34,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "score": ("critic/score/mean",),
 }
 
+#: The embedded trainer's training (proxy) score and gold score of the same batch (``trainers/embedded/trainer.py``):
+#: fate stopping's ``proxy_gap`` is the first minus the second, read where a trainer logs both.
+PROXY_GAP: tuple[str, str] = ("critic/score/mean", "embedded/gold_score/mean")
+
 #: Validation score: the first key (sorted) matching one of these patterns, in order.
 VAL_SCORE_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"^val-core/.+/mean@\d+$"),
