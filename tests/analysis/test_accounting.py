@@ -219,7 +219,7 @@ def test_hours_saved_are_costed_at_a_step_rate_without_the_start_up(synthetic_sw
     per step. A trial stopped at step 5 of 10 saved 5 steps x 2 s, not 5 x (30 + 10) / 5 = 40 s; one stopped at its
     first step is costed at the sweep's median rate."""
     from klsweep.analysis import load
-    from klsweep.analysis.sweep_dir import step_seconds
+    from klsweep.analysis.sweep_dir import STEP_SECONDS
     from klsweep.cli import main
     from tests.analysis.conftest import KL_COEF
 
@@ -232,8 +232,9 @@ def test_hours_saved_are_costed_at_a_step_rate_without_the_start_up(synthetic_sw
     _with_start_up(results[0], 30.0, restarts=(6,))  # resumed at step 6: its start-up again
     for result in results[1:]:
         _with_start_up(result, 30.0)
-    assert step_seconds(run_dir) == {"t00000": pytest.approx(2.0), "t00001": pytest.approx(2.0)}
-    table = compute_accounting(load(run_dir).assign(step_s=lambda d: d["trial_id"].map(step_seconds(run_dir))),
+    df = load(run_dir)
+    assert df.attrs[STEP_SECONDS] == {"t00000": pytest.approx(2.0), "t00001": pytest.approx(2.0)}
+    table = compute_accounting(df.assign(step_s=df["trial_id"].map(df.attrs[STEP_SECONDS])),
                                max_steps=10, gpu=0.0, by="reason").set_index("reason")
     # saved: 5 steps x 2 s (its own rate) + 9 steps x 2 s (one step: the median of the others' rates)
     assert table.loc["health: kl_runaway", "wall_h_saved"] == pytest.approx((5 + 9) * 2.0 / 3600)

@@ -24,7 +24,7 @@ from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.confirm import is_search
 from klsweep.analysis.pareto import feasible, pareto_front, remedied_trials
-from klsweep.analysis.sweep_dir import overrides_of, step_seconds
+from klsweep.analysis.sweep_dir import STEP_SECONDS, overrides_of
 from klsweep.analysis.winner import INDENT, knob_values, reproduce, runner_up, shell_lines, wrapped
 from klsweep.errors import ResultsError
 from klsweep.results import (
@@ -116,7 +116,7 @@ def print_summary(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Consol
             reason = str(failure_reason(out_dir, row.get("state"), row.get("trial_id"), row.get("stop_reason")))
             table.add_row(*(Text(short(v)) for v in (row.get("number"), row.get("state"), row.get("steps"), reason)))
         console.print(table)
-    _print_savings(sweep, df, out_dir, console)
+    _print_savings(sweep, df, console)
     ranking = leaders.ranking(sweep, df)
     best = best_trials(sweep, df)
     done, planned = leaders.run_counts(sweep, df)
@@ -329,15 +329,15 @@ def best_rescued(sweep: Sweep, df: pd.DataFrame, best: pd.DataFrame) -> str | No
             f"{short(top[column])} only because {changes or 'remedies restarted it'}")
 
 
-def _print_savings(sweep: Sweep, df: pd.DataFrame, out_dir: Path, console: Console) -> None:
+def _print_savings(sweep: Sweep, df: pd.DataFrame, console: Console) -> None:
     """Trial-steps and GPU-hours (wall hours of the trials on a CPU sweep) used and saved per stop reason
     (:func:`klsweep.analysis.accounting.compute_accounting` ``by="reason"``, at the trials' step rates in
-    ``out_dir``: :func:`klsweep.analysis.sweep_dir.step_seconds`); one line when nothing was saved."""
+    ``df.attrs``: :func:`klsweep.analysis.sweep_dir.step_seconds`); one line when nothing was saved."""
     if df.empty:
         return
     gpu = float(sweep.budget.resources.gpu)
     if "trial_id" in df:
-        df = df.assign(step_s=df["trial_id"].map(step_seconds(out_dir)))
+        df = df.assign(step_s=df["trial_id"].map(df.attrs.get(STEP_SECONDS, {})))
     table = compute_accounting(df, sweep.budget.max_steps, gpu, by="reason")
     total = table.set_index("reason").loc["total"]
     used, saved = int(total["steps_used"]), int(total["steps_saved"])

@@ -169,36 +169,38 @@ def _summarise(rows: list[dict[str, Any]], objectives: list[Objective]) -> dict[
     return out
 
 
-def step_seconds(path: str | Path) -> dict[str, float]:
-    """Each trial's seconds per training step, its process's start-up left out: ``{trial_id: seconds}``.
+#: ``load(path).attrs[STEP_SECONDS]``: each trial's seconds per step, ``{trial_id: seconds}`` (:func:`step_seconds`).
+STEP_SECONDS = "step_s"
+
+
+def step_seconds(rows: list[dict[str, Any]]) -> float | None:
+    """A trial's seconds per training step from its Tune results ``rows``, its process's start-up left out.
 
     Tune's ``time_total_s`` counts from the trainable's start, so a trial's first report also holds the start-up of
     its process (Ray's worker, imports, the model's load: minutes for verl), and so does the first report after a
     resume (``iterations_since_restore`` 1). The rate is therefore the time between reports over the steps between
     them, ``Σ (time_total_s[i] − time_total_s[i−1]) / Σ (step[i] − step[i−1])``, over the reports ``i`` after a
-    trial's first that are not the first of a (re)start and whose step is past the one before. A trial with no such
-    pair (a single step) has no entry.
+    trial's first that are not the first of a (re)start and whose step is past the one before. None when there is
+    no such pair (a single step).
     """
-    rates = {}
-    for trial_id, rows in _tune_trials(Path(path)):
-        seconds = steps = 0.0
-        for before, row in zip(rows, rows[1:]):
-            if row.get("iterations_since_restore") == 1:
-                continue
-            times = [row.get("time_total_s"), before.get("time_total_s")]
-            marks = [row.get(STEP, row.get("training_iteration")), before.get(STEP, before.get("training_iteration"))]
-            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in times + marks):
-                continue
-            if marks[0] > marks[1] and times[0] >= times[1]:
-                seconds += times[0] - times[1]
-                steps += marks[0] - marks[1]
-        if steps:
-            rates[str(trial_id)] = seconds / steps
-    return rates
+    seconds = steps = 0.0
+    for before, row in zip(rows, rows[1:]):
+        if row.get("iterations_since_restore") == 1:
+            continue
+        times = [row.get("time_total_s"), before.get("time_total_s")]
+        marks = [row.get(STEP, row.get("training_iteration")), before.get(STEP, before.get("training_iteration"))]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in times + marks):
+            continue
+        if marks[0] > marks[1] and times[0] >= times[1]:
+            seconds += times[0] - times[1]
+            steps += marks[0] - marks[1]
+    return seconds / steps if steps else None
 
 
 def load(path: str | Path) -> pd.DataFrame:
     """One row per trial of the sweep in ``path`` (columns: see the module docstring), ordered by trial number.
+
+    ``attrs[STEP_SECONDS]`` holds each trial's seconds per step (:func:`step_seconds`), read in the same pass.
 
     A WAITING study trial (enqueued, never taken by a Tune trial: a driver killed before it started) has no row: it
     has not run, and ``sweep resume`` runs it.
@@ -246,6 +248,8 @@ def load(path: str | Path) -> pd.DataFrame:
     for column in ("confirm_of", "confirm_seed"):  # integers, empty on search trials (float64 wrote "2.0")
         if column in df:
             df[column] = pd.to_numeric(df[column]).astype("Int64")
+    df.attrs[STEP_SECONDS] = {str(t): rate for t, rows in histories.items()
+                              if (rate := step_seconds(rows)) is not None}
     if "wall_s" in df:
         df["gpu_s"] = df["wall_s"] * float(record.sweep.get("budget", {}).get("resources", {}).get("gpu", 0.0))
     return df
