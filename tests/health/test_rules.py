@@ -157,3 +157,17 @@ def test_remedies_parse_with_a_default_cap_and_presets_prescribe_only_where_the_
         # x4, not x1.5: BENCHMARKS.md has the rescue rates of both
         assert prescribed == {"kl_runaway": {"kl_coef": "*4"}, "reward_hacking": {"kl_coef": "*4"}}, name
     assert not any(r.remedy for r in load_ruleset("seed").rules)  # the seed thresholds stay literal
+
+
+def test_preset_advice_to_raise_kl_coef_has_an_alternative_for_runs_without_kl():
+    """A run with no KL term (DrGRPO, kl_placement none) logs no reference KL, so only rules that read other metrics
+    fire there: each of those whose advice names kl_coef also says what to do without one."""
+    kl_metrics = {"ref_kl", "actor/kl_loss", "actor/reward_kl_penalty", "critic/kl"}
+    checked = 0
+    for name in PRESETS:
+        for rule in load_ruleset(name).rules:
+            if "kl_coef" not in rule.advice or {c.metric for c in rule.conditions} & kl_metrics:
+                continue
+            checked += 1
+            assert rule.advice_without_kl and "kl_coef" not in rule.advice_without_kl, (name, rule.name)
+    assert checked >= 5
