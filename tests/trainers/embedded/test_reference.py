@@ -1,32 +1,24 @@
-"""The reference policy: cache location, cache use, moderate gold accuracy."""
-
-import os
+"""The reference policy: the shipped weights, and the warm-up recipe they come from."""
 
 import torch
 
 from klsweep.trainers.embedded import reference
-from klsweep.trainers.embedded.model import TinyTransformer
 
 
-def test_cache_path_follows_xdg_cache_home(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = reference.cache_path()
-    assert path.parent == tmp_path / "klsweep" / "reference"
-    assert path.name.startswith("arith-d64-l2-h4") and path.name.endswith(f"-{reference.CACHE_VERSION}.pt")
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    assert str(reference.cache_path()).startswith(str(os.path.expanduser("~/.cache/klsweep/reference")))
+def test_every_load_gives_the_shipped_weights_and_a_fresh_model():
+    first, second = reference.load_reference(), reference.load_reference()
+    shipped = torch.load(reference.REFERENCE_FILE, weights_only=True)
+    assert all(torch.equal(first.state_dict()[k], v) for k, v in shipped.items())
+    with torch.no_grad():
+        first.lm_head.bias.add_(1.0)  # a caller trains its own copy
+    assert torch.equal(second.lm_head.bias, shipped["lm_head.bias"])
 
 
-def test_cached_weights_are_loaded_not_rebuilt(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    marker = TinyTransformer(reference.SIZE)
-    torch.nn.init.constant_(marker.lm_head.bias, 0.125)
-    reference.cache_path().parent.mkdir(parents=True)
-    torch.save(marker.state_dict(), reference.cache_path())
-    loaded = reference.load_reference()
-    assert torch.equal(loaded.lm_head.bias, torch.full((reference.SIZE.vocab_size,), 0.125))
+def test_shipped_reference_has_the_moderate_gold_accuracy_it_was_built_with():
+    assert reference.gold_accuracy(reference.load_reference()) == 157 / 256  # REFERENCE_FILE's docstring
 
 
-def test_reference_has_moderate_gold_accuracy():
-    model = reference.load_reference()  # built on first use (~30 s), then cached
-    assert 0.3 <= reference.gold_accuracy(model) <= 0.7
+def test_the_warm_up_recipe_gives_a_moderate_reference():
+    """The recipe, rebuilt here: its accuracy depends on the thread count and CPU kernels (0.46-0.62 seen), so the
+    shipped file is loaded, not rebuilt; any build is a moderate policy RL can improve and over-optimise."""
+    assert 0.3 <= reference.gold_accuracy(reference.warm_up()) <= 0.7

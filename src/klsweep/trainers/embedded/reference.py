@@ -1,31 +1,30 @@
-"""The reference policy: the tiny transformer after a short supervised warm-up (SFT), cached on disk.
+"""The reference policy: the tiny transformer after a short supervised warm-up (SFT), shipped as a file.
 
 verl's actor starts from an SFT checkpoint, and its reference is that checkpoint's frozen copy. Here the SFT is
-:data:`SFT_STEPS` steps of teacher forcing on right answers. It stops early on purpose, so the greedy gold accuracy
-is moderate (see :data:`SFT_STEPS`). RL then has room both to improve it and to over-optimise the proxy.
+:data:`SFT_STEPS` steps of teacher forcing on right answers (:func:`warm_up`). It stops early on purpose, so the
+greedy gold accuracy is moderate (see :data:`SFT_STEPS`). RL then has room both to improve it and to over-optimise
+the proxy.
 
-The weights depend only on the task, the model size and :data:`REFERENCE_SEED`, not on a trial's ``data.seed``.
-Every trial of a sweep thus starts from the same reference, as every verl trial starts from the same ``model.path``.
-They are built once per machine and cached at ``$XDG_CACHE_HOME/klsweep/reference/<key>.pt`` (default
-``~/.cache/klsweep/reference``). The file is written to a temporary name and renamed, so trials that start together
-never read half a file. Both may build it; the rename is atomic and both results are identical.
+The weights are shipped in the package (:data:`REFERENCE_FILE`), as every verl trial starts from the same
+``model.path``. Building them at first use would not give every trial, process and machine the same start: the SFT's
+floating-point sums depend on torch's thread count and CPU kernels, and the greedy gold accuracy of :func:`warm_up`'s
+result ranges from 0.46 to 0.62 over 1-4 threads on one machine (torch 2.13.0, x86_64 AVX2), with curves and health
+verdicts that differ from step 1. ``python -m klsweep.trainers.embedded.reference PATH`` rebuilds the file (2 torch
+threads, as shipped); a new file changes every embedded trial, so the benchmark tables and equivalence records are
+recorded again with it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import tempfile
+import sys
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
 from klsweep.trainers.embedded import task
-from klsweep.trainers.embedded.config import MAX_RESPONSE_LENGTH, TASK_NAME
+from klsweep.trainers.embedded.config import MAX_RESPONSE_LENGTH
 from klsweep.trainers.embedded.model import ModelSize, TinyTransformer, generate
-
-logger = logging.getLogger(__name__)
 
 SIZE = ModelSize(vocab_size=task.VOCAB_SIZE, max_length=task.PROMPT_LENGTH + MAX_RESPONSE_LENGTH)
 """The default (and only) model size: 2 layers, 64 wide, 4 heads (~105k parameters)."""
@@ -39,45 +38,28 @@ SFT_JUNK_FRACTION = 0.15
 """Share of SFT examples with 1 to 4 junk digits between the answer and EOS: the SFT data is imperfect, so the
 reference sometimes over-writes, and the proxy's length bias has samples to amplify (as in real RLHF)."""
 SFT_RESPONSE_LENGTH = 8
-CACHE_VERSION = "v2"
-"""Bump when the task, the model or the warm-up changes, so stale cache files are not used."""
 
 
-def cache_path(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> Path:
-    """Where the reference weights for this task, size and seed are cached."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
-    return root / "klsweep" / "reference" / f"{TASK_NAME}-{size.name}-s{seed}-sft{SFT_STEPS}-{CACHE_VERSION}.pt"
+#: The shipped reference weights: :func:`warm_up` with :data:`REFERENCE_SEED` and :data:`SIZE`, 2 torch threads,
+#: torch 2.13.0 on x86_64 (AVX2); greedy gold accuracy 157/256 on the validation prompts.
+REFERENCE_FILE = Path(__file__).with_name("reference.pt")
+#: torch threads the shipped file was built with (:func:`main`).
+BUILD_THREADS = 2
 
 
-def load_reference(size: ModelSize = SIZE, seed: int = REFERENCE_SEED) -> TinyTransformer:
-    """The reference policy, loaded from the cache or built (:data:`SFT_STEPS` steps of SFT) and cached.
-
-    Returns:
-        A fresh :class:`TinyTransformer` holding the SFT weights (callers may train it).
-    """
-    path = cache_path(size, seed)
-    model = TinyTransformer(size)
-    if path.exists():
-        model.load_state_dict(torch.load(path, weights_only=True))
-        return model
-    logger.info("building the embedded reference policy (SFT warm-up, %d steps) -> %s", SFT_STEPS, path)
-    model = warm_up(size, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
-        try:
-            torch.save(model.state_dict(), tmp)
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
+def load_reference() -> TinyTransformer:
+    """A fresh :class:`TinyTransformer` holding the shipped SFT weights (:data:`REFERENCE_FILE`), for the caller to
+    train."""
+    model = TinyTransformer(SIZE)
+    model.load_state_dict(torch.load(REFERENCE_FILE, weights_only=True))
     return model
 
 
 def warm_up(size: ModelSize = SIZE, seed: int = REFERENCE_SEED, steps: int = SFT_STEPS) -> TinyTransformer:
     """Supervised warm-up: minimise the cross-entropy of the SFT responses (answer digits, EOS).
 
-    :data:`SFT_JUNK_FRACTION` of the responses carry 1 to 4 junk digits before EOS. Deterministic for a given seed:
-    the model init and the data use their own generator.
+    :data:`SFT_JUNK_FRACTION` of the responses carry 1 to 4 junk digits before EOS. The model init and the data use
+    their own generator, so the result depends only on the seed, torch's thread count and its CPU kernels.
     """
     generator = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
@@ -118,3 +100,21 @@ def gold_accuracy(model: TinyTransformer, max_response_length: int = 8) -> float
     batch = task.validation_batch()
     responses = generate(model, batch.prompts, max_response_length, task.EOS, task.PAD)
     return float(task.gold_score(responses, batch).mean())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rebuild the reference weights into the file named in ``argv`` (default: ``sys.argv[1:]``); prints its greedy
+    gold accuracy. Returns 0, or 2 without exactly one path."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m klsweep.trainers.embedded.reference PATH", file=sys.stderr)
+        return 2
+    torch.set_num_threads(BUILD_THREADS)
+    model = warm_up()
+    torch.save(model.state_dict(), args[0])
+    print(f"{args[0]}: greedy gold accuracy {gold_accuracy(model):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
