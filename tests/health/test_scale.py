@@ -73,8 +73,10 @@ def test_the_shipped_grpo_kl_sweeps_token_sum_trial_is_not_stopped():
         metrics = trainer.train_step()
         engine.update(step, metrics)
         naive.update(step, metrics)
-    # read as per-token values, the logged token sum (15.3 at step 3) passes k3's clamp (9): the false stop
-    assert (naive.summary()["reason"]["rule"], naive.summary()["stop_step"]) == ("builtin.kl_explosion", 3)
+    # read as per-token values, the logged token sum passes the KL rules' per-token bounds within a few steps (k3's
+    # clamp 9: builtin.kl_explosion; KL > 1 for 3 steps: kl_blowup): the false stop
+    assert naive.summary()["reason"]["rule"] in ("builtin.kl_explosion", "kl_blowup"), naive.summary()
+    assert naive.summary()["stop_step"] <= 5
     assert engine.summary()["verdict"] == "healthy", engine.summary()["stop_reason"]
     per_token = metrics["actor/kl_loss"] / (metrics["response_length/mean"] * sequences)
     assert metrics["actor/kl_loss"] > 9 and per_token < 0.1
