@@ -19,6 +19,8 @@ from klsweep.launchers.resume import (
     rewind,
     save_freq,
 )
+from klsweep.results import Restart
+from klsweep.trainers.restore import ACTOR_LR_KEY, KL_COEF_KEY
 
 from .conftest import HERE
 from .test_process import CRASHES
@@ -214,8 +216,9 @@ def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_stan
 
     remedied = first[-1]["actor/reward_kl_penalty_coeff"] * 1.5
     again: list[dict] = []
+    remedy = Restart(1, 7, "kl_runaway", 4, {KL_COEF_KEY: (first[-1]["actor/reward_kl_penalty_coeff"], remedied)})
     run_process_trial(runaway | {"algorithm.kl_ctrl.kl_coef": remedied}, trainer=verl_standin, trial_dir=tmp_path,
-                      report=again.append, rewind_to=4)
+                      report=again.append, rewind_to=4, remedies=[remedy])
     argv = _argv(attempt_dir(tmp_path, 2))
     assert "trainer.resume_mode=resume_path" in argv
     assert f"trainer.resume_from_path='{checkpoints / 'global_step_4'}'" in argv
@@ -247,3 +250,63 @@ def test_rewind_removes_the_abandoned_checkpoints_and_refuses_what_is_no_rewind(
     assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2",
                                                                       "global_step_4"]
     assert checkpointed_step(tmp_path) == 4
+
+
+def _logged_trial(trial_dir, coefficients, checkpoints=(4, 6)):
+    """A verl trial directory as a first attempt leaves it: ``attempt-1/metrics.jsonl`` with the coefficient logged at
+    each step (``{step: value}``), verl's checkpoints (``global_step_N/actor``) and its tracker naming the last."""
+    (trial_dir / "attempt-1").mkdir(parents=True)
+    (trial_dir / "attempt-1" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "data": {"actor/reward_kl_penalty": 0.2, "actor/reward_kl_penalty_coeff": c}}) + "\n"
+        for s, c in coefficients.items()))
+    for step in checkpoints:
+        (trial_dir / "checkpoints" / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (trial_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(max(checkpoints)))
+
+
+def test_a_remedy_of_the_lr_restarts_verl_with_the_coefficient_logged_at_its_step(verl_standin, tmp_path):
+    """A remedy that halves the actor lr restarts the trial from step 4: verl rebuilds its controller from
+    algorithm.kl_ctrl.kl_coef, which must be the coefficient it held at step 4 (logged at step 5), not the trial's
+    initial 0.1; the lr is the remedy's. (The stand-in starts no Ray of its own here: that is not what is tested.)"""
+    from verl.trainer.ppo import core_algos
+
+    logged = {s: 0.1 * 1.02 ** (s - 1) for s in range(1, 8)}  # ADAPTIVE's coefficient at steps 1..7
+    _logged_trial(tmp_path, logged)
+    remedy = Restart(1, 7, "entropy_collapse", 4, {ACTOR_LR_KEY: (1e-6, 5e-7)})
+    again: list[dict] = []
+    run_process_trial(ADAPTIVE | {ACTOR_LR_KEY: 5e-7, "own_ray": 0}, trainer=verl_standin, trial_dir=tmp_path,
+                      report=again.append, rewind_to=4, remedies=[remedy])
+    argv = _argv(attempt_dir(tmp_path, 2))
+    assert f"trainer.resume_from_path='{tmp_path / 'checkpoints' / 'global_step_4'}'" in argv
+    assert f"{ACTOR_LR_KEY}=5e-07" in argv
+    [coef] = [float(a.split("=")[1]) for a in argv if a.startswith(f"{KL_COEF_KEY}=")]
+    assert coef == logged[5]
+    controller = core_algos.AdaptiveKLController(init_kl_coef=logged[5], target_kl=0.1, horizon=100)
+    expected = []
+    for _ in range(5, 11):  # verl's controller, updated as apply_kl_penalty does (KL 0.2, n_steps 10)
+        expected.append(controller.value)
+        controller.update(current_kl=0.2, n_steps=10)
+    assert [m["step"] for m in again] == [5, 6, 7, 8, 9, 10]
+    assert [m["actor/reward_kl_penalty_coeff"] for m in again] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_retry_of_a_remedy_restart_keeps_the_remedied_coefficient(tmp_path):
+    """A remedy restarted the trial from step 4 with kl_coef 0.3, and that attempt failed before it logged step 5.
+    A retry resumes from checkpoint 4 again: the remedy's coefficient wins over the one the abandoned run logged at
+    step 5. Once the restarted run checkpointed step 6, the coefficient it logged at step 7 is carried."""
+    logged = {s: 0.1 * 1.02 ** (s - 1) for s in range(1, 8)}
+    _logged_trial(tmp_path, logged, checkpoints=(4,))
+    (tmp_path / "attempt-2").mkdir()
+    (tmp_path / "attempt-2" / "metrics.jsonl").write_text("")
+    remedy = Restart(1, 7, "kl_runaway", 4, {KL_COEF_KEY: (logged[5], 0.3)})
+    remedied = ADAPTIVE | {KL_COEF_KEY: 0.3}
+    assert resume_overrides(tmp_path, remedied, [remedy]) == {KL_COEF_KEY: 0.3}
+    assert resume_overrides(tmp_path, remedied) == {KL_COEF_KEY: logged[5]}  # no remedy restarts there: carried
+    lr = Restart(1, 7, "entropy_collapse", 4, {ACTOR_LR_KEY: (1e-6, 5e-7)})
+    assert resume_overrides(tmp_path, ADAPTIVE | {ACTOR_LR_KEY: 5e-7}, [lr]) == {KL_COEF_KEY: logged[5]}
+
+    (tmp_path / "attempt-2" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "data": {"actor/reward_kl_penalty_coeff": 0.3 + s / 100}}) + "\n" for s in (5, 6, 7)))
+    (tmp_path / "checkpoints" / "global_step_6" / "actor").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("6")
+    assert resume_overrides(tmp_path, remedied, [remedy]) == {KL_COEF_KEY: 0.37}

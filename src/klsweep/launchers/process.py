@@ -56,6 +56,7 @@ from klsweep.verl.config import format_overrides
 from klsweep.verl.stream import StepReports
 
 if TYPE_CHECKING:
+    from klsweep.results import Restart
     from klsweep.spec.schema import Sweep
 
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
@@ -181,6 +182,7 @@ def run_process_trial(
     grace_s: float = 5.0,
     retries: int = 1,
     rewind_to: int | None = None,
+    remedies: Sequence[Restart] = (),
     reported_to: int | None = None,
     gpu_ids: Sequence[str] | None = None,
     cpus: float | None = None,
@@ -191,11 +193,13 @@ def run_process_trial(
     A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed) starts a new attempt, up to
     ``retries`` times. Other failures raise at once: Tune's ``FailureConfig`` cannot tell kinds apart, so keep its
     ``max_failures=0``. Every attempt of a verl trial resumes from the trial's own last checkpoint, in this call or a
-    later one on the same ``trial_dir`` (a Tune retry, ``sweep resume``). The KL controller's coefficient is carried
-    over (:func:`klsweep.launchers.resume.resume_overrides`). Steps that earlier attempts logged are not reported
-    again: Tune sees each step once, in order. A verl trial a remedy restarts (``rewind_to``) continues from verl's
-    checkpoint at that step (:func:`klsweep.launchers.resume.rewind`). It runs with ``overrides`` as given (the
-    remedy's coefficient, not the one logged there) and reports the steps after that checkpoint again.
+    later one on the same ``trial_dir`` (a Tune retry, ``sweep resume``). Steps that earlier attempts logged are not
+    reported again: Tune sees each step once, in order. A verl trial a remedy restarts (``rewind_to``) continues from
+    verl's checkpoint at that step (:func:`klsweep.launchers.resume.rewind`) and reports the steps after it again.
+    Whichever checkpoint it continues from, the KL controller's coefficient follows the rule of every trainer
+    (:func:`klsweep.trainers.restore.knobs_after_load`, through :func:`klsweep.launchers.resume.resume_overrides`):
+    the value logged at that checkpoint's step is carried over, unless one of ``remedies`` restarts the trial from
+    exactly that step and changed it, which keeps its value in ``overrides``.
 
     Args:
         overrides: the trial's flat verl overrides.
@@ -217,6 +221,8 @@ def run_process_trial(
         retries: how many new attempts a retryable failure gets.
         rewind_to: the step a remedy restarts the trial from (None: none; ignored when verl no longer holds a
             checkpoint of it: the trial then continues as any restarted trial).
+        remedies: the trial's restarts so far, oldest first (:func:`klsweep.results.restarts` of its Tune config);
+            ``overrides`` hold their values. Only their steps (``from_step``) and keys are read.
         reported_to: the last step Tune holds for this trial (the step of the checkpoint it restored the trial from,
             0 on a fresh start). Logged steps after it (a driver killed before it received them) are reported
             first, from the attempts' files, then the new attempt's steps after the last logged one. None: report
@@ -289,11 +295,11 @@ def run_process_trial(
             return
     for retry in range(retries + 1):
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
-        if rewound and retry == 0:
-            resumed = {**overrides, **rewound}
+        if rewound and retry == 0:  # rewind set the tracker to the step verl loads
+            resumed = {**overrides, **resume_overrides(trial_dir, overrides, remedies), **rewound}
         elif runs_verl(trainer):
             repair_tracker(trial_dir / "checkpoints")  # a tracker a stopped verl left empty fails every start
-            resumed = {**overrides, **resume_overrides(trial_dir, overrides)}
+            resumed = {**overrides, **resume_overrides(trial_dir, overrides, remedies)}
         else:
             resumed = dict(overrides)
         argv, env = trial_command(resumed, trainer=trainer, trial_dir=trial_dir, attempt=attempt, gpu_ids=gpu_ids,
@@ -325,13 +331,12 @@ def _rewind_before_the_end(trial_dir: Path, overrides: Mapping[str, Any]) -> dic
 
     verl saves the last step before it logs it (``fit``, verl/trainer/ppo/v1/trainer_base.py): a run killed between
     the two holds the last checkpoint but not the last step's metrics, which only running that step again gives.
-    Returns the overrides that resume there, the controller's coefficient carried
-    (:func:`klsweep.launchers.resume.resume_overrides`); None when verl holds no earlier checkpoint."""
+    Returns the overrides that resume there (the attempt adds the controller's coefficient,
+    :func:`klsweep.launchers.resume.resume_overrides`); None when verl holds no earlier checkpoint."""
     checkpoints = trial_dir / "checkpoints"
     total = overrides["trainer.total_training_steps"]
     earlier = [s for s in range(total - 1, 0, -1) if has_checkpoint(checkpoints, s)]
-    rewound = rewind(checkpoints, earlier[0]) if earlier else None
-    return None if rewound is None else {**resume_overrides(trial_dir, overrides), **rewound}
+    return rewind(checkpoints, earlier[0]) if earlier else None
 
 
 def _finished(steps: StepReports, verl_dir: Path | None, sweep: Sweep | None, keep: str | None) -> None:

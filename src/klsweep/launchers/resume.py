@@ -1,26 +1,32 @@
-"""A verl trial that starts again (an in-trial retry, a Ray Tune retry, ``sweep resume``) continues from its own last
-checkpoint instead of step 1.
+"""A verl trial that starts again (an in-trial retry, a Ray Tune retry, ``sweep resume``, a remedy's restart)
+continues from its own checkpoint instead of step 1.
 
 verl saves a checkpoint every ``trainer.save_freq`` steps (verl's default −1: never) into
 ``trainer.default_local_dir``: ``global_step_N/`` and ``latest_checkpointed_iteration.txt``
 (``verl/trainer/ppo/v1/trainer_base.py``, ``_save_checkpoint``). With ``trainer.resume_mode=auto`` (verl's
-default), a new start in the same directory resumes from there (``_load_checkpoint``).
+default), a new start in the same directory resumes from there (``_load_checkpoint``). A remedy's restart loads the
+checkpoint it names instead (:func:`rewind`).
 
 What the checkpoint lacks is the in-reward KL controller. ``RayPPOTrainer`` builds it from
-``algorithm.kl_ctrl.kl_coef`` at every start, so an adaptive coefficient would snap back to its initial value.
-:func:`resume_overrides` passes the value it had instead.
+``algorithm.kl_ctrl.kl_coef`` at every start, so an adaptive coefficient would snap back to its initial value. The
+rule of every trainer holds (:func:`klsweep.trainers.restore.knobs_after_load`): the run continues with the
+coefficient it had at the checkpoint's step, unless a remedy restarting from exactly that step changed it, which
+then takes its remedied value. :func:`resume_overrides` passes the coefficient that rule gives.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from klsweep.trainers.restore import KL_COEF_KEY
+from klsweep.trainers.restore import KL_COEF_KEY, knobs_after_load
 from klsweep.verl.stream import MetricsTail
+
+if TYPE_CHECKING:
+    from klsweep.results import Restart
 
 #: verl's checkpoint cadence key; a verl trial without one gets :func:`save_freq`.
 SAVE_FREQ_KEY = "trainer.save_freq"
@@ -103,18 +109,23 @@ def logged_steps(trial_dir: Path) -> dict[int, dict[str, Any]]:
     return steps
 
 
-def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any], remedies: Sequence[Restart] = ()
+                     ) -> dict[str, Any]:
     """The overrides a new attempt of a verl trial adds so that it continues where its checkpoint left off.
 
-    Needs a checkpoint at step N in ``trial_dir/checkpoints`` and a logged :data:`KL_COEFF_METRIC`. It then sets
-    :data:`KL_COEF_KEY` to the coefficient the controller held at step N. That is the value logged at step N + 1:
-    it is used before that step's update, so it is the controller's value after step N's. When step N + 1 never
-    got logged, it is the last value logged before it, one update earlier. Nothing is set when there is no
-    checkpoint (the attempt starts at step 1 with the trial's own coefficient) or no KL in the reward.
+    Needs a checkpoint at step N in ``trial_dir/checkpoints`` (the one verl loads: its tracker's, which
+    :func:`rewind` sets) and KL in the reward. It then sets :data:`KL_COEF_KEY` by
+    :func:`klsweep.trainers.restore.knobs_after_load`: to the coefficient the controller held at step N, unless a
+    remedy restarting from step N changed it, which keeps its value in ``overrides``. The coefficient held at step
+    N is the one logged at step N + 1: it is used before that step's update, so it is the controller's value after
+    step N's. When step N + 1 never got logged, it is the last value logged before it, one update earlier. Nothing
+    is set when there is no checkpoint (the attempt starts at step 1 with the trial's own coefficient), no KL in
+    the reward, or neither a logged coefficient nor a remedy of it.
 
     Args:
         trial_dir: the trial's directory (``checkpoints/`` = ``trainer.default_local_dir``, ``attempt-*/``).
-        overrides: the trial's flat verl overrides.
+        overrides: the trial's flat verl overrides, with every remedy's values.
+        remedies: the trial's restarts, oldest first (:func:`klsweep.results.restarts`).
 
     Returns:
         ``{}`` or ``{"algorithm.kl_ctrl.kl_coef": value}``.
@@ -125,9 +136,9 @@ def resume_overrides(trial_dir: Path, overrides: Mapping[str, Any]) -> dict[str,
     coefficients = {s: d[KL_COEFF_METRIC] for s, d in logged_steps(trial_dir).items()
                     if s <= step + 1 and isinstance(d.get(KL_COEFF_METRIC), (int, float))
                     and math.isfinite(d[KL_COEFF_METRIC])}
-    if not coefficients:
-        return {}
-    return {KL_COEF_KEY: float(coefficients[max(coefficients)])}
+    carried = {KL_COEF_KEY: float(coefficients[max(coefficients)])} if coefficients else {}
+    knobs = knobs_after_load(step, carried, overrides, remedies)
+    return {KL_COEF_KEY: float(knobs[KL_COEF_KEY])} if KL_COEF_KEY in knobs else {}
 
 
 def has_checkpoint(checkpoint_dir: Path, step: int) -> bool:

@@ -7,7 +7,10 @@ health stopper (on the driver) and the searcher see it.
 An in-process trial saves a checkpoint every ``trainer.save_freq`` steps, verl's cadence key. The default is as for
 a verl trial (:func:`klsweep.launchers.resume.save_freq`): the validation cadence ``trainer.test_freq``, else a fifth
 of the run. It is denser when the sweep remedies (:func:`klsweep.orchestrate.remedy.checkpoint_every`). A resumed
-sweep thus continues an interrupted trial from there instead of from step 0, validation or not.
+sweep thus continues an interrupted trial from there instead of from step 0, validation or not. After the load, the
+trial's KL coefficient and learning rate are those the checkpoint holds, except the knobs of a remedy that restarts
+the trial from exactly that checkpoint's step, which take their remedied values (the rule of every trainer,
+:func:`klsweep.trainers.restore.knobs_after_load`).
 
 A process trainer's trial (``trainer: verl``) is one supervised process tree
 (:func:`klsweep.launchers.process.run_process_trial`), limited to ``budget.trial_timeout_s``. When Tune stops such a
@@ -31,9 +34,9 @@ from ray import tune
 
 from klsweep.launchers.process import run_process_trial, stop_running_trials
 from klsweep.orchestrate.remedy import checkpoint_every, remedies_on, split_config, verl_checkpoints_kept
-from klsweep.results import STEP, TOTAL_STEPS
+from klsweep.results import STEP, TOTAL_STEPS, restarts
 from klsweep.spec.space import trial_overrides
-from klsweep.trainers.restore import reapply_after_load
+from klsweep.trainers.restore import restore_knobs
 
 if TYPE_CHECKING:
     from klsweep.spec.schema import Sweep
@@ -55,7 +58,7 @@ def run_trial(config: Mapping[str, Any], *, sweep: Sweep) -> None:
         restored = _restored_step()  # a remedy's restart when it is the step the last remedy restarts from
         rewind_to = restored if remedies and remedies[-1]["from_step"] == restored else None
         run_process_trial(overrides, sweep=sweep, timeout_s=sweep.budget.trial_timeout_s, rewind_to=rewind_to,
-                          reported_to=restored or 0)
+                          remedies=restarts(remedies), reported_to=restored or 0)
         return
 
     trainer = kind.in_process(sweep, overrides)
@@ -63,7 +66,7 @@ def run_trial(config: Mapping[str, Any], *, sweep: Sweep) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             trainer.load(folder)
-        reapply_after_load(trainer, overrides, [r["key"] for r in remedies])
+        restore_knobs(trainer, trainer.global_step, overrides, restarts(remedies))
     every = checkpoint_every(sweep, overrides)
     while trainer.global_step < trainer.total_steps:
         metrics: dict[str, Any] = dict(trainer.train_step())
