@@ -265,3 +265,23 @@ def test_a_replayed_log_is_judged_by_the_scores_it_holds(sweep_file, tmp_path):
     embedded_log.write_text('{"step": 1, "data": {"critic/score/mean": 0.6, "embedded/gold_score/mean": 0.5}}\n')
     sweep = load_sweep(sweep_file(f"trainer: replay\nreplay: {{trace: {embedded_log}}}\n" + FATE_ON_GAP))
     assert sweep.stopping.fate.signals == ["proxy_gap"]
+
+
+def test_a_remedy_of_an_optimizer_key_is_refused_on_verl_whose_checkpoint_restores_it(sweep_file):
+    """verl's checkpoint load restores the optimizer's param groups (lr among them) and the lr scheduler, so a
+    restarted verl run keeps the checkpoint's lr (FSDPCheckpointManager.load_checkpoint in
+    verl/utils/checkpoint/fsdp_checkpoint_manager.py). The embedded trainer sets it again after its load."""
+    import inspect
+
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    loads = inspect.getsource(FSDPCheckpointManager.load_checkpoint)
+    assert "self.optimizer.load_state_dict(" in loads and "self.lr_scheduler.load_state_dict(" in loads
+    rules = ("health:\n  preset: default\n  rules:\n    - {name: lr_down, metric: ref_kl, above: 0.5, action: stop, "
+             "remedy: {actor_rollout_ref.actor.optim.lr: '*0.5'}}\n")
+    (problem,) = _problems(sweep_file(VERL_ONE_GPU + rules))
+    assert "health.rules.0.remedy.actor_rollout_ref.actor.optim.lr: the remedy changes actor_rollout_ref.actor." \
+           "optim.lr, which a verl run restarted from its checkpoint does not take" in problem
+    assert "Prescribe a KL knob" in problem
+    assert load_sweep(sweep_file(rules)).health.rules[0].remedy  # the embedded trainer takes it
+    assert load_sweep(sweep_file(VERL_ONE_GPU + rules.replace("actor_rollout_ref.actor.optim.lr", "kl_coef")))

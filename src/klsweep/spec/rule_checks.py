@@ -21,8 +21,9 @@ def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
     """Check the prescriptions of the sweep's own health rules (``health.rules[i].remedy``).
 
     Takes the trial-independent overrides ``fixed`` (:func:`klsweep.spec.space.fixed_overrides`). Yields an error for
-    an alias without a live key, a key that is not verl's (with the closest), and a knob inert for the sweep's
-    algorithm and KL placement. A preset's inert prescription is not checked: the rule then stops, saying so.
+    an alias without a live key, a key that is not verl's (with the closest), a knob inert for the sweep's
+    algorithm and KL placement, and on verl's own trainer an optimizer key, which verl's checkpoint load restores.
+    A preset's inert prescription is not checked: the rule then stops, saying so.
     """
     for i, rule in enumerate(sweep.health.rules):
         for name in rule.remedy:
@@ -41,6 +42,13 @@ def remedy_problems(sweep: Sweep, fixed: dict[str, Any]) -> Iterator[Problem]:
             inert = inert_reason(key, fixed)
             if inert:
                 yield path, f"the remedy changes {key}, which has no effect: {inert}"
+            elif sweep.kind.runs_verl and ".optim." in key:
+                yield path, (
+                    f"the remedy changes {key}, which a verl run restarted from its checkpoint does not take: verl's "
+                    "checkpoint load restores the optimizer's param groups and the lr scheduler "
+                    "(FSDPCheckpointManager.load_checkpoint in verl/utils/checkpoint/fsdp_checkpoint_manager.py; "
+                    "the Megatron manager alike), so the run keeps the checkpoint's value. Prescribe a KL knob "
+                    "(kl_coef, kl_loss_coef, target_kl), or drop the remedy and let the rule stop the trial")
 
 
 def remedies_off(sweep: Sweep) -> Iterator[Problem]:
