@@ -56,6 +56,9 @@ kind               failure lines matched
                    or no pattern matched and the process ended by a signal (exit code ``-N``, or ``128+N`` from a
                    shell for SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGABRT, SIGSEGV, SIGBUS)
 ``stopped``        klsweep stopped the tree itself (``exit.json`` reason ``stopped``, :mod:`.process`): never retried
+``ray_start``      the final exception is Ray's report that the trial's own local Ray did not come up in the
+                   30 s ``ray.init`` waits for it (``raylet_start_wait_time_s`` in ray/_private/node.py, not
+                   configurable): ``Exception: The current node timed out during startup`` (an overloaded host)
 ``timeout``        the trial ran past the launcher's own ``timeout_s`` (no pattern); the final exception is a
                    ``ray.get`` timeout: ``ray.exceptions.GetTimeoutError``
 ``error``          anything else
@@ -67,9 +70,10 @@ vLLM's ``RuntimeError: Engine core initialization failed. See root cause above``
 So the specific kinds come first, and out-of-memory first of all: a rank that runs out of memory leaves its peers
 with NCCL errors.
 
-:data:`FINAL_PATTERNS` (``killed``, ``timeout``) are Ray's generic reports. They count only as **the final
-exception**: the last exception line of the trial process itself (lines without a worker prefix, when there are
-any). That leaves out the exceptions Python reports as ``Exception ignored in`` and Ray as ``Unhandled error``.
+:data:`FINAL_PATTERNS` (``killed``, ``timeout``, ``ray_start``) are Ray's generic reports. They count only as
+**the final exception**: the last exception line of the trial process itself (lines without a worker prefix, when
+there are any). That leaves out the exceptions Python reports as ``Exception ignored in`` and Ray as
+``Unhandled error``.
 
 Hydra prints ``Set the environment variable HYDRA_FULL_ERROR=1`` for *any* exception in ``main_ppo``, so that line
 says nothing by itself.
@@ -83,11 +87,13 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-KINDS = ("timeout", "stopped", "killed", "cuda_oom", "nccl", "missing_module", "nan", "config", "error")
+KINDS = ("timeout", "stopped", "killed", "ray_start", "cuda_oom", "nccl", "missing_module", "nan", "config",
+         "error")
 
-#: Failure kinds worth a retry (Tune ``FailureConfig``): transient communication errors and processes killed from
-#: outside (node memory pressure, preemption). A config error, a missing module, a CUDA OOM or a NaN repeats on retry.
-RETRYABLE = frozenset({"nccl", "killed"})
+#: Failure kinds worth a retry (Tune ``FailureConfig``): transient communication errors, processes killed from
+#: outside (node memory pressure, preemption) and a local Ray that started too slowly on a loaded host (the sweep
+#: driver retries its own Ray start alike). A config error, a missing module, a CUDA OOM or a NaN repeats on retry.
+RETRYABLE = frozenset({"nccl", "killed", "ray_start"})
 
 #: Specific kinds in precedence order, each with its patterns, matched against every failure line of the tail. A
 #: kind's patterns are in the order of the message they give: the first one that matches names the failure
@@ -139,6 +145,7 @@ PATTERNS: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = tuple(
 FINAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("killed", re.compile(r"\b(ActorDiedError|WorkerCrashedError|NodeDiedError)\b|node running low on memory")),
     ("timeout", re.compile(r"\bGetTimeoutError\b")),
+    ("ray_start", re.compile(r"The current node timed out during startup")),
 )
 
 #: Messages distinctive enough to count on any line that is not a warning: torch prints the watchdog timeout only

@@ -190,12 +190,13 @@ def run_process_trial(
 ) -> None:
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
-    A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed) starts a new attempt, up to
-    ``retries`` times. Other failures raise at once: Tune's ``FailureConfig`` cannot tell kinds apart, so keep its
-    ``max_failures=0``. Every attempt of a verl trial resumes from the trial's own last checkpoint, in this call or a
-    later one on the same ``trial_dir`` (a Tune retry, ``sweep resume``). Steps that earlier attempts logged are not
-    reported again: Tune sees each step once, in order. A verl trial a remedy restarts (``rewind_to``) continues from
-    verl's checkpoint at that step (:func:`klsweep.launchers.resume.rewind`) and reports the steps after it again.
+    A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed, a slow local Ray start) starts a
+    new attempt, up to ``retries`` times. Other failures raise at once: Tune's ``FailureConfig`` cannot tell kinds
+    apart, so keep its ``max_failures=0``. Every attempt of a verl trial resumes from the trial's own last
+    checkpoint, in this call or a later one on the same ``trial_dir`` (a Tune retry, ``sweep resume``). Steps that
+    earlier attempts logged are not reported again: Tune sees each step once, in order. A verl trial a remedy
+    restarts (``rewind_to``) continues from verl's checkpoint at that step (:func:`klsweep.launchers.resume.rewind`)
+    and reports the steps after it again.
     Whichever checkpoint it continues from, the KL controller's coefficient follows the rule of every trainer
     (:func:`klsweep.trainers.restore.knobs_after_load`, through :func:`klsweep.launchers.resume.resume_overrides`):
     the value logged at that checkpoint's step is carried over, unless one of ``remedies`` restarts the trial from
