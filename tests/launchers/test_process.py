@@ -273,6 +273,25 @@ def test_only_retryable_failures_get_a_new_attempt(fake_trainer, tmp_path, monke
     assert not attempt_dir(tmp_path / "oom", 2).exists()
 
 
+def test_a_local_ray_that_did_not_start_is_started_again_besides_the_retries(fake_trainer, tmp_path, monkeypatch):
+    """Ray's ``ray.init`` gives its local node a fixed 30 s (ray/_private/node.py): on a loaded host the trial's own
+    Ray may miss it. Such a start is tried again up to RAY_STARTS times without drawing on ``retries``."""
+    from klsweep.launchers.process import RAY_STARTS
+
+    monkeypatch.setenv("FAKE_TRAINER_STDERR", "Exception: The current node timed out during startup. This could "
+                       "happen because some of the raylet failed to startup or the GCS has become overloaded.")
+    seen: list[dict] = []
+    run_process_trial({"steps": 2, "crash": "once"}, trainer=fake_trainer, trial_dir=tmp_path / "once",
+                      report=seen.append, retries=0)
+    assert [m["step"] for m in seen] == [1, 2]
+    assert (attempt_dir(tmp_path / "once", 2) / "exit.json").exists()
+    with pytest.raises(TrialFailed, match="ray_start"):
+        run_process_trial({"steps": 1, "crash": 1}, trainer=fake_trainer, trial_dir=tmp_path / "always",
+                          report=lambda m: None, retries=0)
+    assert attempt_dir(tmp_path / "always", RAY_STARTS).exists()
+    assert not attempt_dir(tmp_path / "always", RAY_STARTS + 1).exists()
+
+
 def test_killed_by_a_signal_and_timeout_are_classified(fake_trainer, tmp_path):
     with pytest.raises(TrialFailed) as failed:
         run_process_trial({"steps": 1, "crash": "SIGKILL"}, trainer=fake_trainer, trial_dir=tmp_path / "k",

@@ -59,6 +59,10 @@ if TYPE_CHECKING:
     from klsweep.results import Restart
     from klsweep.spec.schema import Sweep
 
+#: Starts of a trial's own local Ray that timed out (kind ``ray_start``) before the trial fails, as the sweep
+#: driver's own start (``klsweep.orchestrate._ray_session.start_local_ray``).
+RAY_STARTS = 3
+
 #: verl keys klsweep sets on every verl trial (values given by a sweep are replaced): unique names and directories per
 #: trial, because trainer.resume_mode=auto resumes from whatever checkpoint sits in default_local_dir.
 MANAGED_VERL_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "hydra.run.dir")
@@ -191,8 +195,9 @@ def run_process_trial(
     """Run one trial's training process to its end, reporting every step; the Ray Tune function trainable body.
 
     A failure of a :data:`klsweep.launchers.failures.RETRYABLE` kind (NCCL, killed, a slow local Ray start) starts a
-    new attempt, up to ``retries`` times. Other failures raise at once: Tune's ``FailureConfig`` cannot tell kinds
-    apart, so keep its ``max_failures=0``. Every attempt of a verl trial resumes from the trial's own last
+    new attempt, up to ``retries`` times; a local Ray that did not start (kind ``ray_start``: no step ran) is started
+    again, up to :data:`RAY_STARTS` starts, besides. Other failures raise at once: Tune's ``FailureConfig`` cannot
+    tell kinds apart, so keep its ``max_failures=0``. Every attempt of a verl trial resumes from the trial's own last
     checkpoint, in this call or a later one on the same ``trial_dir`` (a Tune retry, ``sweep resume``). Steps that
     earlier attempts logged are not reported again: Tune sees each step once, in order. A verl trial a remedy
     restarts (``rewind_to``) continues from verl's checkpoint at that step (:func:`klsweep.launchers.resume.rewind`)
@@ -294,10 +299,12 @@ def run_process_trial(
         if rewound is None:  # nothing left to run, or no earlier checkpoint to run the last step from
             _finished(steps, trial_dir, sweep, keep_checkpoints)
             return
-    for retry in range(retries + 1):
+    retried = slow_starts = 0
+    while True:
         attempt = 1 + sum(1 for p in trial_dir.glob("attempt-*") if p.is_dir())
-        if rewound and retry == 0:  # rewind set the tracker to the step verl loads
+        if rewound:  # the first attempt: rewind set the tracker to the step verl loads
             resumed = {**overrides, **resume_overrides(trial_dir, overrides, remedies), **rewound}
+            rewound = None
         elif runs_verl(trainer):
             repair_tracker(trial_dir / "checkpoints")  # a tracker a stopped verl left empty fails every start
             resumed = {**overrides, **resume_overrides(trial_dir, overrides, remedies)}
@@ -313,8 +320,12 @@ def run_process_trial(
             _finished(steps, trial_dir if verl else None, sweep, keep_checkpoints)
             return
         failure.save(trial_dir / "failure.json")
-        if not failure.retryable or retry == retries:
+        if failure.kind == "ray_start" and slow_starts < RAY_STARTS - 1:  # no step ran: not one of ``retries``
+            slow_starts += 1
+            continue
+        if not failure.retryable or retried == retries:
             raise TrialFailed(failure.kind, failure.message)
+        retried += 1
 
 
 def _ran_to_the_end(trial_dir: Path, overrides: Mapping[str, Any]) -> bool:
