@@ -234,8 +234,7 @@ def test_hours_saved_are_costed_at_a_step_rate_without_the_start_up(synthetic_sw
         _with_start_up(result, 30.0)
     df = load(run_dir)
     assert df.attrs[STEP_SECONDS] == {"t00000": pytest.approx(2.0), "t00001": pytest.approx(2.0)}
-    table = compute_accounting(df.assign(step_s=df["trial_id"].map(df.attrs[STEP_SECONDS])),
-                               max_steps=10, gpu=0.0, by="reason").set_index("reason")
+    table = compute_accounting(df, max_steps=10, gpu=0.0, by="reason").set_index("reason")
     # saved: 5 steps x 2 s (its own rate) + 9 steps x 2 s (one step: the median of the others' rates)
     assert table.loc["health: kl_runaway", "wall_h_saved"] == pytest.approx((5 + 9) * 2.0 / 3600)
     # used: the trials' whole wall time, start-ups included: 3 x 30 s + 2 resume + 16 steps x 2 s

@@ -7,9 +7,9 @@ A trial that ended by itself before ``max_steps`` (COMPLETE, no stop reason) ran
 the budget's steps past the run's end were never there to save.
 Hours are costed at the trial's own seconds per step × ``budget.resources.gpu``. The rate is ``step_s``: the time
 between the trial's reports over the steps between them, start-up left out
-(:func:`klsweep.analysis.sweep_dir.step_seconds`). A trial without one (a single step) gets the median ``step_s`` of
-the sweep's other trials. Without any, it is ``wall_s / steps``, which holds the start-up and so overstates the hours
-a trial stopped early saved.
+(:func:`klsweep.analysis.sweep_dir.step_seconds`): a ``step_s`` column, else ``df.attrs`` as ``load`` sets it.
+A trial without one (a single step) gets the median ``step_s`` of the sweep's other trials. Without any, it is
+``wall_s / steps``, which holds the start-up and so overstates the hours a trial stopped early saved.
 A failed trial (FAIL without a health stop) saved nothing: its missing steps count neither as used nor as saved.
 A restart decided at step ``s`` from the checkpoint of step ``f`` ran steps ``f+1..s`` again.
 Those ``s − f`` steps count as used (``steps_rerun``), at the trial's seconds per step.
@@ -24,6 +24,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from klsweep.analysis.pareto import feasible
+from klsweep.analysis.sweep_dir import STEP_SECONDS
 from klsweep.results import FATE_STOP_REASON, MEDIAN_STOP_REASON, STOP_KIND_OBJECTIVE, remedy_records, restarts
 
 #: The rule named in a health stop's reason (``klsweep.health.verdict.StopReason.text``: "KIND at step N by RULE: ...").
@@ -45,8 +46,9 @@ def compute_accounting(df: pd.DataFrame, max_steps: int, gpu: float,
 
     Args:
         df: the trials table (:func:`klsweep.analysis.sweep_dir.load`: ``state``, ``health``, ``steps``, ``wall_s``, and
-            for ``by="reason"`` or an objective stop ``stop_reason`` and ``stop_kind``), with ``step_s`` when known
-            (seconds per step without the start-up, :func:`klsweep.analysis.sweep_dir.step_seconds`).
+            for ``by="reason"`` or an objective stop ``stop_reason`` and ``stop_kind``). Seconds per step without
+            the start-up come from a ``step_s`` column, else from ``df.attrs[STEP_SECONDS]`` (``{trial_id: seconds}``,
+            as :func:`klsweep.analysis.sweep_dir.load` sets it: :func:`klsweep.analysis.sweep_dir.step_seconds`).
         max_steps: steps per trial in the budget (``budget.max_steps``).
         gpu: GPUs reserved per trial (``budget.resources.gpu``; 0 for CPU sweeps).
         by: ``"outcome"``: one row per outcome, ``health stop`` (health verdict stopped), ``objective stop``
@@ -177,13 +179,16 @@ def remedy_outcomes(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _step_rate(df: pd.DataFrame, wall: pd.Series, steps: pd.Series) -> pd.Series:
-    """Seconds per step of each trial: ``step_s``, else the median ``step_s`` of the others, else ``wall / steps``
-    (0 for a trial without a step or a wall time)."""
+    """Seconds per step of each trial: ``step_s`` (a column, else ``df.attrs``), else the median ``step_s`` of the
+    others, else ``wall / steps`` (0 for a trial without a step or a wall time)."""
     timed = (wall > 0) & (steps > 0)
     rate = (wall / steps).where(timed, 0.0)
-    if "step_s" not in df:
+    if "step_s" in df:
+        own = pd.to_numeric(df["step_s"], errors="coerce")
+    elif "trial_id" in df and df.attrs.get(STEP_SECONDS):
+        own = pd.to_numeric(df["trial_id"].astype(str).map(df.attrs[STEP_SECONDS]), errors="coerce")
+    else:
         return rate
-    own = pd.to_numeric(df["step_s"], errors="coerce")
     own = own.where(own > 0)
     if own.notna().any():
         rate = rate.where(~timed, own.median())

@@ -37,7 +37,7 @@ from klsweep.analysis.pareto import feasible, pareto_front, remedied_trials
 from klsweep.analysis.plots import plotly_figure
 from klsweep.analysis.pngs import write_pngs
 from klsweep.analysis.summary import best_remedied, best_rescued, best_trials, winner_line
-from klsweep.analysis.sweep_dir import STEP_SECONDS, load, load_history, overrides_of, study_of
+from klsweep.analysis.sweep_dir import load, load_history, overrides_of, study_of
 from klsweep.errors import KlsweepError, ResultsError
 from klsweep.health import load_ruleset
 from klsweep.results import REPORT_DIR, SweepRecord
@@ -89,8 +89,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, pngs: bo
     confirmed = ranking(df, objectives, seed_trials=bool(sweep.get("seed_trials")))
     stops = df[df.get("stop_reason", pd.Series("", index=df.index)).fillna("").astype(str) != ""]
     stops = stops[[c for c in ("number", "trial_id", "state", "health", "steps", "stop_reason") if c in df]]
-    accounting = compute_accounting(df.assign(step_s=df["trial_id"].map(df.attrs[STEP_SECONDS])), max_steps, gpu,
-                                    by="reason")
+    accounting = compute_accounting(df, max_steps, gpu, by="reason")
     remedies = remedy_outcomes(df)
     value_cols = [c for c, _ in axes]
     front_table = front[[c for c in ("number", "trial_id", *value_cols, "kl_metric", "steps") if c in front]]

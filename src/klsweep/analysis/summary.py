@@ -24,7 +24,7 @@ from klsweep.analysis import leaders
 from klsweep.analysis.accounting import compute_accounting
 from klsweep.analysis.confirm import is_search
 from klsweep.analysis.pareto import feasible, pareto_front, remedied_trials
-from klsweep.analysis.sweep_dir import STEP_SECONDS, overrides_of
+from klsweep.analysis.sweep_dir import overrides_of
 from klsweep.analysis.winner import INDENT, knob_values, reproduce, runner_up, shell_lines, wrapped
 from klsweep.errors import ResultsError
 from klsweep.results import (
@@ -336,8 +336,6 @@ def _print_savings(sweep: Sweep, df: pd.DataFrame, console: Console) -> None:
     if df.empty:
         return
     gpu = float(sweep.budget.resources.gpu)
-    if "trial_id" in df:
-        df = df.assign(step_s=df["trial_id"].map(df.attrs.get(STEP_SECONDS, {})))
     table = compute_accounting(df, sweep.budget.max_steps, gpu, by="reason")
     total = table.set_index("reason").loc["total"]
     used, saved = int(total["steps_used"]), int(total["steps_saved"])
