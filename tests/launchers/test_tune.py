@@ -301,7 +301,7 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
         param_space={"kl_coef": 0.1},
         tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=1, reuse_actors=False),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="remedy", verbose=0, stop=stopper,
-                                  callbacks=[ResultsFromCheckpoint(in_process=False), KeepRestartPoints(sweep),
+                                  callbacks=[ResultsFromCheckpoint(), KeepRestartPoints(sweep),
                                              Judged()],
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )

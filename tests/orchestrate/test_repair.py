@@ -154,23 +154,48 @@ def test_a_lost_checkpoint_becomes_the_newer_one_the_driver_registered_before_it
 
 
 def test_the_rows_a_killed_driver_had_not_synced_come_from_its_ray_session(ray_local, tmp_path):
-    """Tune's driver writes result.json in its Ray session's staging folder and syncs it to storage every few
+    """Tune's driver writes progress.csv in its Ray session's staging folder and syncs it to storage every few
     seconds: here storage holds the rows of an earlier sync (2 of 3), as after a SIGKILL right after a trial ended.
-    The staged file replaces it; a file storage holds newer than the staged one is kept."""
+    The staged file replaces it; a file storage holds newer than the staged one is kept. result.json is in storage
+    whole already (klsweep's logger writes it there row by row) and has no staged copy."""
     from ray._private.worker import _global_node
 
     name = tmp_path.name  # the staging folder is per experiment name, in the test session's Ray session
     config = tune.RunConfig(storage_path=str(tmp_path), name=name, callbacks=[ResultsFromCheckpoint()])
     assert tune.Tuner(_count_to_3, run_config=config).fit().errors == []
     (folder,) = [p for p in (tmp_path / name).iterdir() if p.is_dir()]
-    result, progress = folder / "result.json", folder / "progress.csv"
-    full = result.read_text()
-    result.write_text("".join(line + "\n" for line in full.splitlines()[:2]))
-    os.utime(result, (1, 1))  # the earlier sync's time
-    progress.write_text("newer\n")  # storage's copy is newer than the staged one: kept
+    result, progress, params = folder / "result.json", folder / "progress.csv", folder / "params.json"
+    assert [json.loads(line)["step"] for line in result.read_text().splitlines()] == [1, 2, 3]
+    full = progress.read_text()
+    progress.write_text("".join(line + "\n" for line in full.splitlines()[:3]))  # header and steps 1-2
+    os.utime(progress, (1, 1))  # the earlier sync's time
+    params.write_text("newer\n")  # storage's copy is newer than the staged one: kept
 
     copied = copy_staged_results(Path(_global_node.get_session_dir_path()), str(tmp_path / name))
-    assert f"{folder.name}/result.json" in copied and f"{folder.name}/progress.csv" not in copied
-    assert [json.loads(line)["step"] for line in result.read_text().splitlines()] == [1, 2, 3]
-    assert result.read_text() == full and progress.read_text() == "newer\n"
+    assert f"{folder.name}/progress.csv" in copied and f"{folder.name}/params.json" not in copied
+    assert f"{folder.name}/result.json" not in copied
+    assert progress.read_text() == full and len(full.splitlines()) == 4 and params.read_text() == "newer\n"
     assert copy_staged_results(None, str(tmp_path / name)) == []  # no session recorded (a joined cluster)
+
+
+class _RowsInStorage(tune.Callback):
+    """After klsweep's logger in the callbacks: at each result, the rows of the trial's result.json in storage and
+    whether its staging folder holds one."""
+
+    def __init__(self):
+        self.seen: list[tuple[int, list[int], bool]] = []
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        stored = Path(trial.storage.trial_fs_path, "result.json").read_text().splitlines()
+        self.seen.append((result["step"], [json.loads(line)["step"] for line in stored],
+                          Path(trial.local_path, "result.json").exists()))
+
+
+def test_each_reported_row_is_in_storages_result_json_before_the_next_callback_runs(ray_local, tmp_path):
+    """Tune copies its staging folder to storage every few seconds, truncating each file before it writes it: a
+    SIGKILL during the copy cut a trial's result.json anywhere. klsweep's logger appends each row to the file in
+    storage as Tune reports it, and writes none in staging for Tune to copy over it."""
+    rows = _RowsInStorage()
+    config = tune.RunConfig(storage_path=str(tmp_path), name="exp", callbacks=[ResultsFromCheckpoint(), rows])
+    assert tune.Tuner(_count_to_3, run_config=config).fit().errors == []
+    assert rows.seen == [(1, [1], False), (2, [1, 2], False), (3, [1, 2, 3], False)]

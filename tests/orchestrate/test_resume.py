@@ -367,10 +367,10 @@ def _rows(out: Path) -> tuple[Path, list[dict]]:
 
 
 def test_a_trial_running_at_a_driver_sigkill_continues_from_its_newest_checkpoint(tmp_path):
-    """A driver SIGKILLed a few steps into a trial: `sweep resume` continues the trial after its newest checkpoint
-    (every 2 steps: test_freq), Tune's result.json holds each step 1-40 once, and W&B gets one run: the resumed part
-    logs to the trial's run id with ``resume="allow"`` (Ray's callback passes ``resume=False``: a second run of
-    the same id, counting on from the checkpoint)."""
+    """A driver SIGKILLed a few steps into a trial: `sweep resume` continues the trial after the newest checkpoint the
+    driver registered (every 2 steps: test_freq), Tune's result.json holds each step 1-40 once, and W&B gets one
+    run: the resumed part logs to the trial's run id with ``resume="allow"`` (Ray's callback passes
+    ``resume=False``: a second run of the same id, counting on from the checkpoint)."""
     out = tmp_path / "out"
     path = sweep_file(tmp_path, "ckpt", parameters={"kl_coef": {"values": [0.001]}}, wandb={"mode": "offline"},
                       health={"preset": "default", "remedies": False}, budget={"trials": 1, "max_steps": 40})
@@ -399,7 +399,9 @@ def test_a_trial_running_at_a_driver_sigkill_continues_from_its_newest_checkpoin
     assert [r["step"] for r in rows] == list(range(1, 41)), (  # no step twice, none skipped
         checkpoint, resumed.returncode, resumed.stdout[-3000:], resumed.stderr[-6000:])
     restart = [r["step"] for r in rows if r["iterations_since_restore"] == 1]
-    assert restart == [1, checkpoint + 1]  # the resume continued after the newest checkpoint
+    # the resume continued after the newest checkpoint the driver registered: the newest one logged, or the one
+    # before it when the kill came between the row (logged first) and the checkpoint's registration (Tune's save)
+    assert restart[0] == 1 and restart[1] - 1 in (checkpoint, checkpoint - 2) and len(restart) == 2, restart
 
     from tests.orchestrate.test_wandb import records  # W&B's run-file reader
 
@@ -414,4 +416,4 @@ def test_a_trial_running_at_a_driver_sigkill_continues_from_its_newest_checkpoin
     trial_id = rows[0]["trial_id"]
     assert {run_id for run_id, _, _ in runs} == {trial_id}  # one W&B run: the resume appends to it (wandb sync)
     assert all(resume for _, resume, _ in runs)  # wandb.init(resume="allow")
-    assert max(steps[0] for _, _, steps in runs if steps) == checkpoint + 1  # the resumed part
+    assert max(steps[0] for _, _, steps in runs if steps) == restart[1]  # the resumed part

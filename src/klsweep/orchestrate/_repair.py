@@ -101,11 +101,12 @@ def tune_finished(tune_path: str, num_samples: int) -> bool:
 def copy_staged_results(session_dir: Path | None, tune_path: str) -> list[str]:
     """Copy into ``tune_path`` the files a killed driver had written in its Ray session but not yet synced there.
 
-    Tune's driver writes each trial's ``result.json`` and ``progress.csv`` and its experiment state in a staging
+    Tune's driver writes each trial's ``progress.csv`` and ``params.json`` and its experiment state in a staging
     folder of its Ray session, ``<session>/artifacts/<time>/<experiment>/driver_artifacts`` (``StorageContext``,
     ray/train/_internal/storage.py), and copies it to storage only every few seconds and when it ends. A SIGKILL
-    loses the last copy: a trial that ended just before keeps, in storage, the rows of an earlier sync, and its
-    stop reason and last values disagree. A staged file newer than the one in storage replaces it; the rest is kept.
+    loses the last copy. (``result.json`` is written in storage row by row:
+    :class:`klsweep.orchestrate.result_json.ResultsFromCheckpoint`.) A staged file newer than the one in storage
+    replaces it; the rest is kept.
 
     Returns:
         The paths copied, relative to ``tune_path``.

@@ -1,15 +1,13 @@
-"""A trial's ``result.json``: each step once when a remedy restarted it from a checkpoint, and in the sweep
-directory before the study says the trial ended.
+"""A trial's ``result.json``: written in the sweep directory row by row, each step once after a restart.
 
-Ray's own logger (``JsonLoggerCallback.log_trial_start``, ray/tune/logger/json.py, **Ray 2.60.0**) copies the file
-from the trial's storage over the driver's staging copy when the trial restarts from a checkpoint. The storage copy
-is synced only now and then, so steps would be lost; and the restarted run's steps would follow the superseded ones.
-:class:`ResultsFromCheckpoint` overrides the private ``JsonLoggerCallback._restore_from_remote`` for that.
-
-Tune writes ``result.json`` in the driver's staging folder and copies it to the sweep directory every 10 s or so
-(``TUNE_GLOBAL_CHECKPOINT_S``, ray/tune/execution/experiment_state.py). The searcher tells Optuna a trial ended as
-soon as it does, so ``sweep status`` would show a finished trial with the numbers of an earlier step.
-:class:`ResultsFromCheckpoint` copies a trial's file there itself at its last step and at its end.
+Ray's own logger (``JsonLoggerCallback``, ray/tune/logger/json.py, **Ray 2.60.0**) writes the file in the driver's
+staging folder. Tune copies that folder to the sweep directory every 10 s or so (``TUNE_GLOBAL_CHECKPOINT_S``,
+ray/tune/execution/experiment_state.py) with ``pyarrow.fs.copy_files``, in a thread of the driver, which truncates each
+file before it writes it (``_upload_to_fs_path``, ray/train/_internal/storage.py). So ``sweep status`` read a finished
+trial's numbers of an earlier step, and a SIGKILL of the driver during a copy left a ``result.json`` cut anywhere,
+even empty, for ``sweep resume`` to continue. :class:`ResultsFromCheckpoint` writes the file in the sweep directory
+itself: each row appended and flushed as Tune reports it, and rewritten whole (a new file, then ``os.replace``) only
+when the trial starts. The staging folder holds no ``result.json``, so Tune's copy never touches it.
 """
 
 from __future__ import annotations
@@ -23,75 +21,48 @@ from ray.tune.experiment import Trial
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.result import EXPR_RESULT_FILE
 
-from klsweep.results import STEP, TOTAL_STEPS
+from klsweep.results import STEP
 
 
 class ResultsFromCheckpoint(JsonLoggerCallback):
-    """Ray Tune's ``result.json`` logger: a restarted trial's file holds each step once, the rerun's last.
+    """Ray Tune's ``result.json`` logger that writes in the sweep directory; a restarted trial's file holds each step
+    once, the rerun's last.
 
-    The staging copy is kept when it has lines (this driver wrote it, so it is the latest); a resumed sweep's new
-    driver has none and copies the storage's. Rows after the checkpoint's step are dropped: the restarted run
-    reports them again. An in-process trial runs them again from its checkpoint; a verl trial reports the steps
-    its files logged after the checkpoint's step (:func:`klsweep.launchers.process.run_process_trial`'s
-    ``reported_to``), or runs them again from verl's checkpoint a remedy rewound to
-    (:func:`klsweep.launchers.resume.rewind`). A trial restored without a checkpoint reports every step again, so
-    its file starts empty. Passed in the run config's callbacks, it replaces Ray's default.
-
-    Args:
-        in_process: the sweep's trainer runs in the Tune worker (:attr:`klsweep.trainers.TrainerKind.in_process`);
-            kept for the callers, both kinds restart the same way.
+    When a trial starts (new, restarted by a remedy, retried by Tune or continued by ``sweep resume``) its file keeps
+    the rows up to the step of the checkpoint it starts from, and drops the rest: the run reports them again. An
+    in-process trial runs them again from its checkpoint; a verl trial reports the steps its files logged after the
+    checkpoint's step (:func:`klsweep.launchers.process.run_process_trial`'s ``reported_to``), or runs them again from
+    verl's checkpoint a remedy rewound to (:func:`klsweep.launchers.resume.rewind`). A trial without a checkpoint
+    reports every step again, so its file starts empty. A driver killed while it appended leaves at most a cut last
+    line, which readers skip and the next start drops. Passed in the run config's callbacks, it replaces Ray's
+    default. On storage that is not a local (or mounted) file system, which klsweep refuses, it is Ray's logger.
     """
 
-    def __init__(self, in_process: bool = True):
-        super().__init__()
-        self._in_process = in_process
-
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict) -> None:
-        """Write the row; at the trial's last row (``done``, or its last training step) copy the file to storage.
-
-        Tune calls the callbacks with a result before it stops the trial and tells the searcher."""
-        super().log_trial_result(iteration, trial, result)
-        step, total = result.get(STEP), result.get(TOTAL_STEPS)
-        if result.get("done") or (isinstance(step, int) and isinstance(total, int) and step >= total):
-            _copy_to_storage(trial)
-
-    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        super().log_trial_end(trial, failed)
-        _copy_to_storage(trial)  # a process trial's last row carries no total_steps
-
-    def _restore_from_remote(self, file_name: str, trial: Trial) -> None:
-        if trial.local_path is None or trial.storage is None:
-            return super()._restore_from_remote(file_name, trial)
-        local = Path(trial.local_path, file_name)
-        if not (local.is_file() and local.stat().st_size):  # a new driver (sweep resume): the storage's copy
-            super()._restore_from_remote(file_name, trial)
+    def log_trial_start(self, trial: Trial) -> None:
+        target = _in_storage(trial)
+        if target is None:
+            return super().log_trial_start(trial)
+        if trial in self._trial_files:
+            self._trial_files[trial].close()
+        self.update_config(trial, trial.config)  # params.json in the staging folder, copied by Tune
+        trial.init_local_path()
+        target.parent.mkdir(parents=True, exist_ok=True)
         checkpoint = trial.latest_checkpoint_result
-        if file_name != EXPR_RESULT_FILE or not local.is_file():
-            return
         last = checkpoint.metrics.get(STEP, 0) if checkpoint is not None else 0
-        kept = [line for line in local.read_text().splitlines() if _step_of(line, last + 1) <= last]
-        tmp = local.with_name(local.name + ".tmp")
+        lines = target.read_text().splitlines() if target.is_file() else []
+        kept = [line for line in lines if _step_of(line, last + 1) <= last]
+        tmp = target.with_name(target.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, local)
+        os.replace(tmp, target)
+        self._trial_files[trial] = target.open("at")
 
 
-def _copy_to_storage(trial: Trial) -> None:
-    """Replace the trial's ``result.json`` in the sweep directory with the driver's staging copy, atomically.
-
-    Only for storage on a local (or mounted) file system, which klsweep requires; elsewhere Tune's own sync does it.
-    """
+def _in_storage(trial: Trial) -> Path | None:
+    """The trial's ``result.json`` in the sweep directory, or None off a local file system."""
     storage = trial.storage
-    if trial.local_path is None or storage is None or not isinstance(storage.storage_filesystem,
-                                                                      pyarrow.fs.LocalFileSystem):
-        return
-    source = Path(trial.local_path, EXPR_RESULT_FILE)
-    target = Path(storage.trial_fs_path, EXPR_RESULT_FILE)
-    if not source.is_file() or source == target:
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".copy")
-    tmp.write_bytes(source.read_bytes())
-    os.replace(tmp, target)
+    if storage is None or not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return None
+    return Path(storage.trial_fs_path, EXPR_RESULT_FILE)
 
 
 def _step_of(line: str, default: int) -> int:

@@ -89,9 +89,8 @@ def build_tuner(sweep: Sweep, record: SweepRecord, out_dir: Path, *, num_samples
     callbacks: list[Callback] = [
         SweepProgress(num_samples, [o.metric for o in sweep.objectives], quiet=quiet,
                       params=[*parameters(sweep), *([SEED_KEY] if confirm is not None else [])]),  # a re-run's seed
-        # result.json without the steps a restart from a checkpoint superseded, in the sweep directory at a trial's
-        # end: before TrialsCsv reads it
-        ResultsFromCheckpoint(in_process=reuse_actors(sweep.trainer)),
+        # result.json in the sweep directory as each row comes, without the steps a restart superseded
+        ResultsFromCheckpoint(),
         TrialsCsv(),
         *retention,
     ]
