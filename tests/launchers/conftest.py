@@ -37,6 +37,14 @@ def verl_standin(monkeypatch):
     return "verl"
 
 
+def ran(trial_dir: Path) -> list[Path]:
+    """The attempt directories of a stand-in verl trial whose own Ray came up (the stand-in writes ``ray.json`` once
+    ``ray.init`` returns), oldest first. On a loaded host an own Ray may time out starting: the launcher starts it
+    again as a new attempt (``RAY_STARTS``, klsweep.launchers.process) that holds no ``ray.json`` and no step."""
+    attempts = sorted(trial_dir.glob("attempt-*"), key=lambda p: int(p.name.removeprefix("attempt-")))
+    return [a for a in attempts if (a / "ray.json").exists()]
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

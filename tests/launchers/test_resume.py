@@ -22,7 +22,7 @@ from klsweep.launchers.resume import (
 from klsweep.results import Restart
 from klsweep.trainers.restore import ACTOR_LR_KEY, KL_COEF_KEY
 
-from .conftest import HERE
+from .conftest import HERE, ran
 from .test_process import CRASHES
 
 NCCL = CRASHES[2][0]  # a retryable kind: the trial gets a second attempt
@@ -75,8 +75,9 @@ def test_a_retried_verl_trial_resumes_from_its_checkpoint(verl_standin, tmp_path
     run_process_trial(overrides, trainer=verl_standin, trial_dir=tmp_path, report=seen.append)
 
     assert [m["step"] for m in seen] == list(range(1, 11))
-    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 1))] == [1, 2, 3, 4, 5]
-    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))] == [5, 6, 7, 8, 9, 10]
+    first, retry = ran(tmp_path)
+    assert [line["step"] for line in _logged(first)] == [1, 2, 3, 4, 5]
+    assert [line["step"] for line in _logged(retry)] == [5, 6, 7, 8, 9, 10]
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("global_step_*")) == [
         "global_step_10", "global_step_2", "global_step_4", "global_step_6", "global_step_8"]
     assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "10"
@@ -135,7 +136,7 @@ def test_a_later_start_of_the_trial_continues_its_curve(verl_standin, tmp_path, 
     run_process_trial(ADAPTIVE | {"crash": "once", "crash_after_step": 7}, trainer=verl_standin, trial_dir=tmp_path,
                       report=later.append)
     assert [m["step"] for m in later] == [8, 9, 10]
-    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))][0] == 7  # resumed from global_step_6
+    assert [line["step"] for line in _logged(ran(tmp_path)[1])][0] == 7  # resumed from global_step_6
     assert [m["actor/reward_kl_penalty_coeff"] for m in later] == pytest.approx(
         [0.1 * 1.02 ** (s - 1) for s in (8, 9, 10)], rel=1e-12)
 
@@ -155,7 +156,7 @@ def test_steps_logged_but_never_received_are_reported_on_resume(verl_standin, tm
                       report=later.append, reported_to=4)
     assert [m["step"] for m in later] == [5, 6, 7, 8, 9, 10]
     assert later[:3] == first[4:]  # the logged steps as the first attempt logged them
-    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))][0] == 7  # verl resumed from global_step_6
+    assert [line["step"] for line in _logged(ran(tmp_path)[1])][0] == 7  # verl resumed from global_step_6
     assert [m["actor/reward_kl_penalty_coeff"] for m in later] == pytest.approx(
         [0.1 * 1.02 ** (s - 1) for s in range(5, 11)], rel=1e-12)
 
@@ -180,12 +181,12 @@ def test_a_run_killed_between_its_last_save_and_its_last_log_runs_its_last_step_
                        "trainer.max_critic_ckpt_to_keep": 3}
     first: list[dict] = []
     run_process_trial(kept, trainer=verl_standin, trial_dir=tmp_path, report=first.append)
-    metrics = attempt_dir(tmp_path, 1) / "metrics.jsonl"
+    metrics = ran(tmp_path)[0] / "metrics.jsonl"
     metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()[:-1]))  # no step 10
     later: list[dict] = []
     run_process_trial(kept, trainer=verl_standin, trial_dir=tmp_path, report=later.append, reported_to=8)
     assert [m["step"] for m in later] == [9, 10] and later[0] == first[8]
-    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))] == [9, 10]  # from global_step_8
+    assert [line["step"] for line in _logged(ran(tmp_path)[1])] == [9, 10]  # from global_step_8
     assert later[1]["actor/reward_kl_penalty_coeff"] == pytest.approx(first[9]["actor/reward_kl_penalty_coeff"])
 
 
@@ -219,13 +220,13 @@ def test_a_remedy_restarts_verl_from_its_checkpoint_before_the_finding(verl_stan
     remedy = Restart(1, 7, "kl_runaway", 4, {KL_COEF_KEY: (first[-1]["actor/reward_kl_penalty_coeff"], remedied)})
     run_process_trial(runaway | {"algorithm.kl_ctrl.kl_coef": remedied}, trainer=verl_standin, trial_dir=tmp_path,
                       report=again.append, rewind_to=4, remedies=[remedy])
-    argv = _argv(attempt_dir(tmp_path, 2))
+    argv = _argv(ran(tmp_path)[1])
     assert "trainer.resume_mode=resume_path" in argv
     assert f"trainer.resume_from_path='{checkpoints / 'global_step_4'}'" in argv
     [coef] = [float(a.split("=")[1]) for a in argv if a.startswith("algorithm.kl_ctrl.kl_coef=")]
     assert coef == pytest.approx(remedied, rel=1e-11)  # the remedy's, not the one logged at step 5
     assert [m["step"] for m in again] == [5, 6, 7, 8, 9, 10]
-    assert [line["step"] for line in _logged(attempt_dir(tmp_path, 2))] == [5, 6, 7, 8, 9, 10]
+    assert [line["step"] for line in _logged(ran(tmp_path)[1])] == [5, 6, 7, 8, 9, 10]
     # verl's own controller from the remedied coefficient, updated as apply_kl_penalty does (n_steps 10)
     controller = core_algos.AdaptiveKLController(init_kl_coef=remedied, target_kl=0.1, horizon=100)
     expected = []

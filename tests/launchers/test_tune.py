@@ -18,7 +18,7 @@ from ray import tune
 
 from klsweep.launchers.process import attempt_dir
 
-from .conftest import HERE, alive, seconds_until_gone
+from .conftest import HERE, alive, ran, seconds_until_gone
 from .tune_trials import fake_trial, sweep_trial
 
 pytestmark = pytest.mark.slow
@@ -261,7 +261,8 @@ def test_a_trial_tune_retries_resumes_from_its_checkpoint(ray_local, tmp_path):
     assert list(rows["actor/reward_kl_penalty_coeff"]) == pytest.approx([0.1 * 1.02 ** (s - 1) for s in range(1, 11)])
     trial_dir = Path(result.path)
     assert json.loads((trial_dir / "failure.json").read_text())["kind"] == "error"
-    assert json.loads((attempt_dir(trial_dir, 2) / "metrics.jsonl").read_text().splitlines()[0])["step"] == 7
+    # the first run from step 1, Tune's retry from the step after checkpoint 6
+    assert [json.loads((a / "metrics.jsonl").read_text().splitlines()[0])["step"] for a in ran(trial_dir)] == [1, 7]
     assert list(rows["training_iteration"]) == list(range(1, 11))  # restored from the step-7 result: 8, 9, 10
 
 
@@ -312,7 +313,7 @@ def test_a_verl_trial_is_remedied_from_verls_checkpoint_before_the_finding(ray_l
     assert (record["step"], record["from_step"], record["key"]) == (7, 6, KL_COEF_KEY)
     assert (record["old"], record["new"]) == (0.1, pytest.approx(0.2))
     trial_dir = Path(result.path)
-    argv = json.loads((attempt_dir(trial_dir, 2) / "spec.json").read_text())["argv"]
+    argv = json.loads((ran(trial_dir)[1] / "spec.json").read_text())["argv"]
     assert f"trainer.resume_from_path='{trial_dir / 'checkpoints' / 'global_step_6'}'" in argv
     # kl_high (for 1, no window) restarts from the last checkpoint before its finding's step: with save_freq 2, the
     # finding's own step may hold 1 checkpoint, + the restart point before it: verl keeps 2
