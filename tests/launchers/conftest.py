@@ -38,11 +38,12 @@ def verl_standin(monkeypatch):
 
 
 def ran(trial_dir: Path) -> list[Path]:
-    """The attempt directories of a stand-in verl trial whose own Ray came up (the stand-in writes ``ray.json`` once
-    ``ray.init`` returns), oldest first. On a loaded host an own Ray may time out starting: the launcher starts it
-    again as a new attempt (``RAY_STARTS``, klsweep.launchers.process) that holds no ``ray.json`` and no step."""
+    """The attempt directories of a stand-in trial that logged a step (a line in ``metrics.jsonl``), oldest first.
+
+    On a loaded host a trial's own Ray may time out starting: the launcher starts it again as a new attempt
+    (``RAY_STARTS``, klsweep.launchers.process), and the attempt that timed out logged nothing."""
     attempts = sorted(trial_dir.glob("attempt-*"), key=lambda p: int(p.name.removeprefix("attempt-")))
-    return [a for a in attempts if (a / "ray.json").exists()]
+    return [a for a in attempts if (a / "metrics.jsonl").is_file() and (a / "metrics.jsonl").stat().st_size]
 
 
 def alive(pid: int) -> bool:

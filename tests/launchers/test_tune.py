@@ -105,9 +105,9 @@ def test_trials_on_a_two_node_cluster_never_share_a_gpu(tmp_path):
     for t in trials:
         trial_dir = Path(t["trial_dir"])
         assert trial_dir.parent == tmp_path / "placement"
-        assert len((attempt_dir(trial_dir, 1) / "metrics.jsonl").read_text().splitlines()) == 4
+        assert [len((a / "metrics.jsonl").read_text().splitlines()) for a in ran(trial_dir)] == [4]
     (own,) = [Path(t["trial_dir"]) for t in trials if t["config"]["seed"] == 0]
-    own_gcs = json.loads((attempt_dir(own, 1) / "ray.json").read_text())["gcs_address"]
+    own_gcs = json.loads((ran(own)[0] / "ray.json").read_text())["gcs_address"]
     assert own_gcs != lines[0]["gcs"]
     for t in trials:
         assert len(t["gpu_ids"].split(",")) == 1
