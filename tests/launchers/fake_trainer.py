@@ -27,7 +27,9 @@ It takes verl's Hydra overrides and does what verl 0.9.1's v1 trainer (``verl/tr
   exist, as verl's ``_load_checkpoint`` asserts); ``disable`` starts from step 1.
 - ``+ray_kwargs.ray_init.address=local``: starts its own Ray (``ray.init(address="local")``, one CPU, no dashboard:
   a GCS, a raylet and workers under it, as verl's main_ppo does) and shuts it down at the end; the GCS address goes
-  to ``$PWD/ray.json``. (The session-detached child is ``grandchildren=1``'s.)
+  to ``$PWD/ray.json``. (The session-detached child is ``grandchildren=1``'s.) With ``FAKE_RAY_TIMEOUT_ONCE=1`` in
+  the environment, a trial's first such start fails as Ray's own start-up timeout does on a loaded host (the message
+  of ``ray/_private/node.py``), so a test can be run again to check it reads the attempts that ran.
 
 Test knobs (plain ``key=value``), for misbehaviour and for what two trials on one host do to each other:
 
@@ -146,6 +148,11 @@ if args.get("grandchildren") == 1:
         json.dump({"trainer": os.getpid(), "plain": plain.pid, "session": session.pid, "orphan": orphan}, f)
     os.replace("tree.json.tmp", "tree.json")
 own_ray = "ray_kwargs.ray_init.address" in args and args.get("own_ray") != 0
+if own_ray and os.environ.get("FAKE_RAY_TIMEOUT_ONCE") == "1" and not os.path.exists("../ray-timed-out"):
+    open("../ray-timed-out", "w").close()
+    sys.stderr.write("Exception: The current node timed out during startup. This could happen because some of the "
+                     "raylet failed to startup or the GCS has become overloaded.\n")
+    sys.exit(1)
 if own_ray:  # verl's main_ppo: ray.init(**ray_kwargs.ray_init) unless initialized
     import ray
 
