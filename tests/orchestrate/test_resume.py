@@ -162,14 +162,14 @@ def test_resume_after_driver_sigkill(tmp_path):
     assert recorded["driver"]["pid"] == driver.pid
     old_session = _session_processes(recorded["session_dir"]) | ray_processes
     assert {"raylet", "gcs_server"} <= {entry["name"] for entry in recorded["processes"]}
-    assert any("ray::DashboardAgent" in name for name in old_session.values())
+    assert any("ray::DashboardAgent" in name for name in old_session.values()), old_session
     done_before = {t.user_attrs["ray_trial_id"]: (t.state, t.values) for t in _study(out).trials if t.state in FINISHED}
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     killed_at = time.monotonic()
     # the driver's private Ray goes down with it: GCS, raylet and the trial workers within seconds
     core = {p: name for p, name in ray_processes.items() if "Agent" not in name}
-    assert not _alive(core, timeout=10)
+    assert not (alive := _alive(core, timeout=10)), alive
 
     # `sweep status` reads the crashed sweep without Ray: its counts are the study's
     status = _sweep("status", str(out))
@@ -178,19 +178,20 @@ def test_resume_after_driver_sigkill(tmp_path):
     finished = sum(t.state in FINISHED for t in study.trials)
     assert status.returncode == 0, status.stderr
     assert (f"crash: {finished} finished, {running} running (or interrupted), {TRIALS - len(study.trials)} not started"
-            in status.stdout)
-    assert running > 0 and "sweep resume" in status.stdout
+            in status.stdout), status.stdout
+    assert running > 0 and "sweep resume" in status.stdout, status.stdout
 
     left = _running(old_session)
     resumed_at = time.monotonic()
     resumed = _sweep("resume", str(out), "--quiet")
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
-    assert "Traceback" not in resumed.stderr
+    assert "Traceback" not in resumed.stderr, resumed.stderr
     if left and resumed_at - killed_at < 40:  # the agents' own exit comes ~60 s after the kill: the resume ended them
         assert f"processes of Ray session {recorded['session_name']}" in resumed.stderr, (left, resumed.stderr)
     _check_consistent(out, TRIALS)
     after = {t.user_attrs["ray_trial_id"]: (t.state, t.values) for t in _study(out).trials}
-    assert {k: after[k] for k in done_before} == done_before  # finished trials kept as they were, not re-run
+    kept = {k: after[k] for k in done_before}
+    assert kept == done_before, (kept, done_before)  # finished trials kept as they were, not re-run
 
     # Ray's DashboardAgent and RuntimeEnvAgent outlive their raylet by ~60 s; the resume ended them (or they had
     # ended): nothing of the old session outlives it
