@@ -16,7 +16,7 @@ from klsweep.launchers import isolation
 from klsweep.launchers.failures import TrialFailed
 from klsweep.launchers.process import attempt_dir, run_process_trial
 
-from .conftest import wait_for
+from .conftest import ran, wait_for
 
 
 def _run_together(runs):
@@ -135,6 +135,6 @@ def test_the_dashboard_agent_of_a_trials_own_ray_gets_a_free_port(verl_standin, 
                           report=lambda m: None)
     finally:
         holder.close()
-    last = len(list(tmp_path.glob("attempt-*")))  # the attempt that ran (a slow Ray start is retried)
-    port = json.loads((attempt_dir(tmp_path, last) / "agent.json").read_text())["port"]
+    (run,) = ran(tmp_path)  # a slow Ray start is started again as a new attempt
+    port = json.loads((run / "agent.json").read_text())["port"]
     assert port not in (None, -1, 52365) and port > 0
